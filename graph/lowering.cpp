@@ -1,0 +1,133 @@
+// Kernel selection for fused convolutions and the lowering of a graph to a plan.
+#include "epilog/graph/lowering.h"
+
+#include <algorithm>
+
+#include "epilog/runtime/params.h"
+
+namespace epilog {
+
+DeviceProfile h200_profile() { return {"NVIDIA H200 (default profile)", 132, false}; }
+
+const char* conv_kernel_name(ConvKernel kernel) {
+  switch (kernel) {
+    case ConvKernel::Scalar: return "scalar";
+    case ConvKernel::Tiled: return "tiled";
+    case ConvKernel::Gemm: return "gemm";
+  }
+  return "?";
+}
+
+std::optional<ConvKernel> parse_conv_kernel(const std::string& name) {
+  for (ConvKernel k : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm})
+    if (name == conv_kernel_name(k)) return k;
+  return std::nullopt;
+}
+
+// -- the thresholds --
+// Seed values (to be moved by the conv bench on the H200, docs/perf.md):
+constexpr int64_t kGemmMinCout = 32;   // gemm for 1x1 convolutions with >= 32 output channels
+constexpr int64_t kTiledMinCout = 17;  // tiled above 16 output channels
+
+ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile&) {
+  if (s.groups != 1) return {ConvKernel::Scalar, "groups > 1: only scalar handles groups"};
+  if (s.r == 1 && s.s == 1 && s.k >= kGemmMinCout)
+    return {ConvKernel::Gemm, fmt::format("1x1 with Cout {} >= {}: gemm", s.k, kGemmMinCout)};
+  if (s.k >= kTiledMinCout)
+    return {ConvKernel::Tiled, fmt::format("Cout {} >= {}: tiled", s.k, kTiledMinCout)};
+  return {ConvKernel::Scalar, fmt::format("Cout {} < {}: scalar", s.k, kTiledMinCout)};
+}
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The largest of `sizes` (descending) whose grid has at least two waves of blocks.
+int largest_filling(const std::vector<int>& sizes, int64_t other_blocks, int64_t extent,
+                    int sm_count) {
+  for (int size : sizes)
+    if (ceil_div(extent, size) * other_blocks >= 2 * int64_t(sm_count)) return size;
+  return sizes.back();
+}
+
+// The smallest of `sizes` (ascending) that covers `extent`, else the largest.
+int smallest_covering(const std::vector<int>& sizes, int64_t extent) {
+  for (int size : sizes)
+    if (size >= extent) return size;
+  return sizes.back();
+}
+
+}  // namespace
+
+ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile& device) {
+  const int64_t pixels = s.n * s.ho * s.wo;
+  ConvTiles t;
+  switch (kernel) {
+    case ConvKernel::Scalar:
+      t.m = 256;  // threads per block, one output each
+      t.n = 1;
+      break;
+    case ConvKernel::Tiled:
+      t.n = smallest_covering({8, 16, 32}, s.k);
+      t.m = largest_filling({128, 64, 32}, ceil_div(s.k, t.n), pixels, device.sm_count);
+      t.k = 8;  // input channels staged per step
+      break;
+    case ConvKernel::Gemm:
+      t.n = smallest_covering({32, 64, 128}, s.k);
+      t.m = largest_filling({128, 64, 32}, ceil_div(s.k, t.n), pixels, device.sm_count);
+      t.k = 32;
+      t.stages = 3;
+      break;
+  }
+  return t;
+}
+
+Plan lower(Graph graph, const LowerOptions& options) {
+  verify(graph, "lowering");
+  Plan plan;
+  plan.device = options.device;
+  for (const Node& node : graph.nodes) {
+    NodePlan np;
+    if (options.device == Device::CPU) {
+      np.kernel = "cpu";
+      np.rule = "CPU reference";
+    } else if (node.op == OpKind::FusedConv2d) {
+      ConvShape cs = conv_shape(graph, node);
+      ConvChoice c = options.force ? ConvChoice{*options.force, "forced"}
+                                   : select_conv_kernel(cs, options.profile);
+      np.conv = c.kernel;
+      np.kernel = conv_kernel_name(c.kernel);
+      np.rule = c.rule;
+      np.tiles = conv_tiles(c.kernel, cs, options.profile);
+    } else {
+      np.kernel = op_name(node.op);
+      np.rule = "one kernel";
+    }
+    plan.nodes.push_back(std::move(np));
+  }
+  plan.graph = std::move(graph);
+  return plan;
+}
+
+std::string explain(const Plan& plan) {
+  const Graph& g = plan.graph;
+  std::string out = fmt::format("{:<24} {:<16} {:<36} {:<8} {:<40} {}\n", "node", "op",
+                                "input -> output", "kernel", "rule", "tiles");
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    const NodePlan& np = plan.nodes[i];
+    std::string io = fmt::format("{} -> {}", shape_str(g.value(n.inputs[0]).shape),
+                                 shape_str(g.value(n.outputs[0]).shape));
+    std::string tiles;
+    if (np.tiles.m) {
+      tiles = fmt::format("m={} n={}", np.tiles.m, np.tiles.n);
+      if (np.tiles.k) tiles += fmt::format(" k={}", np.tiles.k);
+      if (np.tiles.stages) tiles += fmt::format(" stages={}", np.tiles.stages);
+    }
+    out += fmt::format("{:<24} {:<16} {:<36} {:<8} {:<40} {}\n", n.name, op_name(n.op), io,
+                       np.kernel, np.rule, tiles);
+  }
+  return out;
+}
+
+}  // namespace epilog

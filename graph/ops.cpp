@@ -1,0 +1,370 @@
+// The op table built from ops.def, attribute checking and shape inference for every op.
+#include <algorithm>
+
+#include "epilog/graph/op.h"
+
+namespace epilog {
+namespace {
+
+// A negative axis counts from the back (axis + rank), also when `inclusive` allows axis == rank.
+int64_t normalize_axis(const InferContext& ctx, int64_t axis, int rank, bool inclusive = false) {
+  int64_t limit = inclusive ? rank + 1 : rank;
+  int64_t a = axis < 0 ? axis + rank : axis;
+  if (a < 0 || a >= limit) ctx.fail("axis {} is out of range for rank {}", axis, rank);
+  return a;
+}
+
+void expect_rank(const InferContext& ctx, size_t input, size_t rank) {
+  const Shape& s = ctx.inputs[input];
+  if (s.size() != rank)
+    ctx.fail("input '{}' has shape {} ({} dims), expected {} dims",
+             op_info(ctx.op).input_name(input), shape_str(s), s.size(), rank);
+}
+
+void expect_positive(const InferContext& ctx, const char* attr, int64_t min = 1) {
+  for (int64_t v : ctx.attrs.ints(attr))
+    if (v < min) ctx.fail("{} must be >= {}, got {}", attr, min, v);
+}
+
+// Output extent of a sliding window. Ceil mode follows PyTorch: the last window must start
+// inside the input or its leading padding.
+int64_t window_out(int64_t in, int64_t pad_begin, int64_t pad_end, int64_t extent, int64_t stride,
+                   bool ceil_mode) {
+  int64_t span = in + pad_begin + pad_end - extent;
+  if (span < 0) return 0;
+  int64_t out = (ceil_mode ? (span + stride - 1) / stride : span / stride) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad_begin) --out;
+  return out;
+}
+
+std::vector<Shape> infer_conv2d(const InferContext& ctx) {
+  expect_rank(ctx, 0, 4);
+  expect_rank(ctx, 1, 4);
+  const Shape& x = ctx.inputs[0];
+  const Shape& w = ctx.inputs[1];
+  int64_t groups = ctx.attrs.i("groups");
+  expect_positive(ctx, "stride");
+  expect_positive(ctx, "dilation");
+  expect_positive(ctx, "padding", 0);
+  if (groups < 1) ctx.fail("groups must be >= 1, got {}", groups);
+  if (x[1] % groups != 0 || w[0] % groups != 0)
+    ctx.fail("groups={} does not divide input channels {} and output channels {}", groups, x[1],
+             w[0]);
+  if (w[1] * groups != x[1])
+    ctx.fail("input has {} channels but weight {} expects {} (groups={})", x[1], shape_str(w),
+             w[1] * groups, groups);
+  for (size_t i = 2; i < ctx.inputs.size(); ++i)
+    if (ctx.inputs[i] != Shape{w[0]})
+      ctx.fail("input '{}' has shape {}, expected [{}] (one per output channel)",
+               op_info(ctx.op).input_name(i), shape_str(ctx.inputs[i]), w[0]);
+  const auto& s = ctx.attrs.ints("stride");
+  const auto& p = ctx.attrs.ints("padding");
+  const auto& d = ctx.attrs.ints("dilation");
+  int64_t ho = window_out(x[2], p[0], p[2], d[0] * (w[2] - 1) + 1, s[0], false);
+  int64_t wo = window_out(x[3], p[1], p[3], d[1] * (w[3] - 1) + 1, s[1], false);
+  if (ho < 1 || wo < 1)
+    ctx.fail("kernel {}x{} (dilation {}x{}) does not fit input {} with padding {},{},{},{}", w[2],
+             w[3], d[0], d[1], shape_str(x), p[0], p[1], p[2], p[3]);
+  return {{x[0], w[0], ho, wo}};
+}
+
+std::vector<Shape> infer_batchnorm(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  if (x.size() < 2) ctx.fail("input 'x' has shape {}, expected at least 2 dims", shape_str(x));
+  for (size_t i = 1; i < ctx.inputs.size(); ++i)
+    if (ctx.inputs[i] != Shape{x[1]})
+      ctx.fail("input '{}' has shape {}, expected [{}] (one per channel)",
+               op_info(ctx.op).input_name(i), shape_str(ctx.inputs[i]), x[1]);
+  if (ctx.attrs.f("eps") < 0) ctx.fail("eps must be >= 0, got {}", ctx.attrs.f("eps"));
+  return {x};
+}
+
+std::vector<Shape> infer_same(const InferContext& ctx) { return {ctx.inputs[0]}; }
+
+// NumPy broadcasting: shapes align at the back; each pair of dims is equal or one is 1.
+std::vector<Shape> infer_broadcast(const InferContext& ctx) {
+  const Shape& a = ctx.inputs[0];
+  const Shape& b = ctx.inputs[1];
+  Shape out(std::max(a.size(), b.size()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    int64_t da = i < a.size() ? a[a.size() - 1 - i] : 1;
+    int64_t db = i < b.size() ? b[b.size() - 1 - i] : 1;
+    if (da != db && da != 1 && db != 1)
+      ctx.fail("shapes {} and {} do not broadcast", shape_str(a), shape_str(b));
+    out[out.size() - 1 - i] = da == 1 ? db : da;
+  }
+  return {out};
+}
+
+std::vector<Shape> infer_concat(const InferContext& ctx) {
+  Shape out = ctx.inputs[0];
+  int64_t axis = normalize_axis(ctx, ctx.attrs.i("axis"), static_cast<int>(out.size()));
+  for (size_t i = 1; i < ctx.inputs.size(); ++i) {
+    const Shape& s = ctx.inputs[i];
+    bool ok = s.size() == out.size();
+    for (size_t d = 0; ok && d < s.size(); ++d) ok = d == size_t(axis) || s[d] == out[d];
+    if (!ok)
+      ctx.fail("input {} has shape {}, which does not match {} outside axis {}", i, shape_str(s),
+               shape_str(ctx.inputs[0]), axis);
+    out[axis] += s[axis];
+  }
+  return {out};
+}
+
+std::vector<Shape> infer_split(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  int64_t axis = normalize_axis(ctx, ctx.attrs.i("axis"), static_cast<int>(x.size()));
+  const auto& sizes = ctx.attrs.ints("sizes");
+  if (sizes.empty()) ctx.fail("sizes is empty");
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    if (s < 1) ctx.fail("sizes must be >= 1, got {}", s);
+    total += s;
+  }
+  if (total != x[axis])
+    ctx.fail("sizes add up to {} but axis {} of {} has {}", total, axis, shape_str(x), x[axis]);
+  std::vector<Shape> outs;
+  for (int64_t s : sizes) {
+    outs.push_back(x);
+    outs.back()[axis] = s;
+  }
+  return outs;
+}
+
+std::vector<Shape> infer_pool2d(const InferContext& ctx) {
+  expect_rank(ctx, 0, 4);
+  const Shape& x = ctx.inputs[0];
+  expect_positive(ctx, "kernel");
+  expect_positive(ctx, "stride");
+  expect_positive(ctx, "padding", 0);
+  const auto& k = ctx.attrs.ints("kernel");
+  const auto& s = ctx.attrs.ints("stride");
+  const auto& p = ctx.attrs.ints("padding");
+  for (int i = 0; i < 4; ++i)
+    if (p[i] >= k[i % 2])
+      ctx.fail("padding {} must be smaller than the kernel {}x{}", p[i], k[0], k[1]);
+  bool ceil_mode = ctx.attrs.i("ceil_mode") != 0;
+  int64_t ho = window_out(x[2], p[0], p[2], k[0], s[0], ceil_mode);
+  int64_t wo = window_out(x[3], p[1], p[3], k[1], s[1], ceil_mode);
+  if (ho < 1 || wo < 1)
+    ctx.fail("kernel {}x{} does not fit input {}", k[0], k[1], shape_str(x));
+  return {{x[0], x[1], ho, wo}};
+}
+
+std::vector<Shape> infer_global_avgpool(const InferContext& ctx) {
+  Shape out = ctx.inputs[0];
+  if (out.size() < 3)
+    ctx.fail("input 'x' has shape {}, expected at least 3 dims", shape_str(out));
+  std::fill(out.begin() + 2, out.end(), 1);
+  return {out};
+}
+
+std::vector<Shape> infer_upsample(const InferContext& ctx) {
+  expect_rank(ctx, 0, 4);
+  expect_positive(ctx, "scale");
+  Shape out = ctx.inputs[0];
+  out[2] *= ctx.attrs.ints("scale")[0];
+  out[3] *= ctx.attrs.ints("scale")[1];
+  return {out};
+}
+
+std::vector<Shape> infer_flatten(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  int64_t axis = normalize_axis(ctx, ctx.attrs.i("axis"), static_cast<int>(x.size()), true);
+  Shape out{1, 1};
+  for (size_t d = 0; d < x.size(); ++d) out[int64_t(d) < axis ? 0 : 1] *= x[d];
+  return {out};
+}
+
+std::vector<Shape> infer_linear(const InferContext& ctx) {
+  expect_rank(ctx, 0, 2);
+  expect_rank(ctx, 1, 2);
+  const Shape& x = ctx.inputs[0];
+  const Shape& w = ctx.inputs[1];
+  if (w[1] != x[1])
+    ctx.fail("input has {} features but weight {} expects {}", x[1], shape_str(w), w[1]);
+  if (ctx.inputs.size() == 3 && ctx.inputs[2] != Shape{w[0]})
+    ctx.fail("input 'bias' has shape {}, expected [{}]", shape_str(ctx.inputs[2]), w[0]);
+  return {{x[0], w[0]}};
+}
+
+// -- building the table from ops.def --
+
+AttrSpec attr_req(const char* name, AttrType type, int length = 0) {
+  return {name, type, std::nullopt, length, {}};
+}
+AttrSpec attr_int(const char* name, int64_t fallback) {
+  return {name, AttrType::Int, AttrValue{fallback}, 0, {}};
+}
+AttrSpec attr_float(const char* name, double fallback) {
+  return {name, AttrType::Float, AttrValue{fallback}, 0, {}};
+}
+AttrSpec attr_ints(const char* name, int length, int64_t fill) {
+  return {name, AttrType::Ints, AttrValue{std::vector<int64_t>(length, fill)}, length, {}};
+}
+template <typename... Choices>
+AttrSpec attr_string(const char* name, const char* fallback, Choices... choices) {
+  return {name, AttrType::String, AttrValue{std::string(fallback)}, 0, {choices...}};
+}
+
+OpInfo make_info(OpKind kind, const char* name, std::vector<std::string> inputs,
+                 std::vector<AttrSpec> attrs, InferFn infer) {
+  OpInfo info{kind, name, {}, 0, 0, std::move(attrs), infer};
+  for (std::string in : inputs) {
+    if (in.size() > 3 && in.compare(in.size() - 3, 3, "...") == 0) {
+      info.inputs.push_back(in.substr(0, in.size() - 3));
+      info.min_inputs += 1;
+      info.max_inputs = -1;
+    } else if (in.back() == '?') {
+      info.inputs.push_back(in.substr(0, in.size() - 1));
+      info.max_inputs += 1;
+    } else {
+      info.inputs.push_back(in);
+      info.min_inputs += 1;
+      info.max_inputs += 1;
+    }
+  }
+  return info;
+}
+
+const std::vector<OpInfo>& table() {
+#define INPUTS(...) std::vector<std::string>{__VA_ARGS__}
+#define ATTRS(...) std::vector<AttrSpec>{__VA_ARGS__}
+#define INT(name, fallback) attr_int(name, fallback)
+#define FLOAT(name, fallback) attr_float(name, fallback)
+#define INTS(name, length, fill) attr_ints(name, length, fill)
+#define STRING(name, ...) attr_string(name, __VA_ARGS__)
+#define INT_REQ(name) attr_req(name, AttrType::Int)
+#define INTS_REQ(name, length) attr_req(name, AttrType::Ints, length)
+#define EPILOG_OP(kind, name, inputs, attrs, infer) \
+  make_info(OpKind::kind, name, inputs, attrs, infer),
+  static const std::vector<OpInfo> ops = {
+#include "epilog/graph/ops.def"
+  };
+#undef EPILOG_OP
+#undef INPUTS
+#undef ATTRS
+#undef INT
+#undef FLOAT
+#undef INTS
+#undef STRING
+#undef INT_REQ
+#undef INTS_REQ
+  return ops;
+}
+
+}  // namespace
+
+// -- Attrs --
+
+const char* attr_type_name(AttrType type) {
+  switch (type) {
+    case AttrType::Int: return "int";
+    case AttrType::Float: return "float";
+    case AttrType::Ints: return "int list";
+    case AttrType::String: return "string";
+  }
+  return "?";
+}
+
+const AttrValue& Attrs::get(const std::string& name) const {
+  auto it = values_.find(name);
+  EPILOG_ASSERT(it != values_.end(), "attribute '{}' missing", name);
+  return it->second;
+}
+int64_t Attrs::i(const std::string& name) const { return std::get<int64_t>(get(name)); }
+double Attrs::f(const std::string& name) const { return std::get<double>(get(name)); }
+const std::vector<int64_t>& Attrs::ints(const std::string& name) const {
+  return std::get<std::vector<int64_t>>(get(name));
+}
+const std::string& Attrs::s(const std::string& name) const {
+  return std::get<std::string>(get(name));
+}
+
+// -- OpInfo --
+
+const AttrSpec* OpInfo::attr(const std::string& attr_name) const {
+  for (const AttrSpec& spec : attrs)
+    if (spec.name == attr_name) return &spec;
+  return nullptr;
+}
+
+const std::string& OpInfo::input_name(size_t i) const {
+  return inputs[std::min(i, inputs.size() - 1)];
+}
+
+const OpInfo& op_info(OpKind kind) {
+  static_assert(kNumOps == 16, "a new op needs a CPU kernel, a CUDA kernel and a test");
+  const auto& ops = table();
+  EPILOG_ASSERT(ops.size() == size_t(kNumOps));
+  return ops[static_cast<size_t>(kind)];
+}
+
+const char* op_name(OpKind kind) { return op_info(kind).name.c_str(); }
+
+std::optional<OpKind> parse_op(const std::string& name) {
+  for (const OpInfo& info : table())
+    if (info.name == name) return info.kind;
+  return std::nullopt;
+}
+
+Attrs normalize_attrs(OpKind op, const std::string& node, const Attrs& given) {
+  const OpInfo& info = op_info(op);
+  auto bad = [&](const std::string& what) -> Error {
+    return Error(fmt::format("[{}] node '{}': {}", info.name, node, what));
+  };
+  for (const auto& [name, value] : given.all())
+    if (!info.attr(name)) {
+      std::string known;
+      for (const AttrSpec& spec : info.attrs) known += (known.empty() ? "" : ", ") + spec.name;
+      throw bad(fmt::format("unknown attribute '{}' (known: {})", name,
+                            known.empty() ? "none" : known));
+    }
+  Attrs out;
+  for (const AttrSpec& spec : info.attrs) {
+    if (!given.has(spec.name)) {
+      if (!spec.fallback) throw bad(fmt::format("missing required attribute '{}'", spec.name));
+      out.set(spec.name, *spec.fallback);
+      continue;
+    }
+    AttrValue v = given.all().at(spec.name);
+    if (spec.type == AttrType::Float && std::holds_alternative<int64_t>(v))
+      v = static_cast<double>(std::get<int64_t>(v));
+    if (spec.type == AttrType::Ints && std::holds_alternative<int64_t>(v))
+      v = std::vector<int64_t>(spec.length ? spec.length : 1, std::get<int64_t>(v));
+    if (v.index() != static_cast<size_t>(spec.type))
+      throw bad(fmt::format("attribute '{}' must be {}", spec.name, attr_type_name(spec.type)));
+    if (spec.length && std::get<std::vector<int64_t>>(v).size() != size_t(spec.length))
+      throw bad(fmt::format("attribute '{}' must have {} values, got {}", spec.name, spec.length,
+                            std::get<std::vector<int64_t>>(v).size()));
+    if (!spec.choices.empty() && std::find(spec.choices.begin(), spec.choices.end(),
+                                           std::get<std::string>(v)) == spec.choices.end())
+      throw bad(fmt::format("attribute '{}' is '{}', expected one of: {}", spec.name,
+                            std::get<std::string>(v), fmt::join(spec.choices, ", ")));
+    out.set(spec.name, std::move(v));
+  }
+  return out;
+}
+
+std::vector<Shape> infer_shapes(OpKind op, const std::string& node, const Attrs& attrs,
+                                const std::vector<Shape>& inputs) {
+  const OpInfo& info = op_info(op);
+  int n = static_cast<int>(inputs.size());
+  if (n < info.min_inputs || (info.max_inputs >= 0 && n > info.max_inputs)) {
+    std::string expected = info.max_inputs < 0 ? fmt::format("at least {}", info.min_inputs)
+                           : info.min_inputs == info.max_inputs
+                               ? fmt::format("{}", info.min_inputs)
+                               : fmt::format("{} to {}", info.min_inputs, info.max_inputs);
+    fail("[{}] node '{}': has {} inputs, expected {} ({})", info.name, node, n, expected,
+         fmt::join(info.inputs, ", "));
+  }
+  InferContext ctx{op, node, attrs, inputs};
+  for (size_t i = 0; i < inputs.size(); ++i)
+    for (int64_t d : inputs[i])
+      if (d < 1)
+        ctx.fail("input '{}' has shape {}: every dim must be >= 1", info.input_name(i),
+                 shape_str(inputs[i]));
+  return info.infer(ctx);
+}
+
+}  // namespace epilog

@@ -1,0 +1,43 @@
+// The whole pipeline in one call: optimize (canonicalize, fuse, dead-code elimination) and lower
+// a graph for a device, with the debug switches read from the environment:
+//   EPILOG_DISABLE_FUSION=1            skip the fusion pass (A/B comparisons)
+//   EPILOG_DUMP_DIR=DIR                dump the graph before and after every pass (text, DOT, JSON)
+//   EPILOG_FORCE_CONV_KERNEL=scalar|tiled|gemm   one kernel for every fused conv on CUDA
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "epilog/graph/lowering.h"
+#include "epilog/graph/passes.h"
+#include "epilog/runtime/executor.h"
+
+namespace epilog {
+
+struct CompileOptions {
+  Device device = Device::CPU;
+  bool fuse = true;
+  std::string dump_dir;  // empty: no dumps
+  std::optional<ConvKernel> force_conv;
+  int sm_count = 0;  // 0: the local GPU's, else the default H200 profile
+
+  // Applies the EPILOG_* environment switches on top of these options.
+  CompileOptions with_env() const;
+};
+
+struct Compiled {
+  Plan plan;
+  PassReport report;
+  DeviceProfile profile;
+};
+
+Compiled compile(Graph graph, const CompileOptions& options);
+
+// "cpu", "cuda" or "auto" (the GPU when there is one).
+Device resolve_device(const std::string& name);
+std::unique_ptr<Backend> make_backend(Device device);
+
+// Writes DIR/NN-stage.txt, .dot and .json.
+void dump_stage(const std::string& dir, int index, const std::string& stage, const Graph& graph);
+
+}  // namespace epilog

@@ -1,0 +1,44 @@
+// Lowering: a kernel for every node on the target device. For fused_conv2d on CUDA the choice
+// between the scalar, tiled and gemm kernels is made by select_conv_kernel (the thresholds
+// live there, each with the measurement that chose it) and the tile sizes by conv_tiles.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "epilog/kernels/shapes.h"
+#include "epilog/runtime/plan.h"
+
+namespace epilog {
+
+// The card the thresholds were measured on (NVIDIA H200, 132 SMs): the profile `explain` uses
+// on a machine without a GPU.
+DeviceProfile h200_profile();
+
+const char* conv_kernel_name(ConvKernel kernel);
+std::optional<ConvKernel> parse_conv_kernel(const std::string& name);
+
+struct ConvChoice {
+  ConvKernel kernel;
+  std::string rule;
+};
+
+// Ordered predicates ending in the generic kernel. Pure: same shape and profile, same answer.
+ConvChoice select_conv_kernel(const ConvShape& shape, const DeviceProfile& device);
+
+// Tile sizes for a kernel on a layer: the largest tile whose grid still fills about two waves
+// of the SMs, smaller tiles for small layers. Pure.
+ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& shape, const DeviceProfile& device);
+
+struct LowerOptions {
+  Device device = Device::CPU;
+  DeviceProfile profile = h200_profile();
+  std::optional<ConvKernel> force;  // tests and benchmarks: one kernel for every fused conv
+};
+
+Plan lower(Graph graph, const LowerOptions& options);
+
+// A table: node, op, shapes, kernel, the rule that chose it, tiles.
+std::string explain(const Plan& plan);
+
+}  // namespace epilog

@@ -1,0 +1,46 @@
+// The pass pipeline: canonicalize -> fuse -> dead-code elimination, the verifier after every
+// pass, per-rule hit counts, and a hook to dump the graph before and after each pass.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "epilog/graph/pattern.h"
+
+namespace epilog {
+
+// mul(x, sigmoid(x)) -> silu(x), in either operand order (PyTorch's ONNX export of SiLU).
+std::vector<Rule> canonicalize_rules();
+
+// conv2d [-> batchnorm] [-> silu | relu | sigmoid] -> fused_conv2d, the batchnorm folded into
+// a per-channel scale and shift (float64, rounded once); the conv weights stay untouched.
+std::vector<Rule> fusion_rules();
+
+// Removes nodes whose outputs nobody reads and weights no node uses. Returns what it removed.
+int eliminate_dead_code(Graph& graph);
+
+struct PassOptions {
+  bool fuse = true;
+  KernelQuery has_kernel;  // empty: float32 kernels only
+  // Called with the graph before the first pass ("source") and after each pass.
+  std::function<void(int index, const std::string& stage, const Graph& graph)> on_stage;
+};
+
+struct PassReport {
+  struct Hit {
+    std::string verb;  // "canonicalized", "fused"
+    std::string rule;
+    int count;
+  };
+  std::vector<Hit> hits;
+  std::vector<std::string> refusals;               // rule, node and reason, for explanations
+  int dead_nodes = 0;
+  // "fused 45 conv2d->batchnorm->silu, removed 0 dead nodes"
+  std::string summary() const;
+};
+
+// Runs the pipeline in place; the graph is verified after every pass.
+PassReport optimize(Graph& graph, const PassOptions& options = {});
+
+}  // namespace epilog

@@ -1,0 +1,72 @@
+// The CUDA kernels: one launcher per op (float32, contiguous NCHW, device pointers), each
+// enqueued on `stream` and checked for launch errors. This header is plain C++ so that host
+// code needs no CUDA headers; the kernels live in kernels/cuda/*.cu.
+#pragma once
+
+#include <cstdint>
+
+#include "epilog/kernels/shapes.h"
+
+struct CUstream_st;
+
+namespace epilog::cuda {
+
+using Stream = CUstream_st*;
+
+// Throws epilog::Error with the call, file and line when a CUDA call fails.
+void check(int status, const char* call, const char* file, int line);
+#define EPILOG_CUDA_CHECK(call) ::epilog::cuda::check(static_cast<int>(call), #call, __FILE__, __LINE__)
+// After a launch: reports configuration errors at once.
+void check_launch(const char* kernel);
+
+// -- fused_conv2d: y = act(conv(x, w) * scale[k] + shift[k]) --
+// scale == nullptr means 1 and shift == nullptr means 0, so conv2d with a bias is
+// (nullptr, bias, None). Each kernel's restrictions are in its file's header comment;
+// conv_supports says whether a kernel can run a shape at all.
+bool conv_supports(ConvKernel kernel, const ConvShape& s);
+void conv_scalar(const ConvShape& s, const float* x, const float* w, const float* scale,
+                 const float* shift, Activation act, float* y, Stream stream);
+void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
+                const float* scale, const float* shift, Activation act, float* y, Stream stream);
+void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
+               const float* scale, const float* shift, Activation act, float* y, Stream stream);
+
+// -- elementwise --
+// Inference batchnorm over axis 1 of [outer, channels, inner].
+void batchnorm(int64_t outer, int64_t channels, int64_t inner, const float* x, const float* gamma,
+               const float* beta, const float* mean, const float* var, float eps, float* y,
+               Stream stream);
+void activation(Activation act, int64_t n, const float* x, float* y, Stream stream);
+
+// NumPy broadcasting, up to kMaxRank dims; shapes are right-aligned and padded with 1s by the
+// caller to `rank` dims.
+constexpr int kMaxRank = 6;
+struct BroadcastShape {
+  int rank;
+  int64_t a[kMaxRank], b[kMaxRank], out[kMaxRank];
+};
+enum class Binary : uint8_t { Add, Mul };
+void binary(Binary op, const BroadcastShape& s, const float* a, const float* b, float* y,
+            Stream stream);
+
+// -- data movement --
+// Copies a [outer, count, inner] block between two tensors viewed as [outer, extent, inner]
+// (outer = product of the dims before the axis, inner = of those after it), starting at the
+// given offsets along the axis. concat and split are one copy per part.
+void copy_slab(int64_t outer, int64_t count, int64_t inner, const float* src, int64_t src_extent,
+               int64_t src_offset, float* dst, int64_t dst_extent, int64_t dst_offset,
+               Stream stream);
+void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_h,
+                      int64_t scale_w, const float* x, float* y, Stream stream);
+
+// -- pooling --
+void maxpool2d(const PoolShape& p, const float* x, float* y, Stream stream);
+void avgpool2d(const PoolShape& p, const float* x, float* y, Stream stream);
+// Mean over `inner` contiguous elements for each of `outer` rows.
+void global_avgpool(int64_t outer, int64_t inner, const float* x, float* y, Stream stream);
+
+// -- linear: y[m, n] = sum_k x[m, k] * w[n, k] + b[n]; b may be nullptr --
+void linear(int64_t m, int64_t n, int64_t k, const float* x, const float* w, const float* b,
+            float* y, Stream stream);
+
+}  // namespace epilog::cuda

@@ -1,0 +1,65 @@
+// Kernel geometry (convolution, pooling) and the activations an epilogue can apply. Shared by
+// the CPU and CUDA kernels and the kernel selector; plain data, usable from device code.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define EPILOG_HD __host__ __device__
+#else
+#define EPILOG_HD
+#endif
+
+namespace epilog {
+
+enum class Activation : uint8_t { None, Silu, Relu, Sigmoid };
+
+EPILOG_HD inline float activate(Activation act, float v) {
+  switch (act) {
+    case Activation::Silu: return v / (1.0f + expf(-v));
+    case Activation::Relu: return v > 0.0f ? v : 0.0f;
+    case Activation::Sigmoid: return 1.0f / (1.0f + expf(-v));
+    case Activation::None: break;
+  }
+  return v;
+}
+
+// NCHW input [n, c, h, w], weight [k, c / groups, r, s], output [n, k, ho, wo].
+// Output (oh, ow) reads input rows oh * stride_h - pad_t + i * dil_h, i in [0, r).
+struct ConvShape {
+  int64_t n, c, h, w;
+  int64_t k, r, s;
+  int64_t ho, wo;
+  int64_t stride_h, stride_w;
+  int64_t pad_t, pad_l;  // bottom/right padding only shows in ho/wo
+  int64_t dil_h, dil_w;
+  int64_t groups;
+
+  int64_t flops() const { return 2 * n * k * ho * wo * (c / groups) * r * s; }
+  // Fewest bytes a fused layer must move: input once, weights, scale/shift, output once.
+  int64_t min_bytes() const {
+    return 4 * (n * c * h * w + k * (c / groups) * r * s + 2 * k + n * k * ho * wo);
+  }
+};
+
+// The three CUDA kernels for fused_conv2d, and the tile sizes one launch uses (their meaning
+// per kernel is in that kernel's header comment).
+enum class ConvKernel : uint8_t { Scalar, Tiled, Gemm };
+
+struct ConvTiles {
+  int m = 0;       // output pixels (N*Ho*Wo) per block
+  int n = 0;       // output channels per block
+  int k = 0;       // reduction slice (Cin*Kh*Kw) staged per step
+  int stages = 0;  // shared-memory pipeline depth (gemm)
+};
+
+// NCHW pooling window geometry; padding is top, left, bottom, right.
+struct PoolShape {
+  int64_t n, c, h, w, ho, wo;
+  int64_t kh, kw, stride_h, stride_w;
+  int64_t pad_t, pad_l, pad_b, pad_r;
+  bool count_include_pad;  // avgpool: padding counts in the divisor
+};
+
+}  // namespace epilog

@@ -1,0 +1,68 @@
+// Runs a graph on a backend: named inputs in, named outputs out.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "epilog/runtime/plan.h"
+
+namespace epilog {
+
+// One device's kernels, keyed by op kind. Outputs arrive allocated with the inferred shapes on
+// the backend's device; a view op may replace them with views of its input.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  // Throws Error "[op] has no <device> implementation" for an op it lacks.
+  virtual void run(const Node& node, const NodePlan& plan, const std::vector<Tensor>& inputs,
+                   std::vector<Tensor>& outputs) = 0;
+  // Waits for queued work (a no-op on the CPU).
+  virtual void synchronize() {}
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+// Null when this build or machine has no CUDA device.
+std::unique_ptr<Backend> make_cuda_backend();
+bool cuda_available();
+// The local GPU's name and SM count; nullopt without one.
+std::optional<DeviceProfile> cuda_device_profile();
+
+struct NodeTiming {
+  std::string node;
+  OpKind op;
+  double ms;
+};
+
+class Executor {
+ public:
+  // Copies weights to the backend's device once. The plan must be lowered for that device.
+  Executor(Plan plan, Backend& backend);
+
+  // Inputs by name (on any device; checked against the graph's shapes). Outputs come back on
+  // the backend's device.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
+
+  // With profiling on, run() synchronizes after each node and records its time.
+  void set_profile(bool on) { profile_ = on; }
+  const std::vector<NodeTiming>& timings() const { return timings_; }
+  // Called after each node with (done, total): progress for long CPU runs.
+  void set_progress(std::function<void(size_t, size_t)> fn) { progress_ = std::move(fn); }
+  const Graph& graph() const { return plan_.graph; }
+
+ private:
+  Plan plan_;
+  const Graph& graph_ = plan_.graph;
+  Backend& backend_;
+  std::map<std::string, Tensor> weights_;  // on the backend's device
+  std::vector<std::vector<std::string>> release_after_;  // values dead after node i
+  bool profile_ = false;
+  std::vector<NodeTiming> timings_;
+  std::function<void(size_t, size_t)> progress_;
+};
+
+}  // namespace epilog

@@ -1,0 +1,19 @@
+// Kernel geometry read off graph nodes, shared by the backends and the kernel selector.
+#pragma once
+
+#include "epilog/graph/graph.h"
+#include "epilog/kernels/shapes.h"
+
+namespace epilog {
+
+// For conv2d and fused_conv2d nodes, from the shapes of input, weight and output.
+ConvShape conv_shape(const Node& node, const Shape& x, const Shape& w, const Shape& y);
+ConvShape conv_shape(const Graph& graph, const Node& node);
+Activation conv_activation(const Node& node);  // None for conv2d
+Activation parse_activation(const std::string& name);
+const char* activation_name(Activation act);
+
+// For maxpool2d and avgpool2d nodes.
+PoolShape pool_shape(const Node& node, const Shape& x, const Shape& y);
+
+}  // namespace epilog

@@ -1,0 +1,32 @@
+// A lowered graph: the graph plus, for every node, the kernel that runs it on the target.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "epilog/graph/graph.h"
+#include "epilog/kernels/shapes.h"
+
+namespace epilog {
+
+// What the kernel selector needs to know of the GPU.
+struct DeviceProfile {
+  std::string name;
+  int sm_count = 0;
+  bool detected = false;  // read off a device, not a default
+};
+
+struct NodePlan {
+  std::string kernel;  // "scalar", "tiled", "gemm" for fused_conv2d on CUDA; else the op's
+  std::string rule;    // why this kernel (the selector's rule, or the override)
+  ConvKernel conv = ConvKernel::Scalar;
+  ConvTiles tiles;
+};
+
+struct Plan {
+  Graph graph;
+  Device device = Device::CPU;
+  std::vector<NodePlan> nodes;  // parallel to graph.nodes
+};
+
+}  // namespace epilog

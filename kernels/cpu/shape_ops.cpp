@@ -1,0 +1,105 @@
+// Data movement: concat and split along any axis, nearest-neighbour upsampling.
+#include <algorithm>
+#include <vector>
+
+#include "epilog/kernels/cpu.h"
+
+namespace epilog::cpu {
+namespace {
+
+// A tensor of shape s viewed as [outer, s[axis] * inner]: what concat and split copy in rows.
+struct AxisView {
+  int64_t outer = 1, inner = 1;
+};
+AxisView axis_view(const Shape& s, int64_t axis) {
+  AxisView v;
+  for (int64_t d = 0; d < axis; ++d) v.outer *= s[d];
+  for (size_t d = axis + 1; d < s.size(); ++d) v.inner *= s[d];
+  return v;
+}
+
+// Checks that `part` matches `whole` outside `axis`.
+void check_part(const char* op, const Shape& part, const Shape& whole, int64_t axis) {
+  bool ok = part.size() == whole.size();
+  for (size_t d = 0; ok && d < part.size(); ++d) ok = int64_t(d) == axis || part[d] == whole[d];
+  EPILOG_ASSERT(ok, "{} part {} does not fit {} along axis {}", op, shape_str(part),
+                shape_str(whole), axis);
+}
+
+}  // namespace
+
+void concat(const std::vector<const Tensor*>& xs, int64_t axis, Tensor& y) {
+  EPILOG_ASSERT(!xs.empty() && axis >= 0 && axis < y.rank(), "concat of {} on axis {} into {}",
+                xs.size(), axis, shape_str(y.shape()));
+  const AxisView v = axis_view(y.shape(), axis);
+  std::vector<int64_t> rows, offsets;
+  std::vector<const float*> parts;
+  int64_t total = 0;
+  for (const Tensor* x : xs) {
+    check_part("concat", x->shape(), y.shape(), axis);
+    rows.push_back(x->dim(static_cast<int>(axis)) * v.inner);
+    offsets.push_back(total * v.inner);
+    total += x->dim(static_cast<int>(axis));
+    parts.push_back(x->f32());
+  }
+  EPILOG_ASSERT(total == y.dim(static_cast<int>(axis)), "concat parts add to {} on axis {}, y {}",
+                total, axis, shape_str(y.shape()));
+  const int64_t row = total * v.inner, np = static_cast<int64_t>(parts.size());
+  float* yp = y.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t job = 0; job < v.outer * np; ++job) {
+    const int64_t o = job / np, i = job % np;
+    const float* src = parts[i] + o * rows[i];
+    std::copy(src, src + rows[i], yp + o * row + offsets[i]);
+  }
+}
+
+void split(const Tensor& x, int64_t axis, std::vector<Tensor>& ys) {
+  EPILOG_ASSERT(!ys.empty() && axis >= 0 && axis < x.rank(), "split of {} on axis {} into {}",
+                shape_str(x.shape()), axis, ys.size());
+  const AxisView v = axis_view(x.shape(), axis);
+  std::vector<int64_t> rows, offsets;
+  std::vector<float*> parts;
+  int64_t total = 0;
+  for (Tensor& y : ys) {
+    check_part("split", y.shape(), x.shape(), axis);
+    rows.push_back(y.dim(static_cast<int>(axis)) * v.inner);
+    offsets.push_back(total * v.inner);
+    total += y.dim(static_cast<int>(axis));
+    parts.push_back(y.f32());
+  }
+  EPILOG_ASSERT(total == x.dim(static_cast<int>(axis)), "split parts add to {} on axis {}, x {}",
+                total, axis, shape_str(x.shape()));
+  const int64_t row = total * v.inner, np = static_cast<int64_t>(parts.size());
+  const float* xp = x.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t job = 0; job < v.outer * np; ++job) {
+    const int64_t o = job / np, i = job % np;
+    const float* src = xp + o * row + offsets[i];
+    std::copy(src, src + rows[i], parts[i] + o * rows[i]);
+  }
+}
+
+void upsample_nearest(const Tensor& x, int64_t scale_h, int64_t scale_w, Tensor& y) {
+  EPILOG_ASSERT(x.rank() >= 2 && scale_h > 0 && scale_w > 0, "upsample {} by {}x{}",
+                shape_str(x.shape()), scale_h, scale_w);
+  const int64_t h = x.dim(-2), w = x.dim(-1), ho = h * scale_h, wo = w * scale_w;
+  Shape expect = x.shape();
+  expect[expect.size() - 2] = ho;
+  expect[expect.size() - 1] = wo;
+  EPILOG_ASSERT(y.shape() == expect, "upsample {} by {}x{} into {}", shape_str(x.shape()), scale_h,
+                scale_w, shape_str(y.shape()));
+  const int64_t planes = h * w == 0 ? 0 : x.numel() / (h * w);
+  const float* xp = x.f32();
+  float* yp = y.f32();
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < planes * ho; ++row) {
+    const int64_t plane = row / ho, oh = row % ho;
+    const float* src = xp + (plane * h + oh / scale_h) * w;
+    float* dst = yp + row * wo;
+    for (int64_t iw = 0; iw < w; ++iw)
+      for (int64_t t = 0; t < scale_w; ++t) dst[iw * scale_w + t] = src[iw];
+  }
+}
+
+}  // namespace epilog::cpu

@@ -1,0 +1,525 @@
+// fused_conv2d as an implicit GEMM on the tensor cores (TF32 mma.sync, float32 accumulation).
+//
+// Math: y[img, k, oh, ow] = act(acc * scale[k] + shift[k]) with
+//   acc = sum_{c, i, j} x[img, c, oh*sh - pad_t + i*dh, ow*sw - pad_l + j*dw] * w[k, c, i, j]
+// (x outside the input reads 0; scale == nullptr means 1, shift == nullptr means 0).
+// GEMM view: C[M, N] = A[M, K] * B[K, N] with M = n*ho*wo output pixels, N = Cout,
+// K = Cin*r*s in the weight's own order kk = (c*r + i)*s + j;
+//   A[m, kk] = the input under pixel m for tap kk (gathered on the fly, never materialized),
+//   B[kk, n] = w[n, kk] (the weight as stored is B column-major: K contiguous),
+//   C[m, n]  -> y[img, n, pixel]: for a fixed n, consecutive m of one image are contiguous.
+// Layout: float32, contiguous NCHW x [n, Cin, h, w], weight [Cout, Cin, r, s], y [n, Cout, ho, wo].
+//
+// Grid: one-dimensional, n tiles fastest: blockIdx.x = m_tile * n_tiles + n_tile; the block owns
+// pixels [m_tile*BM, +BM) and channels [n_tile*BN, +BN). Consecutive blocks share one A tile
+// (it stays hot in L2 while every channel tile reads it); the weights are small and stay in L2.
+// Block: 128 threads (256 for 128x128); warps tile the block as kWarpsM x kWarpsN, each warp
+// owns a WM x WN sub-tile of m16n8k8 MMAs (WM in {32, 64}, WN in {8, 16, 32}, see Tile below).
+//
+// -- pipeline -- tiles.stages shared-memory stages of BK = 32 reduction steps each, filled with
+// cp.async (zero-fill through src-size for padding and every tail) and waited on with
+// wait_group; one __syncthreads per k tile. A stage is
+//   As[BK][BM + 4]: k rows, pixels contiguous (the order NCHW gives them), and
+//   Bs[BN][BK + 8]: channel rows, k contiguous (the order the weight gives it).
+// Two ways to fill As:
+//   direct  - 1x1, stride 1, no padding, ho*wo % 4 == 0, x 16-byte aligned: A is x viewed as
+//             [Cin, h*w] per image, copied 16 bytes (4 pixels) at a time;
+//   gather  - everything else: 4-byte copies; each lane owns fixed pixels (decoded once) and
+//             each warp a run of k rows (decoded per tile with a multiply-shift division).
+// Bs is copied 16 bytes at a time when Cin*r*s % 4 == 0 and w is 16-byte aligned, else 4.
+//
+// Fragments, without conflicts and with wide shared loads: a sum over k does not care in which
+// order its terms come, and an output pixel does not care which MMA row computes it, so the
+// kernel relabels both (the loads above stay plain copies). For k step s of a tile, MMA column
+// q reads k row 8s + 2*(q % 4) + q / 4 of both As and Bs; for the 32 pixels at warp offset 32p,
+// MMA tile 2p + e row g + 8h is pixel 32p + 4g + 2e + h. Then a lane (g = lane/4, t = lane%4)
+// gets all four A values of two MMA tiles with one 16-byte load per k row and both B values
+// with one 8-byte load; the pads (4 and 8 floats) spread a warp's loads over all 32 banks.
+//
+// -- batchnorm + activation epilogue -- in registers (acc * scale + shift, act), then through
+// shared memory (Cs[BN][BM + 4], reusing the pipeline's space) so that the stores run along the
+// pixels: float4 when ho*wo % 4 == 0 and y is 16-byte aligned, else one float per thread. Every
+// output is written exactly once.
+//
+// TF32: both operands are rounded to nearest (cvt.rna.tf32.f32) before each MMA; truncating
+// instead (kRoundTf32 = false) saves one instruction per fragment register and biases the
+// result by about -1e-3 relative.
+// Restrictions: groups == 1; tiles.m, tiles.n in {32, 64, 128}, tiles.k == 32, tiles.stages in
+// {2, 3, 4} (fewer are used when the reduction has fewer tiles); x, y and w must each have
+// fewer than 2^31 elements and h, w, ho, wo, padding and the dilated window stay under 2^28.
+// The caller precomputes nothing: no workspace, no setup beyond the pointers.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include <cuda_runtime.h>
+
+#include "epilog/kernels/cuda.h"
+
+namespace epilog::cuda {
+namespace {
+
+constexpr int kBK = 32;
+constexpr int kPadA = 4;  // As row pad: k rows 2t land 8t banks apart (see the file comment)
+constexpr int kPadB = 8;  // Bs row pad: channel rows g land 8g banks apart
+constexpr int kPadC = 4;  // Cs row pad: channel rows 2t land 8t banks apart
+constexpr bool kRoundTf32 = true;
+// Added to a row or pixel coordinate to push it out of every image: what keeps a masked k row or
+// a pixel past M failing the bounds test without a separate predicate.
+constexpr int kFar = 1 << 30;
+
+template <int BM, int BN>
+struct Tile {
+  static constexpr int kThreads = BM * BN >= 128 * 128 ? 256 : 128;
+  // Two 128x128 blocks fit an SM's shared memory at 3 stages; this holds registers to 128 so
+  // that they fit its register file too.
+  static constexpr int kMinBlocks = kThreads == 256 ? 2 : 1;
+  static constexpr int kWarps = kThreads / 32;
+  // Warps along m: WM = 64 where the tile allows it with WN = 32 (most MMAs per fragment load),
+  // else WM = 32.
+  static constexpr int kWarpsM = BM == 32 ? 1 : BM == 64 ? (BN == 128 ? 1 : 2) : (BN == 32 ? 4 : 2);
+  static constexpr int kWarpsN = kWarps / kWarpsM;
+  static constexpr int kWM = BM / kWarpsM, kWN = BN / kWarpsN;
+  static constexpr int kMI = kWM / 16, kNI = kWN / 8;
+  static constexpr int kLdA = BM + kPadA, kLdB = kBK + kPadB, kLdC = BM + kPadC;
+  static constexpr int kStageFloats = kBK * kLdA + BN * kLdB;
+  static_assert(kWarpsM * kWarpsN == kWarps && kWM % 32 == 0 && kWN % 8 == 0, "warp tiling");
+
+  static constexpr size_t smem_bytes(int stages) {
+    const int pipe = stages * kStageFloats, out = BN * kLdC;
+    return sizeof(float) * size_t(pipe > out ? pipe : out);
+  }
+};
+
+// q = n / d for 0 <= n < 2^31 as a multiply-high and a shift (Granlund-Montgomery): the k-row
+// decode runs per tile, so a real division there would cost more than the copies it feeds.
+struct FastDiv {
+  uint32_t mul, shift;
+};
+
+FastDiv make_fastdiv(uint32_t d) {
+  uint32_t shift = 0;
+  while ((uint64_t(1) << shift) < d) ++shift;
+  const uint64_t mul = ((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1;
+  return {uint32_t(mul), shift};
+}
+
+__device__ __forceinline__ int fast_div(int n, FastDiv d) {
+  const uint32_t u = uint32_t(n);
+  return int((__umulhi(u, d.mul) + u) >> d.shift);
+}
+
+struct GemmArgs {
+  const float* x;
+  const float* wt;
+  const float* scale;
+  const float* shift;
+  float* y;
+  int c, h, w;    // input channels and plane
+  int k, ho, wo;  // output channels and plane
+  int s, rs;      // window width and area (the height only shows through rs)
+  int sh, sw, pt, pl, dh, dw;
+  int m;        // n * ho * wo
+  int kg;       // c * r * s
+  int n_tiles;  // ceil(k / BN)
+  int stages;   // 2..4, never more than the k tiles + 1
+  FastDiv div_rs, div_s;
+  bool vec_b;  // 16-byte weight copies
+  bool vec_y;  // float4 output stores
+  Activation act;
+};
+
+// -- cp.async and mma wrappers --
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// src_bytes == 0 reads nothing and fills the destination with zeros; src is kept in bounds
+// anyway by the callers (they pass offset 0 when masked).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const float* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const float* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+// Tile kt is complete once at most stages - 2 younger groups are pending.
+__device__ __forceinline__ void cp_async_wait_stage(int stages) {
+  if (stages >= 4) cp_async_wait<2>();
+  else if (stages == 3) cp_async_wait<1>();
+  else cp_async_wait<0>();
+}
+
+__device__ __forceinline__ uint32_t to_tf32(float v) {
+  if constexpr (kRoundTf32) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+    return r;
+  } else {
+    return __float_as_uint(v);  // the tensor core ignores the low 13 bits: truncation
+  }
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// -- A loaders: one k tile of As[kBK][kLdA] per call --
+
+// Direct: thread owns one 4-pixel chunk and every kRowStep-th k row.
+template <int BM, int BN>
+struct DirectA {
+  using T = Tile<BM, BN>;
+  static constexpr int kChunks = BM / 4;
+  static constexpr int kRowStep = T::kThreads / kChunks;
+  static constexpr int kRows = kBK / kRowStep;
+  int base;  // x offset of (img, channel 0, first pixel of the chunk); -1 past M
+  int row0, col;
+
+  __device__ __forceinline__ DirectA(const GemmArgs& a, int m0, int tid) {
+    const int chunk = tid % kChunks;
+    row0 = tid / kChunks;
+    col = 4 * chunk;
+    const int m = m0 + col;
+    const int hw = a.ho * a.wo;  // == h * w on this path
+    const int img = m / hw;
+    base = m < a.m ? img * a.c * hw + (m - img * hw) : -1;
+  }
+
+  __device__ __forceinline__ void load(const GemmArgs& a, uint32_t as, int k0) const {
+    const int hw = a.ho * a.wo;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int kr = row0 + j * kRowStep;
+      const int kk = k0 + kr;
+      const bool valid = base >= 0 && kk < a.kg;
+      const int off = valid ? base + kk * hw : 0;
+      cp_async16(as + 4 * (kr * T::kLdA + col), a.x + off, valid);
+    }
+  }
+};
+
+// Gather: lane owns pixels lane + 32p (decoded once); warp owns k rows [warp*kRows, +kRows).
+template <int BM, int BN>
+struct GatherA {
+  using T = Tile<BM, BN>;
+  static constexpr int kPix = BM / 32;
+  static constexpr int kRows = kBK / T::kWarps;
+  int base[kPix];  // x offset of (img, 0, ih0, iw0); may be negative, valid once a tap is added
+  int ih0[kPix], iw0[kPix];
+  int row0, lane;
+
+  __device__ __forceinline__ GatherA(const GemmArgs& a, int m0, int tid) {
+    lane = tid % 32;
+    row0 = (tid / 32) * kRows;
+    const int hwo = a.ho * a.wo;
+#pragma unroll
+    for (int p = 0; p < kPix; ++p) {
+      const int m = m0 + lane + 32 * p;
+      const bool inside = m < a.m;
+      const int mm = inside ? m : 0;
+      const int img = mm / hwo, rem = mm - img * hwo;
+      const int oh = rem / a.wo, ow = rem - oh * a.wo;
+      ih0[p] = oh * a.sh - a.pt;
+      iw0[p] = ow * a.sw - a.pl;
+      base[p] = (img * a.c * a.h + ih0[p]) * a.w + iw0[p];
+      if (!inside) ih0[p] = -kFar;
+    }
+  }
+
+  __device__ __forceinline__ void load(const GemmArgs& a, uint32_t as, int k0) const {
+    const int hw = a.h * a.w;
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int kr = row0 + j;
+      const int kk = k0 + kr;
+      // (c, i, j) of this k row, uniform across the warp; rows past K decode as the last one
+      // and are masked through the row test.
+      const int kd = kk < a.kg ? kk : a.kg - 1;
+      const int c = fast_div(kd, a.div_rs);
+      const int tap = kd - c * a.rs;
+      const int i = fast_div(tap, a.div_s);
+      const int di = i * a.dh, dj = (tap - i * a.s) * a.dw;
+      const int koff = c * hw + di * a.w + dj;
+      const int di_test = kk < a.kg ? di : -kFar;
+#pragma unroll
+      for (int p = 0; p < kPix; ++p) {
+        const bool valid = unsigned(ih0[p] + di_test) < unsigned(a.h) &&
+                           unsigned(iw0[p] + dj) < unsigned(a.w);
+        const int off = valid ? base[p] + koff : 0;
+        cp_async4(as + 4 * (kr * T::kLdA + lane + 32 * p), a.x + off, valid);
+      }
+    }
+  }
+};
+
+// -- B loader: Bs[BN][kLdB] --
+template <int BM, int BN>
+__device__ __forceinline__ void load_b(const GemmArgs& a, uint32_t bs, int n0, int k0, int tid) {
+  using T = Tile<BM, BN>;
+  if (a.vec_b) {
+    constexpr int kRowStep = T::kThreads / (kBK / 4);
+    const int kc = 4 * (tid % (kBK / 4)), nr0 = tid / (kBK / 4);
+#pragma unroll
+    for (int j = 0; j < BN / kRowStep; ++j) {
+      const int nr = nr0 + j * kRowStep;
+      const int n = n0 + nr, kk = k0 + kc;
+      const bool valid = n < a.k && kk < a.kg;  // kg % 4 == 0: chunks are all in or all out
+      cp_async16(bs + 4 * (nr * T::kLdB + kc), a.wt + (valid ? n * a.kg + kk : 0), valid);
+    }
+  } else {
+    const int kr = tid % 32, nr0 = tid / 32;
+#pragma unroll
+    for (int j = 0; j < BN / T::kWarps; ++j) {
+      const int nr = nr0 + j * T::kWarps;
+      const int n = n0 + nr, kk = k0 + kr;
+      const bool valid = n < a.k && kk < a.kg;
+      cp_async4(bs + 4 * (nr * T::kLdB + kr), a.wt + (valid ? n * a.kg + kk : 0), valid);
+    }
+  }
+}
+
+template <int BM, int BN, bool kDirect>
+__global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBlocks) conv_gemm_kernel(const GemmArgs a) {
+  using T = Tile<BM, BN>;
+  extern __shared__ __align__(16) float smem[];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int n_tile = int(blockIdx.x % unsigned(a.n_tiles));
+  const int m0 = int(blockIdx.x / unsigned(a.n_tiles)) * BM, n0 = n_tile * BN;
+  const int ktiles = (a.kg + kBK - 1) / kBK;
+  const uint32_t smem0 = smem_addr(smem);
+  constexpr uint32_t kStageBytes = 4 * T::kStageFloats, kBOffset = 4 * kBK * T::kLdA;
+
+  using ALoader = std::conditional_t<kDirect, DirectA<BM, BN>, GatherA<BM, BN>>;
+  const ALoader loader_a(a, m0, tid);
+  auto load_tile = [&](int stage, int kt) {
+    const uint32_t as = smem0 + stage * kStageBytes;
+    loader_a.load(a, as, kt * kBK);
+    load_b<BM, BN>(a, as + kBOffset, n0, kt * kBK, tid);
+  };
+
+  // Warp position and this lane's fragment offsets (see the file comment for the relabeling).
+  const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
+  const int g = lane / 4, t = lane % 4;
+  const int a_frag = 2 * t * T::kLdA + wm * T::kWM + 4 * g;
+  const int b_frag = (wn * T::kWN + g) * T::kLdB + 2 * t;
+
+  float acc[T::kMI][T::kNI][4];
+#pragma unroll
+  for (int mi = 0; mi < T::kMI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < T::kNI; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+  // -- mainloop --
+  const int stages = a.stages;
+  for (int st = 0; st < stages - 1; ++st) {
+    if (st < ktiles) load_tile(st, st);
+    cp_async_commit();  // empty groups keep the count that wait_group relies on
+  }
+  int read_stage = 0, write_stage = stages - 1;
+  for (int kt = 0; kt < ktiles; ++kt) {
+    cp_async_wait_stage(stages);
+    // Tile kt is visible to all, and every warp is done with the stage the next copy overwrites.
+    __syncthreads();
+    if (kt + stages - 1 < ktiles) load_tile(write_stage, kt + stages - 1);
+    cp_async_commit();
+    write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
+
+    const float* as = smem + read_stage * T::kStageFloats;
+    const float* bs = as + kBK * T::kLdA;
+#pragma unroll
+    for (int ks = 0; ks < kBK / 8; ++ks) {
+      uint32_t af[T::kMI][4], bf[T::kNI][2];
+#pragma unroll
+      for (int pp = 0; pp < T::kMI / 2; ++pp) {
+        const float* p = as + a_frag + 8 * ks * T::kLdA + 32 * pp;
+        const float4 lo = *reinterpret_cast<const float4*>(p);            // MMA column t
+        const float4 hi = *reinterpret_cast<const float4*>(p + T::kLdA);  // MMA column t + 4
+        af[2 * pp][0] = to_tf32(lo.x);
+        af[2 * pp][1] = to_tf32(lo.y);
+        af[2 * pp][2] = to_tf32(hi.x);
+        af[2 * pp][3] = to_tf32(hi.y);
+        af[2 * pp + 1][0] = to_tf32(lo.z);
+        af[2 * pp + 1][1] = to_tf32(lo.w);
+        af[2 * pp + 1][2] = to_tf32(hi.z);
+        af[2 * pp + 1][3] = to_tf32(hi.w);
+      }
+#pragma unroll
+      for (int ni = 0; ni < T::kNI; ++ni) {
+        const float2 v = *reinterpret_cast<const float2*>(bs + b_frag + 8 * ni * T::kLdB + 8 * ks);
+        bf[ni][0] = to_tf32(v.x);
+        bf[ni][1] = to_tf32(v.y);
+      }
+#pragma unroll
+      for (int mi = 0; mi < T::kMI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < T::kNI; ++ni) mma_tf32(acc[mi][ni], af[mi], bf[ni]);
+    }
+    read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
+  }
+
+  // -- batchnorm + activation epilogue --
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline's space becomes Cs
+  float* cs = smem;
+#pragma unroll
+  for (int ni = 0; ni < T::kNI; ++ni) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int nr = wn * T::kWN + 8 * ni + 2 * t + e;
+      const int n = n0 + nr;
+      const float sc = a.scale && n < a.k ? __ldg(a.scale + n) : 1.0f;
+      const float sf = a.shift && n < a.k ? __ldg(a.shift + n) : 0.0f;
+#pragma unroll
+      for (int pp = 0; pp < T::kMI / 2; ++pp) {
+        // Pixels 4g .. 4g + 3 of this 32-pixel run: (tile 2pp, rows g, g + 8), (2pp + 1, same).
+        float4 v;
+        v.x = activate(a.act, fmaf(acc[2 * pp][ni][e], sc, sf));
+        v.y = activate(a.act, fmaf(acc[2 * pp][ni][2 + e], sc, sf));
+        v.z = activate(a.act, fmaf(acc[2 * pp + 1][ni][e], sc, sf));
+        v.w = activate(a.act, fmaf(acc[2 * pp + 1][ni][2 + e], sc, sf));
+        *reinterpret_cast<float4*>(cs + nr * T::kLdC + wm * T::kWM + 32 * pp + 4 * g) = v;
+      }
+    }
+  }
+  __syncthreads();
+
+  const int hwo = a.ho * a.wo;
+  if (a.vec_y) {
+    // Four pixels of one image per store: hwo % 4 == 0, so M % 4 == 0 and chunks never straddle.
+    constexpr int kChunks = BM / 4, kRowStep = T::kThreads / kChunks;
+    const int col = 4 * (tid % kChunks), nr0 = tid / kChunks;
+    const int m = m0 + col;
+    if (m < a.m) {
+      const int img = m / hwo;
+      float* yb = a.y + (img * a.k * hwo + (m - img * hwo));
+#pragma unroll 4
+      for (int nr = nr0; nr < BN; nr += kRowStep) {
+        if (n0 + nr >= a.k) break;
+        *reinterpret_cast<float4*>(yb + (n0 + nr) * hwo) =
+            *reinterpret_cast<const float4*>(cs + nr * T::kLdC + col);
+      }
+    }
+  } else {
+    constexpr int kRowStep = T::kThreads / BM;
+    const int col = tid % BM, nr0 = tid / BM;
+    const int m = m0 + col;
+    if (m < a.m) {
+      const int img = m / hwo;
+      float* yb = a.y + (img * a.k * hwo + (m - img * hwo));
+#pragma unroll 4
+      for (int nr = nr0; nr < BN; nr += kRowStep) {
+        if (n0 + nr >= a.k) break;
+        yb[(n0 + nr) * hwo] = cs[nr * T::kLdC + col];
+      }
+    }
+  }
+}
+
+[[noreturn]] void reject(const std::string& what) {
+  throw std::invalid_argument("[conv_gemm] " + what);
+}
+
+template <int BM, int BN>
+void launch(const GemmArgs& a, bool direct, Stream stream) {
+  using T = Tile<BM, BN>;
+  auto kernel = direct ? conv_gemm_kernel<BM, BN, true> : conv_gemm_kernel<BM, BN, false>;
+  // Above 48 KB a block needs the opt-in; once per instantiation and process (on the device
+  // current at the first call), for the deepest pipeline so any stages fits.
+  static const bool opted_in = [] {
+    EPILOG_CUDA_CHECK(cudaFuncSetAttribute(conv_gemm_kernel<BM, BN, true>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(T::smem_bytes(4))));
+    EPILOG_CUDA_CHECK(cudaFuncSetAttribute(conv_gemm_kernel<BM, BN, false>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(T::smem_bytes(4))));
+    return true;
+  }();
+  (void)opted_in;
+  const int64_t blocks = (int64_t(a.m) + BM - 1) / BM * a.n_tiles;
+  if (blocks > INT32_MAX) reject("grid of " + std::to_string(blocks) + " blocks is too large");
+  kernel<<<unsigned(blocks), T::kThreads, T::smem_bytes(a.stages), stream>>>(a);
+  check_launch("conv_gemm");
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
+               const float* scale, const float* shift, Activation act, float* y, Stream stream) {
+  if (s.groups != 1) reject("groups must be 1, got " + std::to_string(s.groups));
+  const bool tile_ok = (t.m == 32 || t.m == 64 || t.m == 128) &&
+                       (t.n == 32 || t.n == 64 || t.n == 128) && t.k == kBK && t.stages >= 2 &&
+                       t.stages <= 4;
+  if (!tile_ok)
+    reject("unsupported tiles m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) +
+           " k=" + std::to_string(t.k) + " stages=" + std::to_string(t.stages) +
+           " (m, n in {32, 64, 128}, k = 32, stages in {2, 3, 4})");
+  const int64_t m = s.n * s.ho * s.wo, kg = s.c * s.r * s.s;
+  if (m == 0 || s.k == 0) return;
+  constexpr int64_t kSmall = int64_t(1) << 28;
+  if (s.n * s.c * s.h * s.w >= INT32_MAX || s.n * s.k * s.ho * s.wo >= INT32_MAX ||
+      s.k * kg >= INT32_MAX)
+    reject("x, y and w must each have fewer than 2^31 elements");
+  if (s.h >= kSmall || s.w >= kSmall || s.ho * s.stride_h >= kSmall ||
+      s.wo * s.stride_w >= kSmall || s.pad_t < 0 || s.pad_l < 0 || s.pad_t >= kSmall ||
+      s.pad_l >= kSmall || (s.r - 1) * s.dil_h >= kSmall || (s.s - 1) * s.dil_w >= kSmall)
+    reject("plane, padding or window out of range");
+
+  GemmArgs a{};
+  a.x = x;
+  a.wt = w;
+  a.scale = scale;
+  a.shift = shift;
+  a.y = y;
+  a.c = int(s.c), a.h = int(s.h), a.w = int(s.w);
+  a.k = int(s.k), a.ho = int(s.ho), a.wo = int(s.wo);
+  a.s = int(s.s);
+  a.rs = int(s.r * s.s);
+  a.sh = int(s.stride_h), a.sw = int(s.stride_w);
+  a.pt = int(s.pad_t), a.pl = int(s.pad_l);
+  a.dh = int(s.dil_h), a.dw = int(s.dil_w);
+  a.m = int(m);
+  a.kg = int(kg);
+  a.n_tiles = int((s.k + t.n - 1) / t.n);
+  // More stages than k tiles + 1 would only hold nothing: the prologue already loads them all.
+  const int ktiles = int((kg + kBK - 1) / kBK);
+  a.stages = ktiles + 1 < t.stages ? ktiles + 1 : t.stages;
+  a.div_rs = make_fastdiv(uint32_t(s.r * s.s));
+  a.div_s = make_fastdiv(uint32_t(s.s));
+  a.vec_b = kg % 4 == 0 && aligned16(w);
+  a.vec_y = (s.ho * s.wo) % 4 == 0 && aligned16(y);
+  a.act = act;
+
+  const bool direct = s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 &&
+                      s.pad_t == 0 && s.pad_l == 0 && s.ho == s.h && s.wo == s.w &&
+                      (s.h * s.w) % 4 == 0 && aligned16(x);
+
+  switch (t.m * 1000 + t.n) {
+    case 32032: return launch<32, 32>(a, direct, stream);
+    case 32064: return launch<32, 64>(a, direct, stream);
+    case 32128: return launch<32, 128>(a, direct, stream);
+    case 64032: return launch<64, 32>(a, direct, stream);
+    case 64064: return launch<64, 64>(a, direct, stream);
+    case 64128: return launch<64, 128>(a, direct, stream);
+    case 128032: return launch<128, 32>(a, direct, stream);
+    case 128064: return launch<128, 64>(a, direct, stream);
+    case 128128: return launch<128, 128>(a, direct, stream);
+  }
+}
+
+}  // namespace epilog::cuda

@@ -1,0 +1,151 @@
+// Data-movement CUDA kernels: the slab copy behind concat and split, nearest upsampling.
+//
+// copy_slab   dst[o, dst_offset + j, i] = src[o, src_offset + j, i] for o < outer, j < count,
+//             i < inner, both tensors viewed as [outer, extent, inner] (their own extents).
+//             Each o is one contiguous run of count * inner floats in both tensors, at
+//             (o * extent + offset) * inner.
+// upsample    y[p, oh, ow] = x[p, oh / scale_h, ow / scale_w] over planes p < n * c, with
+//             y's planes (h * scale_h) x (w * scale_w).
+// Layout: float32, contiguous, device pointers; src and dst must not overlap.
+// Grid: 1-D and grid-stride, kThreads per block, at most kBlocksPerSm blocks per SM, so any
+//   element count runs. A work item is V = 4 consecutive floats of one row (float4 loads and
+//   stores) when the row length and every row start are multiples of 4 and the pointers are
+//   16-byte aligned, else one float. copy_slab: item w is row w / chunks, column
+//   (w % chunks) * V. upsample: item w is output row w / chunks (plane row / ho, oh = row % ho),
+//   columns (w % chunks) * V .. + V, each read from x[iw = ow / scale_w]: neighbouring
+//   outputs share inputs, so a warp's reads hit 1 / scale_w as many addresses as it writes.
+// Index math is 32-bit when every index is below 2^31, else 64-bit.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "epilog/kernels/cuda.h"
+
+namespace epilog::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 8;  // 8 x 256 = 2048 threads, the most an sm_90 SM holds
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Enough blocks for one item per thread, capped at one full wave: past that the grid-stride
+// loop does the rest without paying for block launches.
+int grid_for(int64_t items) {
+  static const int max_blocks = [] {
+    int device = 0, sms = 0;
+    EPILOG_CUDA_CHECK(cudaGetDevice(&device));
+    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return std::max(sms, 1) * kBlocksPerSm;
+  }();
+  return static_cast<int>(std::min<int64_t>(ceil_div(items, kThreads), max_blocks));
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+bool fits32(int64_t n) {
+  return n < (int64_t(1) << 31);
+}
+
+// -- copy_slab --
+
+template <int V, class I>
+__global__ void __launch_bounds__(kThreads)
+    copy_slab_kernel(I chunks, I items, const float* __restrict__ src, I src_row, I src_start,
+                     float* __restrict__ dst, I dst_row, I dst_start) {
+  using T = std::conditional_t<V == 4, float4, float>;
+  const I step = I(gridDim.x) * kThreads;
+  for (I w = I(blockIdx.x) * kThreads + threadIdx.x; w < items; w += step) {
+    const I o = w / chunks, col = (w - o * chunks) * V;
+    *reinterpret_cast<T*>(dst + o * dst_row + dst_start + col) =
+        __ldg(reinterpret_cast<const T*>(src + o * src_row + src_start + col));
+  }
+}
+
+// -- upsample_nearest --
+
+template <int V, class I>
+__global__ void __launch_bounds__(kThreads)
+    upsample_kernel(I chunks, I items, I h, I w, I ho, I wo, I scale_h, I scale_w,
+                    const float* __restrict__ x, float* __restrict__ y) {
+  const I step = I(gridDim.x) * kThreads;
+  for (I item = I(blockIdx.x) * kThreads + threadIdx.x; item < items; item += step) {
+    const I row = item / chunks, ow = (item - row * chunks) * V;
+    const I plane = row / ho, oh = row - plane * ho;
+    const float* in = x + (plane * h + oh / scale_h) * w;
+    float v[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = __ldg(in + (ow + I(j)) / scale_w);
+    float* out = y + row * wo + ow;
+    if constexpr (V == 4)
+      *reinterpret_cast<float4*>(out) = make_float4(v[0], v[1], v[2], v[3]);
+    else
+      *out = v[0];
+  }
+}
+
+}  // namespace
+
+void copy_slab(int64_t outer, int64_t count, int64_t inner, const float* src, int64_t src_extent,
+               int64_t src_offset, float* dst, int64_t dst_extent, int64_t dst_offset,
+               Stream stream) {
+  const int64_t len = count * inner;
+  if (outer == 0 || len == 0) return;
+  const int64_t src_row = src_extent * inner, dst_row = dst_extent * inner;
+  const int64_t src_start = src_offset * inner, dst_start = dst_offset * inner;
+  const bool vec = len % 4 == 0 && src_row % 4 == 0 && dst_row % 4 == 0 && src_start % 4 == 0 &&
+                   dst_start % 4 == 0 && aligned16(src) && aligned16(dst);
+  const int64_t chunks = vec ? len / 4 : len;
+  const int64_t items = outer * chunks;
+  const int grid = grid_for(items);
+  // Every index is below the larger tensor's element count.
+  const bool small = fits32(outer * std::max(src_row, dst_row));
+  if (vec && small)
+    copy_slab_kernel<4, uint32_t><<<grid, kThreads, 0, stream>>>(
+        uint32_t(chunks), uint32_t(items), src, uint32_t(src_row), uint32_t(src_start), dst,
+        uint32_t(dst_row), uint32_t(dst_start));
+  else if (vec)
+    copy_slab_kernel<4, int64_t><<<grid, kThreads, 0, stream>>>(chunks, items, src, src_row,
+                                                                src_start, dst, dst_row, dst_start);
+  else if (small)
+    copy_slab_kernel<1, uint32_t><<<grid, kThreads, 0, stream>>>(
+        uint32_t(chunks), uint32_t(items), src, uint32_t(src_row), uint32_t(src_start), dst,
+        uint32_t(dst_row), uint32_t(dst_start));
+  else
+    copy_slab_kernel<1, int64_t><<<grid, kThreads, 0, stream>>>(chunks, items, src, src_row,
+                                                                src_start, dst, dst_row, dst_start);
+  check_launch("copy_slab");
+}
+
+void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_h, int64_t scale_w,
+                      const float* x, float* y, Stream stream) {
+  const int64_t ho = h * scale_h, wo = w * scale_w, rows = n * c * ho;
+  if (rows == 0 || wo == 0) return;
+  const bool vec = wo % 4 == 0 && aligned16(y);
+  const int64_t chunks = vec ? wo / 4 : wo;
+  const int64_t items = rows * chunks;
+  const int grid = grid_for(items);
+  const bool small = fits32(rows * wo);
+  if (vec && small)
+    upsample_kernel<4, uint32_t><<<grid, kThreads, 0, stream>>>(
+        uint32_t(chunks), uint32_t(items), uint32_t(h), uint32_t(w), uint32_t(ho), uint32_t(wo),
+        uint32_t(scale_h), uint32_t(scale_w), x, y);
+  else if (vec)
+    upsample_kernel<4, int64_t>
+        <<<grid, kThreads, 0, stream>>>(chunks, items, h, w, ho, wo, scale_h, scale_w, x, y);
+  else if (small)
+    upsample_kernel<1, uint32_t><<<grid, kThreads, 0, stream>>>(
+        uint32_t(chunks), uint32_t(items), uint32_t(h), uint32_t(w), uint32_t(ho), uint32_t(wo),
+        uint32_t(scale_h), uint32_t(scale_w), x, y);
+  else
+    upsample_kernel<1, int64_t>
+        <<<grid, kThreads, 0, stream>>>(chunks, items, h, w, ho, wo, scale_h, scale_w, x, y);
+  check_launch("upsample_nearest");
+}
+
+}  // namespace epilog::cuda

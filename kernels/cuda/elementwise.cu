@@ -1,0 +1,352 @@
+// Elementwise CUDA kernels: inference batchnorm, activations, add/mul with broadcasting.
+//
+// Math
+//   batchnorm   y[o, c, i] = (x[o, c, i] - mean[c]) * (gamma[c] / sqrt(var[c] + eps)) + beta[c]
+//   activation  y[i] = act(x[i]), act as in shapes.h (silu, relu, sigmoid, none)
+//   binary      y[p] = a[p mod a's shape] (+ or *) b[p mod b's shape], NumPy broadcasting
+// Layout: float32, contiguous, device pointers; batchnorm sees x as [outer, channels, inner].
+//   Outputs must not alias inputs (inputs are read through the non-coherent cache).
+// Grid: 1-D and grid-stride, kThreads per block, at most kBlocksPerSm blocks per SM (that is
+//   full residency on sm_90), so any element count runs, 64-bit counts included. A work item
+//   is a float4 when every pointer is 16-byte aligned and no run of 4 crosses a channel
+//   (batchnorm: inner % 4 == 0) or a broadcast row (binary: last merged dim % 4 == 0), else
+//   one float. Flat kernels take kUnroll items per step, kThreads apart so that each warp's
+//   accesses stay coalesced, and issue all kUnroll loads before the first use.
+// Binary: the host merges the broadcast shape first: size-1 dims are dropped and neighbours
+//   that both operands walk as one dim are merged, so [N,C,H,W] + [1,C,1,1] runs as [N, C, H*W]
+//   with b strides (0, 1, 0) and equal shapes as one flat run (the flat kernel). Otherwise
+//   item w is row w / chunks of the outer merged dims (decoded with one division per dim)
+//   and column (w % chunks) * V of the last one, whose stride is 1 or 0 in each operand.
+// Index math is 32-bit when every index is below 2^31, else 64-bit.
+// Restrictions: binary up to kMaxRank dims (checked), shapes that broadcast (the caller's).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "epilog/kernels/cuda.h"
+
+// Preconditions the host side checked already; a failure here is an epilog bug.
+#define EPILOG_CUDA_REQUIRE(cond)                                                             \
+  do {                                                                                        \
+    if (!(cond))                                                                              \
+      ::epilog::cuda::check(cudaErrorInvalidValue, "requirement " #cond, __FILE__, __LINE__); \
+  } while (0)
+
+namespace epilog::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+constexpr int kBlocksPerSm = 8;  // 8 x 256 = 2048 threads, the most an sm_90 SM holds
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Enough blocks for `items` work items at kUnroll per thread, capped at one full wave: past
+// that the grid-stride loop does the rest without paying for block launches.
+int grid_for(int64_t items, int per_thread = kUnroll) {
+  static const int max_blocks = [] {
+    int device = 0, sms = 0;
+    EPILOG_CUDA_CHECK(cudaGetDevice(&device));
+    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return std::max(sms, 1) * kBlocksPerSm;
+  }();
+  return static_cast<int>(
+      std::min<int64_t>(ceil_div(items, int64_t(kThreads) * per_thread), max_blocks));
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+bool fits32(int64_t n) {
+  return n < (int64_t(1) << 31);
+}
+
+template <int V>
+struct Vec {
+  float v[V];
+};
+
+template <int V>
+__device__ __forceinline__ Vec<V> load(const float* __restrict__ p) {
+  Vec<V> r;
+  if constexpr (V == 4) {
+    const float4 t = __ldg(reinterpret_cast<const float4*>(p));
+    r.v[0] = t.x, r.v[1] = t.y, r.v[2] = t.z, r.v[3] = t.w;
+  } else {
+    r.v[0] = __ldg(p);
+  }
+  return r;
+}
+
+template <int V>
+__device__ __forceinline__ void store(float* p, const Vec<V>& r) {
+  if constexpr (V == 4)
+    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+  else
+    *p = r.v[0];
+}
+
+template <int V>
+__device__ __forceinline__ Vec<V> splat(float s) {
+  Vec<V> r;
+#pragma unroll
+  for (int j = 0; j < V; ++j) r.v[j] = s;
+  return r;
+}
+
+// -- flat kernels: y[i] = f(i, x[i]) or f(i, a[i], b[i]) over `items` items of V floats --
+
+template <class F, int V, class I>
+__global__ void __launch_bounds__(kThreads)
+    map_kernel(F f, I items, const float* __restrict__ x, float* __restrict__ y) {
+  const I step = I(gridDim.x) * kThreads * kUnroll;
+  for (I base = I(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < items; base += step) {
+    Vec<V> v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const I i = base + I(u) * kThreads;
+      if (i < items) v[u] = load<V>(x + i * V);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const I i = base + I(u) * kThreads;
+      if (i < items) {
+        f(i * V, v[u]);
+        store<V>(y + i * V, v[u]);
+      }
+    }
+  }
+}
+
+template <class F, int V, class I>
+__global__ void __launch_bounds__(kThreads)
+    zip_kernel(F f, I items, const float* __restrict__ a, const float* __restrict__ b,
+               float* __restrict__ y) {
+  const I step = I(gridDim.x) * kThreads * kUnroll;
+  for (I base = I(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < items; base += step) {
+    Vec<V> va[kUnroll], vb[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const I i = base + I(u) * kThreads;
+      if (i < items) va[u] = load<V>(a + i * V), vb[u] = load<V>(b + i * V);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const I i = base + I(u) * kThreads;
+      if (i < items) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) va[u].v[j] = f(va[u].v[j], vb[u].v[j]);
+        store<V>(y + i * V, va[u]);
+      }
+    }
+  }
+}
+
+// Launches map_kernel over n floats, as float4 items when `vec` allows.
+template <class F>
+void launch_map(const char* name, F f, int64_t n, bool vec, const float* x, float* y,
+                Stream stream) {
+  if (n == 0) return;
+  vec = vec && n % 4 == 0 && aligned16(x) && aligned16(y);
+  const int64_t items = vec ? n / 4 : n;
+  const int grid = grid_for(items);
+  if (vec && fits32(n))
+    map_kernel<F, 4, uint32_t><<<grid, kThreads, 0, stream>>>(f, uint32_t(items), x, y);
+  else if (vec)
+    map_kernel<F, 4, int64_t><<<grid, kThreads, 0, stream>>>(f, items, x, y);
+  else if (fits32(n))
+    map_kernel<F, 1, uint32_t><<<grid, kThreads, 0, stream>>>(f, uint32_t(items), x, y);
+  else
+    map_kernel<F, 1, int64_t><<<grid, kThreads, 0, stream>>>(f, items, x, y);
+  check_launch(name);
+}
+
+// -- batchnorm --
+
+struct BatchnormOp {
+  int64_t channels, inner;
+  const float *gamma, *beta, *mean, *var;
+  float eps;
+
+  // All V elements share a channel: the vector path needs inner % 4 == 0.
+  template <class I, int V>
+  __device__ void operator()(I first, Vec<V>& v) const {
+    const I c = (first / I(inner)) % I(channels);
+    // sqrtf and the division round correctly (no fast math), within an ulp or two of the CPU
+    // reference's double-precision factor.
+    const float a = __ldg(gamma + c) / sqrtf(__ldg(var + c) + eps);
+    const float m = __ldg(mean + c), b = __ldg(beta + c);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v.v[j] = (v.v[j] - m) * a + b;
+  }
+};
+
+// -- activation --
+
+template <Activation A>
+struct ActivationOp {
+  template <class I, int V>
+  __device__ void operator()(I, Vec<V>& v) const {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v.v[j] = activate(A, v.v[j]);
+  }
+};
+
+// -- binary --
+
+template <Binary Op>
+struct BinaryOp {
+  __device__ float operator()(float a, float b) const { return Op == Binary::Add ? a + b : a * b; }
+};
+
+// The outer merged dims, innermost first, with each operand's element strides (0: broadcast).
+struct Outer {
+  int rank;
+  int64_t size[kMaxRank], sa[kMaxRank], sb[kMaxRank];
+};
+
+template <Binary Op, int V, class I>
+__global__ void __launch_bounds__(kThreads)
+    broadcast_kernel(Outer o, I inner, I chunks, I items, bool a_steps, bool b_steps,
+                     const float* __restrict__ a, const float* __restrict__ b,
+                     float* __restrict__ y) {
+  const BinaryOp<Op> f;
+  const I step = I(gridDim.x) * kThreads;
+  for (I w = I(blockIdx.x) * kThreads + threadIdx.x; w < items; w += step) {
+    const I row = w / chunks, col = (w - row * chunks) * V;
+    I oa = 0, ob = 0, rest = row;
+#pragma unroll
+    for (int d = 0; d < kMaxRank; ++d) {
+      if (d >= o.rank) break;
+      const I size = I(o.size[d]), idx = rest % size;
+      rest /= size;
+      oa += idx * I(o.sa[d]);
+      ob += idx * I(o.sb[d]);
+    }
+    const Vec<V> va = a_steps ? load<V>(a + oa + col) : splat<V>(__ldg(a + oa));
+    Vec<V> vb = b_steps ? load<V>(b + ob + col) : splat<V>(__ldg(b + ob));
+#pragma unroll
+    for (int j = 0; j < V; ++j) vb.v[j] = f(va.v[j], vb.v[j]);
+    store<V>(y + row * inner + col, vb);
+  }
+}
+
+template <Binary Op>
+void binary_impl(const BroadcastShape& s, const float* a, const float* b, float* y, Stream stream) {
+  // Merge as the CPU reference does (kernels/cpu/elementwise.cpp): walk from the back, where
+  // shapes align, computing each operand's strides, then fuse neighbours whose strides chain.
+  struct Dim {
+    int64_t size, sa, sb;
+  };
+  Dim dims[kMaxRank];
+  int rank = 0;  // merged dims, outermost first
+  {
+    Dim all[kMaxRank];
+    int64_t stride_a = 1, stride_b = 1;
+    for (int d = s.rank - 1; d >= 0; --d) {
+      all[d] = {s.out[d], s.a[d] == 1 ? 0 : stride_a, s.b[d] == 1 ? 0 : stride_b};
+      stride_a *= s.a[d];
+      stride_b *= s.b[d];
+    }
+    for (int d = 0; d < s.rank; ++d) {
+      const Dim& cur = all[d];
+      if (cur.size == 1) continue;
+      if (rank > 0) {
+        Dim& prev = dims[rank - 1];
+        if (prev.sa == cur.sa * cur.size && prev.sb == cur.sb * cur.size) {
+          prev = {prev.size * cur.size, cur.sa, cur.sb};
+          continue;
+        }
+      }
+      dims[rank++] = cur;
+    }
+    if (rank == 0) dims[rank++] = {1, 0, 0};
+  }
+  const Dim inner = dims[rank - 1];
+  int64_t total = inner.size;
+  for (int d = 0; d < rank - 1; ++d) total *= dims[d].size;
+  if (total == 0) return;
+
+  if (rank == 1 && inner.sa == 1 && inner.sb == 1) {  // equal shapes: one flat run
+    const bool vec = total % 4 == 0 && aligned16(a) && aligned16(b) && aligned16(y);
+    const int64_t items = vec ? total / 4 : total;
+    const int grid = grid_for(items);
+    const BinaryOp<Op> f;
+    if (vec && fits32(total))
+      zip_kernel<BinaryOp<Op>, 4, uint32_t>
+          <<<grid, kThreads, 0, stream>>>(f, uint32_t(items), a, b, y);
+    else if (vec)
+      zip_kernel<BinaryOp<Op>, 4, int64_t><<<grid, kThreads, 0, stream>>>(f, items, a, b, y);
+    else if (fits32(total))
+      zip_kernel<BinaryOp<Op>, 1, uint32_t>
+          <<<grid, kThreads, 0, stream>>>(f, uint32_t(items), a, b, y);
+    else
+      zip_kernel<BinaryOp<Op>, 1, int64_t><<<grid, kThreads, 0, stream>>>(f, items, a, b, y);
+    check_launch("binary (flat)");
+    return;
+  }
+
+  Outer o{};
+  o.rank = rank - 1;
+  for (int d = 0; d < o.rank; ++d) {  // innermost first
+    const Dim& src = dims[rank - 2 - d];
+    o.size[d] = src.size, o.sa[d] = src.sa, o.sb[d] = src.sb;
+  }
+  const bool a_steps = inner.sa == 1, b_steps = inner.sb == 1;
+  // Outer strides of a stepping operand are multiples of the inner size, so with inner % 4 == 0
+  // every float4 it reads is aligned when its base is.
+  const bool vec = inner.size % 4 == 0 && aligned16(y) && (!a_steps || aligned16(a)) &&
+                   (!b_steps || aligned16(b));
+  const int64_t chunks = vec ? inner.size / 4 : inner.size;
+  const int64_t items = total / inner.size * chunks;
+  const int grid = grid_for(items, 1);
+  if (vec && fits32(total))
+    broadcast_kernel<Op, 4, uint32_t><<<grid, kThreads, 0, stream>>>(
+        o, uint32_t(inner.size), uint32_t(chunks), uint32_t(items), a_steps, b_steps, a, b, y);
+  else if (vec)
+    broadcast_kernel<Op, 4, int64_t>
+        <<<grid, kThreads, 0, stream>>>(o, inner.size, chunks, items, a_steps, b_steps, a, b, y);
+  else if (fits32(total))
+    broadcast_kernel<Op, 1, uint32_t><<<grid, kThreads, 0, stream>>>(
+        o, uint32_t(inner.size), uint32_t(chunks), uint32_t(items), a_steps, b_steps, a, b, y);
+  else
+    broadcast_kernel<Op, 1, int64_t>
+        <<<grid, kThreads, 0, stream>>>(o, inner.size, chunks, items, a_steps, b_steps, a, b, y);
+  check_launch("binary (broadcast)");
+}
+
+}  // namespace
+
+void batchnorm(int64_t outer, int64_t channels, int64_t inner, const float* x, const float* gamma,
+               const float* beta, const float* mean, const float* var, float eps, float* y,
+               Stream stream) {
+  const BatchnormOp op{channels, inner, gamma, beta, mean, var, eps};
+  launch_map("batchnorm", op, outer * channels * inner, inner % 4 == 0, x, y, stream);
+}
+
+void activation(Activation act, int64_t n, const float* x, float* y, Stream stream) {
+  switch (act) {
+    case Activation::None:
+      return launch_map("activation", ActivationOp<Activation::None>{}, n, true, x, y, stream);
+    case Activation::Silu:
+      return launch_map("activation", ActivationOp<Activation::Silu>{}, n, true, x, y, stream);
+    case Activation::Relu:
+      return launch_map("activation", ActivationOp<Activation::Relu>{}, n, true, x, y, stream);
+    case Activation::Sigmoid:
+      return launch_map("activation", ActivationOp<Activation::Sigmoid>{}, n, true, x, y, stream);
+  }
+}
+
+void binary(Binary op, const BroadcastShape& s, const float* a, const float* b, float* y,
+            Stream stream) {
+  EPILOG_CUDA_REQUIRE(s.rank >= 0 && s.rank <= kMaxRank);
+  if (op == Binary::Add)
+    binary_impl<Binary::Add>(s, a, b, y, stream);
+  else
+    binary_impl<Binary::Mul>(s, a, b, y, stream);
+}
+
+}  // namespace epilog::cuda

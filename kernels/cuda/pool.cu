@@ -1,0 +1,241 @@
+// Pooling CUDA kernels: 2-D max and average windows over NCHW planes, and the global average.
+//
+// Math (the same as the CPU reference, kernels/cpu/pool.cpp): output (oh, ow) of a plane
+//   covers input rows [oh * stride_h - pad_t, + kh) and columns likewise, clipped to the input.
+//   maxpool2d   the largest value in the clipped window; padding never wins; NaN propagates.
+//   avgpool2d   the window's sum divided by its element count, or with count_include_pad by
+//               the extent of the window clipped to the padded input [-pad, size + pad_end).
+//   global_avgpool  y[r] = mean of x[r, 0 .. inner) for each of `outer` rows.
+// Layout: float32, contiguous NCHW, device pointers; x and y must not overlap.
+// Grid, pools: 1-D and grid-stride, one output per thread per step, kThreads per block, at most
+//   kBlocksPerSm blocks per SM. Item w decodes as ow = w % wo, oh = (w / wo) % ho, plane =
+//   w / (wo * ho), so a warp covers consecutive ow of one row: its writes are coalesced and its
+//   reads are the rows under those windows, shared through L1 by neighbouring windows.
+// Grid, global_avgpool: rows of at most kWarpRowMax floats take one warp each (8 rows per
+//   block); longer rows take a whole block. Lanes stride through the row (float4 loads when the
+//   rows are 16-byte aligned), then a shuffle reduction (and one through shared memory across
+//   the block's warps) gives the sum; the first lane divides and writes.
+// Index math over planes and rows is 32-bit when every index is below 2^31, else 64-bit;
+// within a plane it is 32-bit.
+// Restrictions: h, w, kernel, stride and padding below 2^30 (checked); every window covers at
+//   least one input element, which shape inference guarantees (padding < kernel).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "epilog/kernels/cuda.h"
+
+// Preconditions the host side checked already; a failure here is an epilog bug.
+#define EPILOG_CUDA_REQUIRE(cond)                                                             \
+  do {                                                                                        \
+    if (!(cond))                                                                              \
+      ::epilog::cuda::check(cudaErrorInvalidValue, "requirement " #cond, __FILE__, __LINE__); \
+  } while (0)
+
+namespace epilog::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 8;  // 8 x 256 = 2048 threads, the most an sm_90 SM holds
+constexpr int kWarps = kThreads / 32;
+// Up to 32 floats per lane a warp per row keeps enough loads in flight; longer rows (large
+// feature maps, few rows) would leave too few warps busy.
+constexpr int64_t kWarpRowMax = 1024;
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+int max_blocks() {
+  static const int blocks = [] {
+    int device = 0, sms = 0;
+    EPILOG_CUDA_CHECK(cudaGetDevice(&device));
+    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return std::max(sms, 1) * kBlocksPerSm;
+  }();
+  return blocks;
+}
+
+// Enough blocks for `items` items at `per_block` items per block, capped at one full wave:
+// past that the grid-stride loop does the rest without paying for block launches.
+int grid_for(int64_t items, int64_t per_block = kThreads) {
+  return static_cast<int>(std::min<int64_t>(ceil_div(items, per_block), max_blocks()));
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+bool fits32(int64_t n) {
+  return n < (int64_t(1) << 31);
+}
+
+// Geometry in 32-bit: the per-window math is the hot part of a pool.
+struct Geometry {
+  int h, w, ho, wo, kh, kw, stride_h, stride_w, pad_t, pad_l, pad_b, pad_r;
+};
+
+// One axis of a window: [begin, end) clipped to the input, and its extent clipped to the
+// padded input (the count_include_pad divisor). As window() in kernels/cpu/pool.cpp.
+struct Window {
+  int begin, end, padded;
+};
+__device__ __forceinline__ Window window(int o, int stride, int pad_begin, int pad_end, int extent,
+                                         int in) {
+  const int start = o * stride - pad_begin;
+  const int stop = min(start + extent, in + pad_end);
+  return {max(start, 0), min(stop, in), stop - start};
+}
+
+template <bool Max, class I>
+__global__ void __launch_bounds__(kThreads)
+    pool_kernel(Geometry g, bool count_include_pad, I items, const float* __restrict__ x,
+                float* __restrict__ y) {
+  const I step = I(gridDim.x) * kThreads;
+  for (I item = I(blockIdx.x) * kThreads + threadIdx.x; item < items; item += step) {
+    const I row = item / I(g.wo);  // plane * ho + oh
+    const int ow = int(item - row * I(g.wo));
+    const I plane = row / I(g.ho);
+    const int oh = int(row - plane * I(g.ho));
+    const float* in = x + plane * I(g.h) * I(g.w);
+    const Window wh = window(oh, g.stride_h, g.pad_t, g.pad_b, g.kh, g.h);
+    const Window ww = window(ow, g.stride_w, g.pad_l, g.pad_r, g.kw, g.w);
+    float out;
+    if constexpr (Max) {
+      float m = __ldg(in + wh.begin * g.w + ww.begin);
+      for (int ih = wh.begin; ih < wh.end; ++ih)
+        for (int iw = ww.begin; iw < ww.end; ++iw) {
+          const float v = __ldg(in + ih * g.w + iw);
+          if (v > m || isnan(v)) m = v;  // NaN propagates, as in PyTorch
+        }
+      out = m;
+    } else {
+      const int count =
+          count_include_pad ? wh.padded * ww.padded : (wh.end - wh.begin) * (ww.end - ww.begin);
+      float sum = 0.0f;
+      for (int ih = wh.begin; ih < wh.end; ++ih)
+        for (int iw = ww.begin; iw < ww.end; ++iw) sum += __ldg(in + ih * g.w + iw);
+      out = sum / float(count);
+    }
+    y[item] = out;
+  }
+}
+
+template <bool Max>
+void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream stream) {
+  const int64_t items = p.n * p.c * p.ho * p.wo;
+  if (items == 0) return;
+  constexpr int64_t kLimit = int64_t(1) << 30;
+  for (int64_t v : {p.h, p.w, p.ho, p.wo, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_t, p.pad_l,
+                    p.pad_b, p.pad_r})
+    EPILOG_CUDA_REQUIRE(v >= 0 && v < kLimit);
+  const Geometry g{int(p.h),     int(p.w),     int(p.ho),       int(p.wo),
+                   int(p.kh),    int(p.kw),    int(p.stride_h), int(p.stride_w),
+                   int(p.pad_t), int(p.pad_l), int(p.pad_b),    int(p.pad_r)};
+  const int grid = grid_for(items);
+  if (fits32(std::max(items, p.n * p.c * p.h * p.w)))
+    pool_kernel<Max, uint32_t>
+        <<<grid, kThreads, 0, stream>>>(g, p.count_include_pad, uint32_t(items), x, y);
+  else
+    pool_kernel<Max, int64_t><<<grid, kThreads, 0, stream>>>(g, p.count_include_pad, items, x, y);
+  check_launch(name);
+}
+
+// -- global_avgpool --
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum of row[0, len) over `lanes` threads numbered `lane`, V floats per load.
+template <int V, class I>
+__device__ __forceinline__ float partial_sum(const float* __restrict__ row, I len, int lane,
+                                             int lanes) {
+  float sum = 0.0f;
+  if constexpr (V == 4) {
+    const float4* r4 = reinterpret_cast<const float4*>(row);
+#pragma unroll 4
+    for (I i = lane; i < len / 4; i += lanes) {
+      const float4 t = __ldg(r4 + i);
+      sum += (t.x + t.y) + (t.z + t.w);
+    }
+  } else {
+#pragma unroll 4
+    for (I i = lane; i < len; i += lanes) sum += __ldg(row + i);
+  }
+  return sum;
+}
+
+template <int V, class I>
+__global__ void __launch_bounds__(kThreads)
+    row_mean_warp(I outer, I inner, const float* __restrict__ x, float* __restrict__ y) {
+  const int lane = threadIdx.x % 32;
+  const I warps = I(gridDim.x) * kWarps;
+  for (I r = I(blockIdx.x) * kWarps + threadIdx.x / 32; r < outer; r += warps) {
+    const float sum = warp_sum(partial_sum<V>(x + r * inner, inner, lane, 32));
+    if (lane == 0) y[r] = sum / float(inner);
+  }
+}
+
+template <int V, class I>
+__global__ void __launch_bounds__(kThreads)
+    row_mean_block(I outer, I inner, const float* __restrict__ x, float* __restrict__ y) {
+  __shared__ float partial[kWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (I r = blockIdx.x; r < outer; r += gridDim.x) {
+    float sum = warp_sum(partial_sum<V>(x + r * inner, inner, threadIdx.x, kThreads));
+    if (lane == 0) partial[warp] = sum;
+    __syncthreads();
+    if (warp == 0) {
+      sum = warp_sum(lane < kWarps ? partial[lane] : 0.0f);
+      if (lane == 0) y[r] = sum / float(inner);
+    }
+    __syncthreads();  // partial[] is rewritten by the next row
+  }
+}
+
+}  // namespace
+
+void maxpool2d(const PoolShape& p, const float* x, float* y, Stream stream) {
+  pool<true>("maxpool2d", p, x, y, stream);
+}
+
+void avgpool2d(const PoolShape& p, const float* x, float* y, Stream stream) {
+  pool<false>("avgpool2d", p, x, y, stream);
+}
+
+void global_avgpool(int64_t outer, int64_t inner, const float* x, float* y, Stream stream) {
+  if (outer == 0) return;
+  EPILOG_CUDA_REQUIRE(inner > 0);
+  const bool vec = inner % 4 == 0 && aligned16(x);
+  const bool small = fits32(outer * inner);
+  const bool per_warp = inner <= kWarpRowMax;
+  const int grid = per_warp ? grid_for(outer, kWarps) : grid_for(outer, 1);
+#define EPILOG_ROW_MEAN(kernel, V, I) \
+  kernel<V, I><<<grid, kThreads, 0, stream>>>(I(outer), I(inner), x, y)
+  if (per_warp) {
+    if (vec && small)
+      EPILOG_ROW_MEAN(row_mean_warp, 4, uint32_t);
+    else if (vec)
+      EPILOG_ROW_MEAN(row_mean_warp, 4, int64_t);
+    else if (small)
+      EPILOG_ROW_MEAN(row_mean_warp, 1, uint32_t);
+    else
+      EPILOG_ROW_MEAN(row_mean_warp, 1, int64_t);
+  } else {
+    if (vec && small)
+      EPILOG_ROW_MEAN(row_mean_block, 4, uint32_t);
+    else if (vec)
+      EPILOG_ROW_MEAN(row_mean_block, 4, int64_t);
+    else if (small)
+      EPILOG_ROW_MEAN(row_mean_block, 1, uint32_t);
+    else
+      EPILOG_ROW_MEAN(row_mean_block, 1, int64_t);
+  }
+#undef EPILOG_ROW_MEAN
+  check_launch("global_avgpool");
+}
+
+}  // namespace epilog::cuda

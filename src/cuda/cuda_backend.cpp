@@ -1,0 +1,402 @@
+// The CUDA backend: device discovery, the caching device allocator, host/device copies and the
+// op kinds mapped to the launchers of kernels/cuda.
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "epilog/kernels/cuda.h"
+#include "epilog/runtime/executor.h"
+#include "epilog/runtime/params.h"
+
+namespace epilog {
+namespace cuda {
+
+void check(int status, const char* call, const char* file, int line) {
+  if (status == cudaSuccess) return;
+  const auto err = static_cast<cudaError_t>(status);
+  cudaGetLastError();  // clear it, so that a later unrelated check does not report it again
+  fail("CUDA error: {} failed: {} at {}:{}", call, cudaGetErrorString(err), file, line);
+}
+
+void check_launch(const char* kernel) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    fail("CUDA error: launch of {} failed: {}", kernel, cudaGetErrorString(err));
+}
+
+}  // namespace cuda
+
+namespace {
+
+// -- the caching allocator --
+// cudaMalloc and cudaFree synchronize the device and cost tens of microseconds, and the
+// executor frees every intermediate right after its last reader, so freed blocks are kept in
+// free lists per rounded size and handed out again. A block is reused in host order; that is
+// safe because every kernel runs on a backend's stream in the same order the executor frees and
+// allocates (work on two backends' streams at once must synchronize between them).
+class DeviceCache {
+ public:
+  // Leaked on purpose: tensors held by static objects may be released after any static cache
+  // would have been destroyed, and the driver reclaims device memory at exit anyway.
+  static DeviceCache& get() {
+    static DeviceCache* cache = new DeviceCache;
+    return *cache;
+  }
+
+  // 512-byte steps up to 1 MiB keep small tensors tight; powers of two above that bound the
+  // number of distinct sizes (and so the memory parked in free lists) for large activations.
+  static size_t bucket(size_t bytes) {
+    constexpr size_t kSmall = 512, kLarge = size_t(1) << 20;
+    if (bytes <= kLarge) return bytes == 0 ? kSmall : (bytes + kSmall - 1) / kSmall * kSmall;
+    size_t b = kLarge;
+    while (b < bytes) b <<= 1;
+    return b;
+  }
+
+  std::shared_ptr<Storage> alloc(size_t bytes) {
+    const size_t size = bucket(bytes);
+    void* p = take(size);
+    if (!p) p = fresh(size);
+    auto s = std::make_shared<Storage>();
+    s->ptr = p;
+    s->bytes = bytes;
+    s->device = Device::CUDA;
+    s->release = [size](void* ptr) { DeviceCache::get().give_back(ptr, size); };
+    return s;
+  }
+
+ private:
+  void* take(size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(size);
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();  // the most recently freed block is the likeliest in L2
+    it->second.pop_back();
+    cached_ -= size;
+    return p;
+  }
+
+  void give_back(void* p, size_t size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_[size].push_back(p);
+    cached_ += size;
+  }
+
+  void* fresh(size_t size) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, size) == cudaSuccess) return p;
+    cudaGetLastError();
+    // Out of memory, perhaps only because blocks of other sizes sit in the free lists.
+    const size_t released = trim();
+    const cudaError_t err = cudaMalloc(&p, size);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      fail("CUDA error: cudaMalloc of {} bytes failed: {} (after releasing {} cached bytes)", size,
+           cudaGetErrorString(err), released);
+    }
+    return p;
+  }
+
+  size_t trim() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [size, blocks] : free_)
+      for (void* p : blocks) cudaFree(p);
+    free_.clear();
+    size_t released = cached_;
+    cached_ = 0;
+    return released;
+  }
+
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t cached_ = 0;
+};
+
+std::shared_ptr<Storage> device_alloc(size_t bytes) {
+  return DeviceCache::get().alloc(bytes);
+}
+
+// The backend's stream is non-blocking, so it does not order with the legacy default stream
+// cudaMemcpy runs on. Each copy that touches the device therefore waits for all queued work
+// first and for itself after (a pageable host-to-device cudaMemcpy may return before its DMA
+// lands): a tensor copy is a full barrier. Copies happen at the edges of a run, where that
+// costs nothing that the run's own final synchronize does not already cost.
+void device_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device == Device::CPU && src_device == Device::CPU) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const cudaMemcpyKind kind = src_device == Device::CPU   ? cudaMemcpyHostToDevice
+                              : dst_device == Device::CPU ? cudaMemcpyDeviceToHost
+                                                          : cudaMemcpyDeviceToDevice;
+  EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
+  EPILOG_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+  EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Registration touches no CUDA API, so doing it during static initialization is safe; the
+// call_once in the entry points covers a program that reaches them before this file's
+// initializers run.
+void register_cuda() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_allocator(Device::CUDA, device_alloc);
+    register_copy(device_copy);
+  });
+}
+[[maybe_unused]] const bool g_registered = (register_cuda(), true);
+
+// -- the kernels, keyed by op kind --
+
+struct Ctx {
+  const Node& node;
+  const NodePlan& plan;
+  cuda::Stream stream;
+};
+using In = const std::vector<Tensor>&;
+using Out = std::vector<Tensor>&;
+using CudaKernel = void (*)(const Ctx&, In, Out);
+
+const float* dev(const Tensor& t) {
+  return static_cast<const float*>(t.raw());
+}
+float* dev(Tensor& t) {
+  return static_cast<float*>(t.raw());
+}
+const float* opt(In in, size_t i) {
+  return i < in.size() ? dev(in[i]) : nullptr;
+}
+
+// Not lowering's conv_kernel_name: the runtime does not reach up into the lowering layer.
+const char* conv_name(ConvKernel k) {
+  switch (k) {
+    case ConvKernel::Scalar:
+      return "scalar";
+    case ConvKernel::Tiled:
+      return "tiled";
+    case ConvKernel::Gemm:
+      return "gemm";
+  }
+  return "?";
+}
+
+std::string conv_str(const ConvShape& s) {
+  return fmt::format(
+      "x [{},{},{},{}] w [{},{},{},{}] -> [{},{},{},{}], stride {}x{}, pad {},{}, dilation "
+      "{}x{}, groups {}",
+      s.n, s.c, s.h, s.w, s.k, s.groups ? s.c / s.groups : 0, s.r, s.s, s.n, s.k, s.ho, s.wo,
+      s.stride_h, s.stride_w, s.pad_t, s.pad_l, s.dil_h, s.dil_w, s.groups);
+}
+
+void conv(const Ctx& c, In in, Out out) {
+  const ConvShape cs = conv_shape(c.node, in[0].shape(), in[1].shape(), out[0].shape());
+  const ConvKernel k = c.plan.conv;
+  if (!cuda::conv_supports(k, cs))
+    fail("[{}] node '{}': the {} kernel cannot run {}", op_name(c.node.op), c.node.name,
+         conv_name(k), conv_str(cs));
+  const bool fused = c.node.op == OpKind::FusedConv2d;
+  const float* scale = fused ? dev(in[2]) : nullptr;
+  const float* shift = fused ? dev(in[3]) : opt(in, 2);
+  const Activation act = conv_activation(c.node);
+  const float *x = dev(in[0]), *w = dev(in[1]);
+  float* y = dev(out[0]);
+  if (k != ConvKernel::Scalar && (c.plan.tiles.m <= 0 || c.plan.tiles.n <= 0))
+    fail("[{}] node '{}': the plan picks the {} kernel but gives no tile sizes", op_name(c.node.op),
+         c.node.name, conv_name(k));
+  switch (k) {
+    case ConvKernel::Scalar:
+      return cuda::conv_scalar(cs, x, w, scale, shift, act, y, c.stream);
+    case ConvKernel::Tiled:
+      return cuda::conv_tiled(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream);
+    case ConvKernel::Gemm:
+      return cuda::conv_gemm(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream);
+  }
+}
+
+template <Activation A>
+void act(const Ctx& c, In in, Out out) {
+  cuda::activation(A, in[0].numel(), dev(in[0]), dev(out[0]), c.stream);
+}
+
+template <cuda::Binary Op>
+void binary(const Ctx& c, In in, Out out) {
+  const Shape &a = in[0].shape(), &b = in[1].shape(), &y = out[0].shape();
+  if (y.size() > size_t(cuda::kMaxRank))
+    fail("[{}] node '{}': output {} has more than {} dims", op_name(c.node.op), c.node.name,
+         shape_str(y), cuda::kMaxRank);
+  cuda::BroadcastShape s{};
+  s.rank = static_cast<int>(y.size());
+  for (size_t i = 0; i < y.size(); ++i) {  // right-aligned: a's last dim meets y's last dim
+    const size_t d = y.size() - 1 - i;
+    s.a[d] = i < a.size() ? a[a.size() - 1 - i] : 1;
+    s.b[d] = i < b.size() ? b[b.size() - 1 - i] : 1;
+    s.out[d] = y[d];
+  }
+  cuda::binary(Op, s, dev(in[0]), dev(in[1]), dev(out[0]), c.stream);
+}
+
+// A tensor of shape s viewed as [outer, s[axis], inner].
+struct AxisView {
+  int64_t outer = 1, inner = 1;
+};
+AxisView axis_view(const Shape& s, int64_t axis) {
+  AxisView v;
+  for (int64_t d = 0; d < axis; ++d) v.outer *= s[d];
+  for (size_t d = axis + 1; d < s.size(); ++d) v.inner *= s[d];
+  return v;
+}
+int64_t norm_axis(const Node& n, int rank) {
+  const int64_t axis = n.attrs.i("axis");
+  return axis < 0 ? axis + rank : axis;
+}
+
+void concat(const Ctx& c, In in, Out out) {
+  Tensor& y = out[0];
+  const int64_t axis = norm_axis(c.node, y.rank());
+  const AxisView v = axis_view(y.shape(), axis);
+  const int64_t extent = y.shape()[axis];
+  int64_t offset = 0;
+  for (const Tensor& x : in) {
+    const int64_t count = x.shape()[axis];
+    cuda::copy_slab(v.outer, count, v.inner, dev(x), count, 0, dev(y), extent, offset, c.stream);
+    offset += count;
+  }
+}
+
+void split(const Ctx& c, In in, Out out) {
+  const Tensor& x = in[0];
+  const int64_t axis = norm_axis(c.node, x.rank());
+  const AxisView v = axis_view(x.shape(), axis);
+  const int64_t extent = x.shape()[axis];
+  int64_t offset = 0;
+  for (Tensor& y : out) {
+    const int64_t count = y.shape()[axis];
+    cuda::copy_slab(v.outer, count, v.inner, dev(x), extent, offset, dev(y), count, 0, c.stream);
+    offset += count;
+  }
+}
+
+const std::array<CudaKernel, kNumOps>& kernels() {
+  static const std::array<CudaKernel, kNumOps> table = [] {
+    std::array<CudaKernel, kNumOps> t{};
+    auto at = [&t](OpKind op) -> CudaKernel& { return t[static_cast<size_t>(op)]; };
+    at(OpKind::Conv2d) = conv;
+    at(OpKind::FusedConv2d) = conv;
+    at(OpKind::BatchNorm) = [](const Ctx& c, In in, Out out) {
+      const Tensor& x = in[0];
+      const int64_t outer = x.dim(0), channels = x.dim(1);
+      const int64_t inner = outer * channels == 0 ? 0 : x.numel() / (outer * channels);
+      cuda::batchnorm(outer, channels, inner, dev(x), dev(in[1]), dev(in[2]), dev(in[3]),
+                      dev(in[4]), static_cast<float>(c.node.attrs.f("eps")), dev(out[0]), c.stream);
+    };
+    at(OpKind::Silu) = act<Activation::Silu>;
+    at(OpKind::Relu) = act<Activation::Relu>;
+    at(OpKind::Sigmoid) = act<Activation::Sigmoid>;
+    at(OpKind::Add) = binary<cuda::Binary::Add>;
+    at(OpKind::Mul) = binary<cuda::Binary::Mul>;
+    at(OpKind::Concat) = concat;
+    at(OpKind::Split) = split;
+    at(OpKind::MaxPool2d) = [](const Ctx& c, In in, Out out) {
+      cuda::maxpool2d(pool_shape(c.node, in[0].shape(), out[0].shape()), dev(in[0]), dev(out[0]),
+                      c.stream);
+    };
+    at(OpKind::AvgPool2d) = [](const Ctx& c, In in, Out out) {
+      cuda::avgpool2d(pool_shape(c.node, in[0].shape(), out[0].shape()), dev(in[0]), dev(out[0]),
+                      c.stream);
+    };
+    at(OpKind::GlobalAvgPool) = [](const Ctx& c, In in, Out out) {
+      const Tensor& x = in[0];
+      const int64_t outer = x.dim(0) * x.dim(1);
+      cuda::global_avgpool(outer, outer == 0 ? 0 : x.numel() / outer, dev(x), dev(out[0]),
+                           c.stream);
+    };
+    at(OpKind::UpsampleNearest) = [](const Ctx& c, In in, Out out) {
+      const Shape& x = in[0].shape();
+      const auto& s = c.node.attrs.ints("scale");
+      cuda::upsample_nearest(x[0], x[1], x[2], x[3], s[0], s[1], dev(in[0]), dev(out[0]), c.stream);
+    };
+    at(OpKind::Flatten) = [](const Ctx&, In in, Out out) {
+      out[0] = in[0].reshape(out[0].shape());
+    };
+    at(OpKind::Linear) = [](const Ctx& c, In in, Out out) {
+      const Tensor &x = in[0], &w = in[1];
+      cuda::linear(x.dim(0), w.dim(0), x.dim(1), dev(x), dev(w), opt(in, 2), dev(out[0]), c.stream);
+    };
+    return t;
+  }();
+  return table;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() { EPILOG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~CudaBackend() override {
+    // No throwing from a destructor: errors of queued work were for synchronize() to report.
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+    cudaGetLastError();
+  }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::CUDA; }
+
+  void run(const Node& node, const NodePlan& plan, const std::vector<Tensor>& inputs,
+           std::vector<Tensor>& outputs) override {
+    CudaKernel k = kernels()[static_cast<size_t>(node.op)];
+    if (!k) fail("[{}] has no CUDA implementation", op_name(node.op));
+    // A host pointer handed to a kernel would surface only later as an illegal address.
+    auto check = [&](const Tensor& t, const char* what, size_t i) {
+      if (t.device() != Device::CUDA || t.dtype() != DType::F32)
+        fail("[{}] node '{}': {} {} is a {} tensor on {}, expected f32 on cuda", op_name(node.op),
+             node.name, what, i, dtype_name(t.dtype()), device_name(t.device()));
+    };
+    for (size_t i = 0; i < inputs.size(); ++i) check(inputs[i], "input", i);
+    for (size_t i = 0; i < outputs.size(); ++i) check(outputs[i], "output", i);
+    k(Ctx{node, plan, stream_}, inputs, outputs);
+  }
+
+  void synchronize() override { EPILOG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+bool cuda_available() {
+  static const bool available = [] {
+    int count = 0;
+    // cudaFree(nullptr) creates the context: a device that is present but unusable (busy,
+    // driver too old) fails here rather than in the first allocation.
+    const bool ok =
+        cudaGetDeviceCount(&count) == cudaSuccess && count > 0 && cudaFree(nullptr) == cudaSuccess;
+    cudaGetLastError();
+    return ok;
+  }();
+  register_cuda();
+  return available;
+}
+
+std::optional<DeviceProfile> cuda_device_profile() {
+  if (!cuda_available()) return std::nullopt;
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return std::nullopt;
+  }
+  return DeviceProfile{prop.name, prop.multiProcessorCount, true};
+}
+
+std::unique_ptr<Backend> make_cuda_backend() {
+  if (!cuda_available()) return nullptr;
+  return std::make_unique<CudaBackend>();
+}
+
+}  // namespace epilog

@@ -1,0 +1,221 @@
+#include "epilog/io/builder.h"
+
+#include <set>
+
+#include "epilog/io/init.h"
+
+namespace epilog {
+
+Val Builder::input(const std::string& name, const Shape& shape) {
+  if (graph_.values.count(name)) fail("builder: input '{}' is already defined", name);
+  for (int64_t d : shape)
+    if (d < 1) fail("builder: input '{}' has shape {}: every dim must be >= 1", name, shape_str(shape));
+  graph_.inputs.push_back(name);
+  graph_.values[name] = Value{shape, DType::F32};
+  return {name};
+}
+
+void Builder::output(Val v) {
+  graph_.value(v.name);  // throws for an unknown value
+  if (graph_.is_output(v.name)) fail("builder: '{}' is already an output", v.name);
+  graph_.outputs.push_back(v.name);
+}
+
+Val Builder::weight(const std::string& name, const Shape& shape, OpKind op,
+                    const std::string& role) {
+  if (graph_.values.count(name)) fail("builder: weight '{}' is already defined", name);
+  Weight w;
+  auto it = data_.find(name);
+  if (it != data_.end()) {
+    if (it->second.shape() != shape)
+      fail("[{}] weight '{}': data has shape {}, expected {}", op_name(op), name,
+           shape_str(it->second.shape()), shape_str(shape));
+    w.data = it->second;
+  } else {
+    w.data = init_weight(name, shape, op, role, seed_);
+    w.seed = seed_;
+  }
+  graph_.weights[name] = std::move(w);
+  graph_.values[name] = Value{shape, DType::F32};
+  return {name};
+}
+
+std::string Builder::fresh_name(OpKind op, const std::string& name) {
+  if (!name.empty()) return name;
+  std::string n;
+  do {
+    n = fmt::format("{}_{}", op_name(op), counters_[op_name(op)]++);
+  } while (graph_.values.count(n) || graph_.find_node(n));
+  return n;
+}
+
+std::vector<Val> Builder::node(OpKind op, const std::vector<Val>& inputs, const Attrs& attrs,
+                               const std::string& name) {
+  Node n;
+  n.name = fresh_name(op, name);
+  n.op = op;
+  if (graph_.find_node(n.name)) fail("[{}] node '{}': name is already used", op_name(op), n.name);
+  n.attrs = normalize_attrs(op, n.name, attrs);
+  std::vector<Shape> in_shapes;
+  for (const Val& v : inputs) {
+    auto it = graph_.values.find(v.name);
+    if (it == graph_.values.end())
+      fail("[{}] node '{}': input '{}' is not defined", op_name(op), n.name, v.name);
+    n.inputs.push_back(v.name);
+    in_shapes.push_back(it->second.shape);
+  }
+  std::vector<Shape> out_shapes = infer_shapes(op, n.name, n.attrs, in_shapes);
+  // Check every output name before recording any, so that a failed call leaves no value behind.
+  for (size_t i = 0; i < out_shapes.size(); ++i) {
+    std::string out = out_shapes.size() == 1 ? n.name : fmt::format("{}.{}", n.name, i);
+    if (graph_.values.count(out))
+      fail("[{}] node '{}': output name '{}' is already used", op_name(op), n.name, out);
+    n.outputs.push_back(out);
+  }
+  std::vector<Val> outs;
+  for (size_t i = 0; i < out_shapes.size(); ++i) {
+    graph_.values[n.outputs[i]] = Value{out_shapes[i], DType::F32};
+    outs.push_back({n.outputs[i]});
+  }
+  graph_.nodes.push_back(std::move(n));
+  return outs;
+}
+
+Val Builder::single(OpKind op, const std::vector<Val>& inputs, const Attrs& attrs,
+                    const std::string& name) {
+  return node(op, inputs, attrs, name).front();
+}
+
+Val Builder::conv2d(Val x, const std::string& name, const ConvOpts& o) {
+  const Shape& xs = shape(x);
+  if (xs.size() != 4)
+    fail("[conv2d] node '{}': input '{}' has shape {}, expected 4 dims (NCHW)", name, x.name,
+         shape_str(xs));
+  if (o.groups_ < 1 || xs[1] % o.groups_ != 0)
+    fail("[conv2d] node '{}': groups={} does not divide the {} input channels", name, o.groups_,
+         xs[1]);
+  std::vector<Val> ins{x, weight(name + ".weight",
+                                 {o.out_channels_, xs[1] / o.groups_, o.kernel_[0], o.kernel_[1]},
+                                 OpKind::Conv2d, "weight")};
+  if (o.bias_) ins.push_back(weight(name + ".bias", {o.out_channels_}, OpKind::Conv2d, "bias"));
+  Attrs a;
+  a.set("stride", o.stride_);
+  a.set("padding", o.padding_);
+  a.set("dilation", o.dilation_);
+  a.set("groups", o.groups_);
+  return single(OpKind::Conv2d, ins, a, name);
+}
+
+Val Builder::batchnorm(Val x, const std::string& name, double eps) {
+  const Shape& xs = shape(x);
+  if (xs.size() < 2)
+    fail("[batchnorm] node '{}': input '{}' has shape {}, expected at least 2 dims", name,
+         x.name, shape_str(xs));
+  std::vector<Val> ins{x};
+  for (const char* role : {"weight", "bias", "running_mean", "running_var"})
+    ins.push_back(weight(name + "." + role, {xs[1]}, OpKind::BatchNorm, role));
+  Attrs a;
+  a.set("eps", eps);
+  return single(OpKind::BatchNorm, ins, a, name);
+}
+
+Val Builder::linear(Val x, const std::string& name, int64_t out_features, bool bias) {
+  const Shape& xs = shape(x);
+  if (xs.size() != 2)
+    fail("[linear] node '{}': input '{}' has shape {}, expected 2 dims", name, x.name,
+         shape_str(xs));
+  std::vector<Val> ins{x, weight(name + ".weight", {out_features, xs[1]}, OpKind::Linear, "weight")};
+  if (bias) ins.push_back(weight(name + ".bias", {out_features}, OpKind::Linear, "bias"));
+  return single(OpKind::Linear, ins, {}, name);
+}
+
+Val Builder::silu(Val x, const std::string& name) { return single(OpKind::Silu, {x}, {}, name); }
+Val Builder::relu(Val x, const std::string& name) { return single(OpKind::Relu, {x}, {}, name); }
+Val Builder::sigmoid(Val x, const std::string& name) {
+  return single(OpKind::Sigmoid, {x}, {}, name);
+}
+Val Builder::add(Val a, Val b, const std::string& name) {
+  return single(OpKind::Add, {a, b}, {}, name);
+}
+Val Builder::mul(Val a, Val b, const std::string& name) {
+  return single(OpKind::Mul, {a, b}, {}, name);
+}
+
+Val Builder::concat(const std::vector<Val>& xs, int64_t axis, const std::string& name) {
+  Attrs a;
+  a.set("axis", axis);
+  return single(OpKind::Concat, xs, a, name);
+}
+
+std::vector<Val> Builder::split(Val x, int64_t axis, const std::vector<int64_t>& sizes,
+                                const std::string& name) {
+  Attrs a;
+  a.set("axis", axis);
+  a.set("sizes", sizes);
+  return node(OpKind::Split, {x}, a, name);
+}
+
+std::vector<Val> Builder::chunk(Val x, int64_t chunks, int64_t axis, const std::string& name) {
+  const Shape& xs = shape(x);
+  int64_t rank = static_cast<int64_t>(xs.size());
+  int64_t ax = axis < 0 ? axis + rank : axis;
+  if (chunks < 1 || ax < 0 || ax >= rank)
+    fail("[split] node '{}': cannot chunk {} into {} along axis {}", name, shape_str(xs), chunks,
+         axis);
+  int64_t step = (xs[ax] + chunks - 1) / chunks;
+  std::vector<int64_t> sizes;
+  for (int64_t left = xs[ax]; left > 0; left -= step) sizes.push_back(std::min(step, left));
+  return split(x, axis, sizes, name);
+}
+
+namespace {
+Attrs pool_attrs(const std::vector<int64_t>& k, const std::vector<int64_t>& s,
+                 const std::vector<int64_t>& p, bool ceil_mode) {
+  Attrs a;
+  a.set("kernel", k);
+  a.set("stride", s);
+  a.set("padding", p);
+  a.set("ceil_mode", int64_t{ceil_mode});
+  return a;
+}
+}  // namespace
+
+Val Builder::maxpool2d(Val x, const PoolOpts& o, const std::string& name) {
+  return single(OpKind::MaxPool2d, {x}, pool_attrs(o.kernel_, o.stride_, o.padding_, o.ceil_mode_),
+                name);
+}
+
+Val Builder::avgpool2d(Val x, const PoolOpts& o, const std::string& name) {
+  Attrs a = pool_attrs(o.kernel_, o.stride_, o.padding_, o.ceil_mode_);
+  a.set("count_include_pad", int64_t{o.count_include_pad_});
+  return single(OpKind::AvgPool2d, {x}, a, name);
+}
+
+Val Builder::global_avgpool(Val x, const std::string& name) {
+  return single(OpKind::GlobalAvgPool, {x}, {}, name);
+}
+
+Val Builder::upsample_nearest(Val x, int64_t scale, const std::string& name) {
+  Attrs a;
+  a.set("scale", scale);
+  return single(OpKind::UpsampleNearest, {x}, a, name);
+}
+
+Val Builder::flatten(Val x, int64_t axis, const std::string& name) {
+  Attrs a;
+  a.set("axis", axis);
+  return single(OpKind::Flatten, {x}, a, name);
+}
+
+Graph Builder::build() {
+  for (const auto& [name, t] : data_)
+    if (!graph_.weights.count(name))
+      fail("builder: weight data '{}' was given but no op uses a weight of that name", name);
+  if (graph_.outputs.empty()) fail("builder: the graph has no outputs (call output())");
+  verify(graph_, "builder");
+  Graph g = std::move(graph_);
+  graph_ = Graph{};
+  return g;
+}
+
+}  // namespace epilog

@@ -1,0 +1,50 @@
+#include "epilog/runtime/params.h"
+
+namespace epilog {
+
+ConvShape conv_shape(const Graph& graph, const Node& node) {
+  return conv_shape(node, graph.value(node.inputs[0]).shape, graph.value(node.inputs[1]).shape,
+                    graph.value(node.outputs[0]).shape);
+}
+
+ConvShape conv_shape(const Node& node, const Shape& x, const Shape& w, const Shape& y) {
+  EPILOG_ASSERT(node.op == OpKind::Conv2d || node.op == OpKind::FusedConv2d);
+  const auto& s = node.attrs.ints("stride");
+  const auto& p = node.attrs.ints("padding");
+  const auto& d = node.attrs.ints("dilation");
+  return ConvShape{x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1],
+                   p[0], p[1], d[0], d[1], node.attrs.i("groups")};
+}
+
+Activation parse_activation(const std::string& name) {
+  for (Activation a : {Activation::None, Activation::Silu, Activation::Relu, Activation::Sigmoid})
+    if (name == activation_name(a)) return a;
+  fail("unknown activation '{}'", name);
+}
+
+const char* activation_name(Activation act) {
+  switch (act) {
+    case Activation::None: return "none";
+    case Activation::Silu: return "silu";
+    case Activation::Relu: return "relu";
+    case Activation::Sigmoid: return "sigmoid";
+  }
+  return "?";
+}
+
+Activation conv_activation(const Node& node) {
+  return node.op == OpKind::FusedConv2d ? parse_activation(node.attrs.s("activation"))
+                                        : Activation::None;
+}
+
+PoolShape pool_shape(const Node& node, const Shape& x, const Shape& y) {
+  EPILOG_ASSERT(node.op == OpKind::MaxPool2d || node.op == OpKind::AvgPool2d);
+  const auto& k = node.attrs.ints("kernel");
+  const auto& s = node.attrs.ints("stride");
+  const auto& p = node.attrs.ints("padding");
+  bool include_pad = node.op == OpKind::AvgPool2d && node.attrs.i("count_include_pad") != 0;
+  return PoolShape{x[0], x[1], x[2], x[3], y[2], y[3], k[0], k[1], s[0], s[1],
+                   p[0], p[1], p[2], p[3], include_pad};
+}
+
+}  // namespace epilog

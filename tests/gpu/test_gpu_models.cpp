@@ -1,0 +1,157 @@
+// Whole models on the GPU against the CPU reference: the YOLO-like model and every
+// models/*.json, through compile() with each conv kernel forced in turn and as selected.
+//
+// The reference is the unfused graph on the CPU (what the model means). Tolerances:
+//   SIMT conv kernels (scalar, tiled) and the unfused GPU graph: per element
+//     |gpu - cpu| / max(1, |cpu|) <= 1e-4 (fp32, with rounding carried through ~60 layers);
+//   any gemm kernel (TF32 tensor cores): max |gpu - cpu| / max |cpu| <= 5e-3 per output.
+// Each comparison prints its error, so the logs record how far from the bound a card is.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <optional>
+
+#include "epilog/epilog.h"
+#include "epilog/io/model.h"
+#include "yolo_like.h"
+
+using namespace epilog;
+
+namespace {
+
+std::map<std::string, Tensor> random_inputs(const Graph& g, uint64_t seed) {
+  std::map<std::string, Tensor> in;
+  for (const std::string& name : g.inputs) in[name] = Tensor::randn(g.value(name).shape, seed++);
+  return in;
+}
+
+std::map<std::string, Tensor> run(Graph g, const CompileOptions& options,
+                                  const std::map<std::string, Tensor>& inputs,
+                                  bool* uses_gemm = nullptr) {
+  Compiled c = compile(std::move(g), options);
+  if (uses_gemm) {
+    *uses_gemm = false;
+    for (size_t i = 0; i < c.plan.nodes.size(); ++i)
+      if (c.plan.graph.nodes[i].op == OpKind::FusedConv2d &&
+          c.plan.nodes[i].conv == ConvKernel::Gemm)
+        *uses_gemm = true;
+  }
+  std::unique_ptr<Backend> backend = make_backend(options.device);
+  Executor ex(std::move(c.plan), *backend);
+  std::map<std::string, Tensor> out;
+  for (auto& [name, t] : ex.run(inputs)) out[name] = t.to(Device::CPU);
+  return out;
+}
+
+// The unfused graph on the CPU, computed once per model.
+const std::map<std::string, Tensor>& reference(const std::string& key, const Graph& g,
+                                               const std::map<std::string, Tensor>& inputs) {
+  static std::map<std::string, std::map<std::string, Tensor>> cache;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  CompileOptions o;
+  o.device = Device::CPU;
+  o.fuse = false;
+  return cache[key] = run(g, o, inputs);
+}
+
+struct Mismatch {
+  double elementwise = 0;  // max |gpu - cpu| / max(1, |cpu|)
+  double max_norm = 0;     // max |gpu - cpu| / max |cpu|
+};
+
+Mismatch mismatch(const Tensor& gpu, const Tensor& cpu) {
+  REQUIRE(gpu.shape() == cpu.shape());
+  const float *g = gpu.f32(), *c = cpu.f32();
+  double diff = 0, norm = 0, elementwise = 0;
+  for (int64_t i = 0; i < cpu.numel(); ++i) {
+    double d = std::abs(double(g[i]) - double(c[i]));
+    if (std::isnan(d)) d = std::numeric_limits<double>::infinity();
+    diff = std::max(diff, d);
+    norm = std::max(norm, std::abs(double(c[i])));
+    elementwise = std::max(elementwise, d / std::max(1.0, std::abs(double(c[i]))));
+  }
+  return {elementwise, norm > 0 ? diff / norm : diff};
+}
+
+const char* kernel_label(const std::optional<ConvKernel>& k) {
+  return k ? conv_kernel_name(*k) : "selected";
+}
+
+// Runs `g` on the GPU with conv kernel `force` (or as selected, and unfused when `fuse` is
+// false) and compares every output with the CPU reference.
+void check_model(const std::string& key, const Graph& g, std::optional<ConvKernel> force,
+                 bool fuse = true) {
+  const std::map<std::string, Tensor> inputs = random_inputs(g, 1000);
+  const std::map<std::string, Tensor>& ref = reference(key, g, inputs);
+  CompileOptions o;
+  o.device = Device::CUDA;
+  o.force_conv = force;
+  o.fuse = fuse;
+  bool uses_gemm = false;
+  const std::map<std::string, Tensor> got = run(g, o, inputs, &uses_gemm);
+  REQUIRE(got.size() == ref.size());
+  for (const auto& [name, cpu] : ref) {
+    const Mismatch e = mismatch(got.at(name), cpu);
+    const std::string label = fmt::format("{} [{}{}] {} {}", key, kernel_label(force),
+                                          fuse ? "" : ", unfused", name, shape_str(cpu.shape()));
+    std::cout << fmt::format("{}: elementwise {:.3g}, max-norm {:.3g} ({})\n", label, e.elementwise,
+                             e.max_norm,
+                             uses_gemm ? "gemm: max-norm <= 5e-3" : "elementwise <= 1e-4");
+    INFO(label << ": elementwise error " << e.elementwise << ", max-norm error " << e.max_norm);
+    if (uses_gemm)
+      REQUIRE(e.max_norm <= 5e-3);
+    else
+      REQUIRE(e.elementwise <= 1e-4);
+  }
+}
+
+Graph yolo_small() {
+  Builder b(/*seed=*/1);
+  return yolo::yolo_like(b, /*batch=*/2, /*size=*/128);
+}
+
+}  // namespace
+
+TEST_CASE("gpu models: yolo_like with every fused conv on the scalar kernel", "[gpu][models]") {
+  check_model("yolo_like b2 128", yolo_small(), ConvKernel::Scalar);
+}
+
+TEST_CASE("gpu models: yolo_like with every fused conv on the tiled kernel", "[gpu][models]") {
+  check_model("yolo_like b2 128", yolo_small(), ConvKernel::Tiled);
+}
+
+TEST_CASE("gpu models: yolo_like with every fused conv on the gemm kernel", "[gpu][models]") {
+  check_model("yolo_like b2 128", yolo_small(), ConvKernel::Gemm);
+}
+
+TEST_CASE("gpu models: yolo_like with the kernels the selector picks", "[gpu][models]") {
+  check_model("yolo_like b2 128", yolo_small(), std::nullopt);
+}
+
+TEST_CASE("gpu models: yolo_like unfused (conv2d, batchnorm, silu on the GPU)", "[gpu][models]") {
+  check_model("yolo_like b2 128", yolo_small(), std::nullopt, /*fuse=*/false);
+}
+
+TEST_CASE("gpu models: every models/*.json with each conv kernel", "[gpu][models]") {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(EPILOG_SOURCE_DIR "/models"))
+    if (entry.path().extension() == ".json") files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  if (files.empty()) WARN("no models/*.json to run");
+  for (const fs::path& file : files) {
+    const Graph g = load_model(file.string());
+    for (std::optional<ConvKernel> force :
+         {std::optional<ConvKernel>(ConvKernel::Scalar),
+          std::optional<ConvKernel>(ConvKernel::Tiled), std::optional<ConvKernel>(ConvKernel::Gemm),
+          std::optional<ConvKernel>()}) {
+      INFO(file.filename().string() << " with " << kernel_label(force));
+      check_model(file.filename().string(), g, force);
+    }
+  }
+}

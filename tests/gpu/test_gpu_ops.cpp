@@ -1,0 +1,498 @@
+// Every op's CUDA kernel against the CPU reference on one-node graphs, the conv dispatch of
+// the backend, the caching device allocator and host/device copies.
+//
+// Error measure, per element: |gpu - cpu| / max(1, |cpu|) (relative for large values, absolute
+// below 1), NaN on one side only counts as infinite, NaN on both as equal. Exact-math ops must
+// stay within 1e-5; conv kernels within 1e-4 (SIMT fp32) or, on max-norm, 5e-3 (gemm, TF32).
+// Device outputs start as NaN, so any element a kernel does not write fails the comparison.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "epilog/graph/lowering.h"
+#include "epilog/io/builder.h"
+#include "epilog/kernels/cuda.h"
+#include "epilog/runtime/executor.h"
+#include "epilog/runtime/params.h"
+
+using namespace epilog;
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct Diff {
+  double worst = 0.0;  // max over elements of |gpu - cpu| / max(1, |cpu|)
+  int64_t at = -1;
+  float gpu = 0, cpu = 0;
+};
+
+Diff compare(const Tensor& gpu_device, const Tensor& cpu) {
+  REQUIRE(gpu_device.shape() == cpu.shape());
+  const Tensor gpu = gpu_device.to(Device::CPU);
+  const float *g = gpu.f32(), *c = cpu.f32();
+  Diff d;
+  for (int64_t i = 0; i < cpu.numel(); ++i) {
+    double e;
+    if (std::isnan(g[i]) || std::isnan(c[i]))
+      e = std::isnan(g[i]) && std::isnan(c[i]) ? 0.0 : std::numeric_limits<double>::infinity();
+    else
+      e = std::abs(double(g[i]) - double(c[i])) / std::max(1.0, std::abs(double(c[i])));
+    if (e > d.worst || d.at < 0) d = {std::max(e, d.worst), i, g[i], c[i]};
+  }
+  return d;
+}
+
+void require_close(const Tensor& gpu, const Tensor& cpu, double tol, const std::string& what) {
+  const Diff d = compare(gpu, cpu);
+  INFO(what << " " << shape_str(cpu.shape()) << ": worst error " << d.worst << " at element "
+            << d.at << " (gpu " << d.gpu << ", cpu " << d.cpu << ")");
+  REQUIRE(d.worst <= tol);
+}
+
+Backend& cuda_backend() {
+  static std::unique_ptr<Backend> backend = make_cuda_backend();
+  REQUIRE(backend);
+  return *backend;
+}
+
+// Runs the graph's single node on both backends with the given inputs (host tensors; inputs
+// not given are drawn from randn), poisoning the device outputs first. `device_inputs`
+// overrides the device copy of an input (views at odd offsets). Returns cpu and gpu outputs.
+struct Outputs {
+  std::vector<Tensor> cpu, gpu;
+};
+Outputs run_node(const Graph& g, std::map<std::string, Tensor> feeds = {},
+                 const std::map<std::string, Tensor>& device_inputs = {},
+                 const NodePlan& plan = {}) {
+  REQUIRE(g.nodes.size() == 1);
+  const Node& node = g.nodes[0];
+  uint64_t seed = 100;
+  for (const std::string& in : g.inputs)
+    if (!feeds.count(in)) feeds[in] = Tensor::randn(g.value(in).shape, seed++);
+  std::vector<Tensor> cpu_in, gpu_in;
+  for (const std::string& in : node.inputs) {
+    const Tensor& host = g.is_weight(in) ? g.weights.at(in).data : feeds.at(in);
+    cpu_in.push_back(host);
+    auto d = device_inputs.find(in);
+    gpu_in.push_back(d != device_inputs.end() ? d->second : host.to(Device::CUDA));
+  }
+  Outputs o;
+  for (const std::string& out : node.outputs) {
+    const Shape& s = g.value(out).shape;
+    o.cpu.push_back(Tensor::empty(s));
+    o.gpu.push_back(Tensor::full(s, kNaN).to(Device::CUDA));
+  }
+  make_cpu_backend()->run(node, NodePlan{}, cpu_in, o.cpu);
+  Backend& gpu = cuda_backend();
+  gpu.run(node, plan, gpu_in, o.gpu);
+  gpu.synchronize();
+  return o;
+}
+
+// Runs and compares every output at tolerance `tol`.
+void check(const Graph& g, double tol = 1e-5, std::map<std::string, Tensor> feeds = {}) {
+  const Outputs o = run_node(g, std::move(feeds));
+  for (size_t i = 0; i < o.cpu.size(); ++i)
+    require_close(o.gpu[i], o.cpu[i], tol, g.nodes[0].name + " output " + std::to_string(i));
+}
+
+Attrs pool_attrs(std::vector<int64_t> kernel, std::vector<int64_t> stride,
+                 std::vector<int64_t> padding, bool ceil_mode) {
+  Attrs a;
+  a.set("kernel", kernel);
+  a.set("stride", stride);
+  a.set("padding", padding);
+  a.set("ceil_mode", int64_t{ceil_mode});
+  return a;
+}
+
+}  // namespace
+
+// -- elementwise --
+
+TEST_CASE("gpu ops: silu, relu and sigmoid match the CPU", "[gpu][ops]") {
+  // Odd sizes (scalar path), multiples of 4 (float4 path), one element, and more elements than
+  // one wave of threads covers (the grid-stride loop).
+  const std::vector<Shape> shapes = {
+      {2, 3, 5, 7}, {4, 16, 8, 8}, {1}, {2, 5, 333, 335}, {4, 16, 160, 160}};
+  for (OpKind op : {OpKind::Silu, OpKind::Relu, OpKind::Sigmoid})
+    for (const Shape& s : shapes) {
+      Builder b(1);
+      Val x = b.input("x", s);
+      b.output(b.node(op, {x}, {}, "act")[0]);
+      INFO(op_name(op) << " " << shape_str(s));
+      check(b.build());
+    }
+}
+
+TEST_CASE("gpu ops: activations of views at unaligned offsets", "[gpu][ops]") {
+  // Rows of 6 floats: row 1 starts 24 bytes in, so the float4 path must not be taken even
+  // though the element count is a multiple of 4.
+  Builder b(1);
+  Val x = b.input("x", {2, 6});
+  b.output(b.silu(x, "act"));
+  const Graph g = b.build();
+  const Tensor host = Tensor::randn({3, 6}, 5);
+  const Tensor view = host.slice(1, 3);
+  const Outputs o = run_node(g, {{"x", view.clone()}}, {{"x", host.to(Device::CUDA).slice(1, 3)}});
+  require_close(o.gpu[0], o.cpu[0], 1e-5, "silu of a view");
+}
+
+TEST_CASE("gpu ops: batchnorm matches the CPU", "[gpu][ops]") {
+  const std::vector<Shape> shapes = {
+      {2, 3, 5, 7}, {4, 16, 8, 8}, {3, 5}, {2, 4, 3, 2, 5}, {2, 32, 97, 101}};
+  for (const Shape& s : shapes)
+    for (double eps : {1e-5, 1e-3}) {
+      Builder b(2);
+      Val x = b.input("x", s);
+      b.output(b.batchnorm(x, "bn", eps));
+      INFO(shape_str(s) << " eps " << eps);
+      check(b.build());
+    }
+}
+
+TEST_CASE("gpu ops: add and mul broadcast as NumPy does", "[gpu][ops]") {
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{2, 3, 5, 7}, {2, 3, 5, 7}},              // equal, odd: flat scalar path
+      {{4, 16, 8, 8}, {4, 16, 8, 8}},            // equal: flat float4 path
+      {{2, 3, 5, 7}, {1, 3, 1, 1}},              // per channel
+      {{4, 16, 8, 8}, {1, 16, 1, 1}},            // per channel, float4 rows
+      {{2, 3, 5, 7}, {2, 3, 1, 1}},              // [N,C,1,1]
+      {{2, 3, 5, 7}, {1}},                       // scalar
+      {{1}, {2, 3, 5, 7}},                       // scalar first
+      {{2, 3, 5, 7}, {7}},                       // rank mismatch, last dim
+      {{5, 7}, {2, 3, 5, 7}},                    // rank mismatch, smaller first
+      {{2, 3, 8, 8}, {3, 1, 8}},                 // rank mismatch with a broadcast inside
+      {{2, 1, 5, 1}, {1, 3, 1, 7}},              // both operands broadcast
+      {{3, 1}, {1, 4}},                          // outer product
+      {{1}, {1}},                                // one element
+      {{2, 1, 3, 1, 2, 5}, {1, 4, 1, 2, 1, 5}},  // the most dims the kernel takes
+      {{8, 64, 40, 40}, {8, 64, 40, 40}},        // several waves
+      {{8, 64, 40, 40}, {1, 64, 1, 1}},
+  };
+  for (OpKind op : {OpKind::Add, OpKind::Mul})
+    for (const auto& [sa, sb] : cases) {
+      Builder b(3);
+      Val a = b.input("a", sa), c = b.input("b", sb);
+      b.output(b.node(op, {a, c}, {}, "op")[0]);
+      INFO(op_name(op) << " " << shape_str(sa) << " x " << shape_str(sb));
+      check(b.build());
+    }
+}
+
+// -- data movement --
+
+TEST_CASE("gpu ops: concat on every axis", "[gpu][ops]") {
+  struct Case {
+    std::vector<Shape> parts;
+    int64_t axis;
+  };
+  const std::vector<Case> cases = {
+      {{{1, 3, 5, 7}, {2, 3, 5, 7}}, 0},
+      {{{2, 3, 5, 7}, {2, 4, 5, 7}, {2, 1, 5, 7}}, 1},
+      {{{2, 8, 8, 8}, {2, 4, 8, 8}}, 1},  // float4 rows
+      {{{2, 3, 5, 7}, {2, 3, 2, 7}}, 2},
+      {{{2, 3, 5, 7}, {2, 3, 5, 1}, {2, 3, 5, 4}}, -1},
+      {{{2, 3, 5, 7}, {2, 3, 5, 7}}, -3},
+      {{{3, 5}, {3, 2}}, 1},
+      {{{4, 32, 40, 40}, {4, 32, 40, 40}, {4, 32, 40, 40}, {4, 32, 40, 40}}, 1},  // SPPF-like
+  };
+  for (const Case& c : cases) {
+    Builder b(4);
+    std::vector<Val> xs;
+    for (size_t i = 0; i < c.parts.size(); ++i)
+      xs.push_back(b.input("x" + std::to_string(i), c.parts[i]));
+    b.output(b.concat(xs, c.axis, "cat"));
+    INFO("axis " << c.axis << ", first part " << shape_str(c.parts[0]));
+    check(b.build());
+  }
+}
+
+TEST_CASE("gpu ops: split and chunk on every axis", "[gpu][ops]") {
+  struct Case {
+    Shape x;
+    int64_t axis;
+    std::vector<int64_t> sizes;
+  };
+  const std::vector<Case> cases = {
+      {{3, 3, 5, 7}, 0, {1, 2}},      {{2, 8, 5, 7}, 1, {3, 4, 1}},  {{2, 8, 8, 8}, 1, {4, 4}},
+      {{2, 3, 5, 7}, 2, {2, 3}},      {{2, 3, 5, 7}, -1, {1, 2, 4}}, {{2, 3, 5, 7}, 3, {7}},
+      {{4, 64, 40, 40}, 1, {32, 32}},
+  };
+  for (const Case& c : cases) {
+    Builder b(5);
+    Val x = b.input("x", c.x);
+    for (Val v : b.split(x, c.axis, c.sizes, "split")) b.output(v);
+    INFO(shape_str(c.x) << " axis " << c.axis);
+    check(b.build());
+  }
+  Builder b(5);
+  Val x = b.input("x", {2, 7, 3, 5});
+  for (Val v : b.chunk(x, 3, 1, "chunk")) b.output(v);  // 3, 3, 1
+  check(b.build());
+}
+
+TEST_CASE("gpu ops: upsample_nearest by 2 and by (2, 3)", "[gpu][ops]") {
+  const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {
+      {{2, 3, 5, 7}, {2, 2}}, {{2, 3, 5, 7}, {2, 3}}, {{1, 4, 8, 8}, {2, 2}},
+      {{2, 3, 5, 7}, {3, 2}}, {{2, 3, 5, 7}, {1, 1}}, {{4, 64, 20, 20}, {2, 2}},
+  };
+  for (const auto& [s, scale] : cases) {
+    Builder b(6);
+    Val x = b.input("x", s);
+    Attrs a;
+    a.set("scale", scale);
+    b.output(b.node(OpKind::UpsampleNearest, {x}, a, "up")[0]);
+    INFO(shape_str(s) << " scale " << scale[0] << "x" << scale[1]);
+    check(b.build());
+  }
+}
+
+TEST_CASE("gpu ops: flatten is a view", "[gpu][ops]") {
+  for (int64_t axis : {0, 1, 2, 4}) {
+    Builder b(7);
+    Val x = b.input("x", {2, 3, 5, 7});
+    b.output(b.flatten(x, axis, "flat"));
+    INFO("axis " << axis);
+    check(b.build());
+  }
+}
+
+// -- pooling --
+
+namespace {
+
+struct PoolCase {
+  Shape x;
+  std::vector<int64_t> kernel, stride, padding;
+  bool ceil_mode;
+};
+
+const std::vector<PoolCase>& pool_cases() {
+  static const std::vector<PoolCase> cases = {
+      {{2, 3, 7, 9}, {2, 2}, {2, 2}, {0, 0, 0, 0}, false},
+      {{2, 3, 7, 9}, {2, 2}, {2, 2}, {0, 0, 0, 0}, true},  // ceil: partial last window
+      {{2, 3, 7, 9}, {3, 3}, {2, 2}, {1, 1, 1, 1}, false},
+      {{2, 3, 7, 9}, {3, 3}, {2, 2}, {1, 1, 1, 1}, true},
+      {{2, 3, 8, 8}, {5, 5}, {1, 1}, {2, 2, 2, 2}, false},  // SPPF
+      {{2, 3, 9, 10}, {3, 2}, {2, 1}, {1, 0, 0, 1}, true},  // non-square, asymmetric padding
+      {{1, 2, 5, 5}, {5, 5}, {5, 5}, {0, 0, 0, 0}, false},  // one window over everything
+      {{2, 16, 40, 40}, {5, 5}, {1, 1}, {2, 2, 2, 2}, false},
+  };
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("gpu ops: maxpool2d with padding and ceil_mode", "[gpu][ops]") {
+  for (const PoolCase& c : pool_cases()) {
+    Builder b(8);
+    Val x = b.input("x", c.x);
+    b.output(b.node(OpKind::MaxPool2d, {x}, pool_attrs(c.kernel, c.stride, c.padding, c.ceil_mode),
+                    "pool")[0]);
+    INFO(shape_str(c.x) << " kernel " << c.kernel[0] << "x" << c.kernel[1] << " stride "
+                        << c.stride[0] << "x" << c.stride[1] << " pad " << c.padding[0] << ","
+                        << c.padding[1] << "," << c.padding[2] << "," << c.padding[3] << " ceil "
+                        << c.ceil_mode);
+    check(b.build());
+  }
+}
+
+TEST_CASE("gpu ops: maxpool2d propagates NaN", "[gpu][ops]") {
+  Builder b(8);
+  Val x = b.input("x", {1, 1, 4, 4});
+  b.output(
+      b.node(OpKind::MaxPool2d, {x}, pool_attrs({2, 2}, {2, 2}, {0, 0, 0, 0}, false), "pool")[0]);
+  Tensor in = Tensor::randn({1, 1, 4, 4}, 9);
+  in.f32()[5] = kNaN;  // window (0, 0), not its first element
+  const Outputs o = run_node(b.build(), {{"x", in}});
+  REQUIRE(std::isnan(o.cpu[0].f32()[0]));
+  require_close(o.gpu[0], o.cpu[0], 1e-5, "maxpool with a NaN");
+}
+
+TEST_CASE("gpu ops: avgpool2d with padding, ceil_mode and count_include_pad", "[gpu][ops]") {
+  for (const PoolCase& c : pool_cases())
+    for (bool include_pad : {false, true}) {
+      Builder b(9);
+      Val x = b.input("x", c.x);
+      Attrs a = pool_attrs(c.kernel, c.stride, c.padding, c.ceil_mode);
+      a.set("count_include_pad", int64_t{include_pad});
+      b.output(b.node(OpKind::AvgPool2d, {x}, a, "pool")[0]);
+      INFO(shape_str(c.x) << " kernel " << c.kernel[0] << "x" << c.kernel[1] << " pad "
+                          << c.padding[0] << "," << c.padding[1] << "," << c.padding[2] << ","
+                          << c.padding[3] << " ceil " << c.ceil_mode << " count_include_pad "
+                          << include_pad);
+      check(b.build());
+    }
+}
+
+TEST_CASE("gpu ops: global_avgpool by warp and by block", "[gpu][ops]") {
+  // Rows up to 1024 floats take a warp each, longer ones a block; float4 loads need rows that
+  // are multiples of 4.
+  const std::vector<Shape> shapes = {{2, 3, 5, 7},   {2, 16, 8, 8},    {1, 3, 64, 65},
+                                     {2, 4, 64, 64}, {3, 4, 10},       {2, 3, 2, 3, 5},
+                                     {1, 1, 1, 1},   {16, 256, 20, 20}};
+  for (const Shape& s : shapes) {
+    Builder b(10);
+    Val x = b.input("x", s);
+    b.output(b.global_avgpool(x, "gap"));
+    INFO(shape_str(s));
+    check(b.build());
+  }
+}
+
+// -- linear --
+
+TEST_CASE("gpu ops: linear with and without bias", "[gpu][ops]") {
+  struct Case {
+    int64_t m, k, n;
+  };
+  const std::vector<Case> cases = {{5, 7, 3},       {33, 70, 65},  {64, 128, 64}, {1, 1, 1},
+                                   {130, 300, 129}, {2, 1000, 10}, {257, 64, 17}};
+  for (const Case& c : cases)
+    for (bool bias : {true, false}) {
+      Builder b(11);
+      Val x = b.input("x", {c.m, c.k});
+      b.output(b.linear(x, "fc", c.n, bias));
+      INFO("m " << c.m << " k " << c.k << " n " << c.n << " bias " << bias);
+      check(b.build());
+    }
+}
+
+// -- convolution dispatch (the kernels' own tests live with them; this checks the backend's
+// choice of launcher, its bias/scale/shift wiring and the refusal of unsupported shapes) --
+
+TEST_CASE("gpu ops: conv2d and fused_conv2d dispatch to each conv kernel", "[gpu][ops][conv]") {
+  struct Case {
+    Shape x;
+    int64_t cout, k, stride, pad, groups;
+  };
+  const std::vector<Case> cases = {{{2, 3, 17, 19}, 16, 3, 2, 1, 1},
+                                   {{2, 32, 10, 10}, 64, 1, 1, 0, 1},
+                                   {{1, 8, 9, 9}, 8, 3, 1, 1, 8}};
+  for (const Case& c : cases)
+    for (ConvKernel kernel : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm})
+      for (int variant = 0; variant < 3; ++variant) {  // conv2d, conv2d + bias, fused
+        Builder b(12);
+        Val x = b.input("x", c.x);
+        const int64_t cin = c.x[1];
+        if (variant < 2) {
+          b.output(b.conv2d(x, "conv",
+                            ConvOpts(c.cout, c.k)
+                                .stride(c.stride)
+                                .padding(c.pad)
+                                .groups(c.groups)
+                                .bias(variant == 1)));
+        } else {
+          Val w = b.weight("conv.weight", {c.cout, cin / c.groups, c.k, c.k}, OpKind::FusedConv2d,
+                           "weight");
+          Val scale = b.weight("conv.scale", {c.cout}, OpKind::FusedConv2d, "scale");
+          Val shift = b.weight("conv.shift", {c.cout}, OpKind::FusedConv2d, "shift");
+          Attrs a;
+          a.set("stride", std::vector<int64_t>{c.stride, c.stride});
+          a.set("padding", std::vector<int64_t>{c.pad, c.pad, c.pad, c.pad});
+          a.set("groups", c.groups);
+          a.set("activation", std::string("silu"));
+          b.output(b.node(OpKind::FusedConv2d, {x, w, scale, shift}, a, "conv")[0]);
+        }
+        const Graph g = b.build();
+        const ConvShape cs = conv_shape(g, g.nodes[0]);
+        NodePlan plan;
+        plan.conv = kernel;
+        plan.kernel = conv_kernel_name(kernel);
+        plan.tiles = conv_tiles(kernel, cs, h200_profile());
+        INFO(conv_kernel_name(kernel)
+             << " variant " << variant << " x " << shape_str(c.x) << " groups " << c.groups);
+        if (!cuda::conv_supports(kernel, cs)) {
+          REQUIRE_THROWS_WITH(run_node(g, {}, {}, plan),
+                              Catch::Contains("cannot run") && Catch::Contains("conv"));
+          continue;
+        }
+        const Outputs o = run_node(g, {}, {}, plan);
+        if (kernel == ConvKernel::Gemm) {  // TF32: relative to the largest output
+          const Tensor gpu = o.gpu[0].to(Device::CPU);
+          double diff = 0, norm = 0;
+          for (int64_t i = 0; i < gpu.numel(); ++i) {
+            diff = std::max(diff, double(std::abs(gpu.f32()[i] - o.cpu[0].f32()[i])));
+            norm = std::max(norm, double(std::abs(o.cpu[0].f32()[i])));
+            if (std::isnan(gpu.f32()[i])) diff = std::numeric_limits<double>::infinity();
+          }
+          INFO("max |gpu - cpu| " << diff << ", max |cpu| " << norm);
+          REQUIRE(diff <= 5e-3 * norm);
+        } else {
+          require_close(o.gpu[0], o.cpu[0], 1e-4, "conv");
+        }
+      }
+}
+
+// -- memory --
+
+TEST_CASE("gpu memory: a freed block is reused", "[gpu][memory]") {
+  REQUIRE(cuda_available());
+  void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({1000}, DType::F32, Device::CUDA);
+    first = t.raw();
+    REQUIRE(first != nullptr);
+  }
+  // 4000 and 4004 bytes round to the same 512-byte bucket.
+  Tensor again = Tensor::empty({1001}, DType::F32, Device::CUDA);
+  REQUIRE(again.raw() == first);
+  // A live block is never handed out twice.
+  Tensor other = Tensor::empty({1000}, DType::F32, Device::CUDA);
+  REQUIRE(other.raw() != again.raw());
+  // Large blocks (powers of two above 1 MiB) come back too.
+  void* big = nullptr;
+  {
+    Tensor t = Tensor::empty({3, 1 << 20}, DType::F32, Device::CUDA);
+    big = t.raw();
+  }
+  Tensor big_again = Tensor::empty({4, 1 << 20}, DType::F32, Device::CUDA);  // 12 and 16 MiB
+  REQUIRE(big_again.raw() == big);
+}
+
+TEST_CASE("gpu memory: many allocations stay distinct and hold their data", "[gpu][memory]") {
+  Rng rng(13);
+  std::vector<Tensor> live;
+  std::set<const void*> seen;
+  for (int i = 0; i < 600; ++i) {
+    // Mostly small, some above 1 MiB, some empty.
+    const int64_t n =
+        i % 50 == 0 ? (1 << 19) + int64_t(rng.uniform(0, 1 << 19)) : int64_t(rng.uniform(0, 20000));
+    Tensor t = Tensor::full({n}, float(i)).to(Device::CUDA);
+    if (n > 0) REQUIRE(seen.insert(t.raw()).second);
+    live.push_back(t);
+    if (i % 3 == 2) {  // free every third one, so later ones reuse blocks
+      seen.erase(live[i - 1].raw());
+      live[i - 1] = Tensor();
+    }
+  }
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (!live[i].defined() || live[i].numel() == 0) continue;
+    const Tensor h = live[i].to(Device::CPU);
+    INFO("tensor " << i);
+    REQUIRE(h.f32()[0] == float(i));
+    REQUIRE(h.f32()[h.numel() - 1] == float(i));
+  }
+}
+
+TEST_CASE("gpu memory: host and device copies round trip", "[gpu][memory]") {
+  const Tensor host = Tensor::randn({3, 5, 7}, 14);
+  const Tensor dev = host.to(Device::CUDA);
+  REQUIRE(dev.device() == Device::CUDA);
+  REQUIRE(dev.to(Device::CUDA).shares_storage(dev));  // no copy unless forced
+  const Tensor dev2 = dev.clone();                    // device to device
+  REQUIRE_FALSE(dev2.shares_storage(dev));
+  const Tensor back = dev2.to(Device::CPU);
+  REQUIRE(back.shape() == host.shape());
+  for (int64_t i = 0; i < host.numel(); ++i) REQUIRE(back.f32()[i] == host.f32()[i]);
+  // A view at an offset copies only its rows.
+  const Tensor rows = dev.slice(1, 3).to(Device::CPU);
+  for (int64_t i = 0; i < rows.numel(); ++i) REQUIRE(rows.f32()[i] == host.f32()[35 + i]);
+  // Empty tensors copy nothing.
+  REQUIRE(Tensor::empty({0, 4}).to(Device::CUDA).to(Device::CPU).numel() == 0);
+}

@@ -1,0 +1,290 @@
+// The pattern matcher, the fusion rules, their refusals and the pass pipeline: structurally (op
+// counts) and numerically (fused output against the unfused CPU reference).
+#include <catch2/catch.hpp>
+
+#include "epilog/graph/passes.h"
+#include "epilog/io/builder.h"
+#include "epilog/io/dump.h"
+#include "test_util.h"
+#include "yolo_like.h"
+
+using namespace epilog;
+using epilog::test::max_rel_err;
+using epilog::test::random_inputs;
+using epilog::test::run_cpu;
+
+namespace {
+
+int count(const Graph& g, OpKind op) {
+  auto c = g.op_counts();
+  return c.count(op) ? c[op] : 0;
+}
+
+// Optimizes a copy and checks the fused graph computes what the source graph computes.
+Graph optimized(const Graph& g, PassReport* report = nullptr, double tol = 1e-5) {
+  Graph f = g;
+  PassReport r = optimize(f);
+  if (report) *report = r;
+  auto in = random_inputs(g, 42);
+  auto want = run_cpu(g, in);
+  auto got = run_cpu(f, in);
+  for (const std::string& out : g.outputs) {
+    INFO("output " << out);
+    CHECK(max_rel_err(got.at(out), want.at(out)) <= tol);
+  }
+  return f;
+}
+
+Graph conv_chain(const std::string& tail, bool bias, uint64_t seed = 3) {
+  Builder b(seed);
+  Val x = b.input("x", {2, 5, 9, 11});
+  Val y = b.conv2d(x, "c", ConvOpts(7, 3).stride(2).padding(1, 0, 2, 1).bias(bias));
+  if (tail.find("bn") != std::string::npos) y = b.batchnorm(y, "bn", 1e-3);
+  if (tail.find("silu") != std::string::npos) y = b.silu(y, "act");
+  if (tail.find("relu") != std::string::npos) y = b.relu(y, "act");
+  if (tail.find("sigmoid") != std::string::npos) y = b.sigmoid(y, "act");
+  b.output(y);
+  return b.build();
+}
+
+}  // namespace
+
+TEST_CASE("pattern: binds nodes and values, matches add/mul operands in either order",
+          "[fusion]") {
+  Builder b;
+  Val x = b.input("x", {1, 4, 3, 3});
+  Val s = b.sigmoid(x, "s");
+  b.output(b.mul(s, x, "m"));  // sigmoid first: needs the swapped operand order
+  Graph g = b.build();
+  UseIndex uses(g);
+  Pat p = op(OpKind::Mul, {any("x"), op(OpKind::Sigmoid, {any("x")}, "sig")}, "mul");
+  auto m = match(g, uses, p, 1);
+  REQUIRE(m);
+  CHECK(m->value("x") == "x");
+  CHECK(m->node("sig").name == "s");
+  CHECK(m->nodes.size() == 2);
+  CHECK_FALSE(match(g, uses, p, 0));  // root is the sigmoid, not a mul
+  // A repeated binding must bind the same value: mul(x, sigmoid(y)) is no silu.
+  Builder b2;
+  Val x2 = b2.input("x", {1, 4, 3, 3});
+  Val y2 = b2.input("y", {1, 4, 3, 3});
+  b2.output(b2.mul(x2, b2.sigmoid(y2, "s"), "m"));
+  Graph g2 = b2.build();
+  CHECK_FALSE(match(g2, UseIndex(g2), p, 1));
+}
+
+TEST_CASE("fusion: every conv rule fuses into one fused_conv2d with the right activation",
+          "[fusion]") {
+  struct Case {
+    std::string tail;
+    bool bias;
+    std::string rule, act;
+  };
+  for (const Case& c : std::vector<Case>{{"bn silu", false, "conv2d->batchnorm->silu", "silu"},
+                                         {"bn relu", true, "conv2d->batchnorm->relu", "relu"},
+                                         {"bn sigmoid", false, "conv2d->batchnorm->sigmoid", "sigmoid"},
+                                         {"bn", true, "conv2d->batchnorm", "none"},
+                                         {"bn", false, "conv2d->batchnorm", "none"},
+                                         {"silu", true, "conv2d->silu", "silu"},
+                                         {"relu", false, "conv2d->relu", "relu"},
+                                         {"sigmoid", true, "conv2d->sigmoid", "sigmoid"}}) {
+    DYNAMIC_SECTION(c.rule << (c.bias ? " with bias" : " without bias")) {
+      Graph g = conv_chain(c.tail, c.bias);
+      PassReport r;
+      Graph f = optimized(g, &r);
+      REQUIRE(f.nodes.size() == 1);
+      const Node& n = f.nodes[0];
+      CHECK(n.op == OpKind::FusedConv2d);
+      CHECK(n.name == "c");
+      CHECK(n.attrs.s("activation") == c.act);
+      CHECK(n.attrs.ints("padding") == std::vector<int64_t>{1, 0, 2, 1});
+      CHECK(n.attrs.ints("stride") == std::vector<int64_t>{2, 2});
+      CHECK(n.outputs == g.outputs);  // consumers of the chain keep their value name
+      // The conv weight is untouched; the fold lives in scale and shift.
+      CHECK(f.weights.at("c.weight").data.shares_storage(g.weights.at("c.weight").data));
+      CHECK(f.weights.count("c.scale") == 1);
+      CHECK(f.weights.count("c.shift") == 1);
+      CHECK(f.weights.count("bn.running_var") == 0);  // dead weights are removed
+      REQUIRE(r.hits.size() == 1);
+      CHECK(r.hits[0].rule == c.rule);
+      CHECK(r.hits[0].count == 1);
+    }
+  }
+}
+
+TEST_CASE("fusion: the batchnorm fold is computed in float64 and rounded once", "[fusion]") {
+  Builder b;
+  std::map<std::string, Tensor> w = {
+      {"c.weight", Tensor::from_vector({2, 2, 1, 1}, {1, 0, 0, 1})},
+      {"c.bias", Tensor::from_vector({2}, {1.0f, -2.0f})},
+      {"bn.weight", Tensor::from_vector({2}, {3.0f, 0.5f})},
+      {"bn.bias", Tensor::from_vector({2}, {0.25f, 1.0f})},
+      {"bn.running_mean", Tensor::from_vector({2}, {2.0f, -1.0f})},
+      {"bn.running_var", Tensor::from_vector({2}, {3.5f, 1.5f})}};
+  b.set_weights(w);
+  Val x = b.input("x", {1, 2, 4, 4});
+  Val c = b.conv2d(x, "c", ConvOpts(2, 1).bias());
+  b.output(b.batchnorm(c, "bn", 0.5));
+  Graph f = optimized(b.build());
+  const float* scale = f.weights.at("c.scale").data.f32();
+  const float* shift = f.weights.at("c.shift").data.f32();
+  // scale = gamma / sqrt(var + eps); shift = beta + (bias - mean) * scale
+  CHECK(scale[0] == float(3.0 / std::sqrt(4.0)));
+  CHECK(scale[1] == float(0.5 / std::sqrt(2.0)));
+  CHECK(shift[0] == float(0.25 + (1.0 - 2.0) * 1.5));
+  CHECK(shift[1] == float(1.0 + (-2.0 + 1.0) * (0.5 / std::sqrt(2.0))));
+}
+
+TEST_CASE("fusion: mul(x, sigmoid(x)) is canonicalized to silu, then fused", "[fusion]") {
+  for (bool sigmoid_first : {false, true}) {
+    Builder b(5);
+    Val x = b.input("x", {1, 3, 8, 8});
+    Val c = b.batchnorm(b.conv2d(x, "c", ConvOpts(4, 3).padding(1)), "bn");
+    Val s = b.sigmoid(c, "sig");
+    b.output(sigmoid_first ? b.mul(s, c, "m") : b.mul(c, s, "m"));
+    PassReport r;
+    Graph f = optimized(b.build(), &r);
+    REQUIRE(f.nodes.size() == 1);
+    CHECK(f.nodes[0].op == OpKind::FusedConv2d);
+    CHECK(f.nodes[0].attrs.s("activation") == "silu");
+    CHECK_THAT(r.summary(), Catch::Contains("canonicalized 1 mul(x,sigmoid(x))->silu") &&
+                                Catch::Contains("fused 1 conv2d->batchnorm->silu"));
+  }
+}
+
+TEST_CASE("fusion: the YOLO-like model fuses all 45 conv -> batchnorm -> silu blocks",
+          "[fusion]") {
+  Builder b(11);
+  Graph g = yolo::yolo_like(b, 1, 64);
+  REQUIRE(count(g, OpKind::Conv2d) == 45);
+  PassReport r;
+  Graph f = optimized(g, &r);
+  CHECK(count(f, OpKind::FusedConv2d) == 45);
+  CHECK(count(f, OpKind::Conv2d) == 0);
+  CHECK(count(f, OpKind::BatchNorm) == 0);
+  CHECK(count(f, OpKind::Silu) == 0);
+  CHECK(count(f, OpKind::Add) == count(g, OpKind::Add));
+  CHECK(count(f, OpKind::Concat) == count(g, OpKind::Concat));
+  CHECK(count(f, OpKind::MaxPool2d) == 3);
+  CHECK(r.summary() == "fused 45 conv2d->batchnorm->silu, removed 0 dead nodes");
+  CHECK(r.refusals.empty());
+}
+
+// -- when not to fuse: each refusal leaves the graph intact and the numbers unchanged --
+
+namespace {
+
+void check_untouched(const Graph& g, const std::string& reason, const KernelQuery& q = {}) {
+  Graph f = g;
+  PassOptions po;
+  po.has_kernel = q;
+  PassReport r = optimize(f, po);
+  CHECK(dump_text(f) == dump_text(g));
+  CHECK(r.hits.empty());
+  if (!reason.empty()) {
+    REQUIRE(!r.refusals.empty());
+    CHECK_THAT(r.refusals.front(), Catch::Contains(reason));
+  }
+  auto in = random_inputs(g, 9);
+  auto want = run_cpu(g, in), got = run_cpu(f, in);
+  for (const std::string& out : g.outputs) CHECK(epilog::test::bit_equal(got.at(out), want.at(out)));
+}
+
+}  // namespace
+
+TEST_CASE("fusion refuses: the conv output has another consumer", "[fusion]") {
+  Builder b(2);
+  Val x = b.input("x", {1, 3, 6, 6});
+  Val c = b.conv2d(x, "c", ConvOpts(3, 1));
+  Val y = b.silu(c, "act");
+  b.output(b.add(y, c, "sum"));  // c is read twice
+  check_untouched(b.build(), "'c' has 2 consumers");
+}
+
+TEST_CASE("fusion refuses the longer chain but fuses the legal part", "[fusion]") {
+  // bn output is read by silu and by an add: conv->bn fuses, the silu stays.
+  Builder b(2);
+  Val x = b.input("x", {1, 3, 6, 6});
+  Val n = b.batchnorm(b.conv2d(x, "c", ConvOpts(3, 3).padding(1)), "bn");
+  b.output(b.add(b.silu(n, "act"), n, "sum"));
+  PassReport r;
+  Graph f = optimized(b.build(), &r);
+  CHECK(count(f, OpKind::FusedConv2d) == 1);
+  CHECK(count(f, OpKind::Silu) == 1);
+  CHECK(f.find_node("c")->attrs.s("activation") == "none");
+  CHECK(r.summary() == "fused 1 conv2d->batchnorm, removed 0 dead nodes");
+}
+
+TEST_CASE("fusion refuses: the intermediate is a graph output", "[fusion]") {
+  Builder b(2);
+  Val x = b.input("x", {1, 3, 6, 6});
+  Val c = b.conv2d(x, "c", ConvOpts(4, 3));
+  Val n = b.batchnorm(c, "bn");
+  b.output(b.silu(n, "act"));
+  b.output(c);
+  check_untouched(b.build(), "'c' is a graph output");
+}
+
+TEST_CASE("fusion refuses: the batchnorm is not in inference form", "[fusion]") {
+  // Statistics computed by the graph instead of constants cannot be folded at compile time.
+  Builder b(2);
+  Val x = b.input("x", {1, 3, 6, 6});
+  Val var = b.input("var", {4});
+  Val c = b.conv2d(x, "c", ConvOpts(4, 3));
+  Val g = b.weight("bn.weight", {4}, OpKind::BatchNorm, "weight");
+  Val be = b.weight("bn.bias", {4}, OpKind::BatchNorm, "bias");
+  Val m = b.weight("bn.running_mean", {4}, OpKind::BatchNorm, "running_mean");
+  Attrs eps;
+  eps.set("eps", 1e-3);
+  Val n = b.node(OpKind::BatchNorm, {c, g, be, m, b.relu(var, "var_pos")}, eps, "bn").front();
+  b.output(n);
+  check_untouched(b.build(), "batchnorm 'bn' is not in inference form (running_var is computed");
+}
+
+TEST_CASE("fusion refuses: no fused kernel for the dtype", "[fusion]") {
+  Graph g = conv_chain("bn silu", false);
+  // A backend with float32 kernels only for the unfused ops.
+  KernelQuery no_fused = [](OpKind op, DType) { return op != OpKind::FusedConv2d; };
+  check_untouched(g, "no fused_conv2d kernel for f32", no_fused);
+  // And the default query refuses a float16 graph.
+  Graph h = g;
+  for (auto& [name, v] : h.values) v.dtype = DType::F16;
+  Graph f = h;
+  PassReport r = optimize(f);
+  CHECK(r.hits.empty());
+  REQUIRE(!r.refusals.empty());
+  CHECK_THAT(r.refusals.front(), Catch::Contains("no fused_conv2d kernel for f16"));
+  CHECK(count(f, OpKind::FusedConv2d) == 0);
+}
+
+TEST_CASE("passes: dead-code elimination removes unused nodes and weights", "[fusion]") {
+  Builder b(1);
+  Val x = b.input("x", {1, 2, 4, 4});
+  b.conv2d(x, "unused", ConvOpts(2, 1));  // nobody reads it
+  b.output(b.relu(x, "r"));
+  Graph g = b.build();
+  CHECK(eliminate_dead_code(g) == 1);
+  CHECK(g.nodes.size() == 1);
+  CHECK(g.weights.empty());
+  CHECK(g.values.count("unused") == 0);
+  verify(g);
+}
+
+TEST_CASE("passes: stages are reported in order and the graph verified after each", "[fusion]") {
+  Graph g = conv_chain("bn silu", false);
+  std::vector<std::string> stages;
+  PassOptions po;
+  po.on_stage = [&](int i, const std::string& name, const Graph& s) {
+    CHECK(i == int(stages.size()));
+    stages.push_back(name);
+    verify(s);
+  };
+  optimize(g, po);
+  CHECK(stages == std::vector<std::string>{"source", "canonicalize", "fuse", "dce"});
+  po.fuse = false;
+  stages.clear();
+  Graph h = conv_chain("bn silu", false);
+  optimize(h, po);
+  CHECK(stages == std::vector<std::string>{"source", "canonicalize", "dce"});
+  CHECK(count(h, OpKind::FusedConv2d) == 0);
+}

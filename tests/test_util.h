@@ -1,0 +1,53 @@
+// Helpers shared by the tests: seeded inputs, CPU runs, error measures.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "epilog/graph/lowering.h"
+#include "epilog/runtime/executor.h"
+
+namespace epilog::test {
+
+inline std::map<std::string, Tensor> random_inputs(const Graph& g, uint64_t seed) {
+  std::map<std::string, Tensor> in;
+  for (const std::string& name : g.inputs)
+    in[name] = Tensor::randn(g.value(name).shape, hash_string(name, seed));
+  return in;
+}
+
+// Runs the graph as it is (no passes) on the CPU reference backend.
+inline std::map<std::string, Tensor> run_cpu(const Graph& g,
+                                             const std::map<std::string, Tensor>& inputs) {
+  auto backend = make_cpu_backend();
+  Executor ex(lower(g, LowerOptions{}), *backend);
+  return ex.run(inputs);
+}
+
+// max |a - b| / max |b|: the error relative to the scale of the reference. NaN anywhere
+// gives infinity so that it never passes.
+inline double max_rel_err(const Tensor& a, const Tensor& b) {
+  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  if (ha.shape() != hb.shape()) return INFINITY;
+  const float *pa = ha.f32(), *pb = hb.f32();
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < ha.numel(); ++i) {
+    if (std::isnan(pa[i]) || std::isnan(pb[i])) return INFINITY;
+    diff = std::max(diff, std::fabs(double(pa[i]) - double(pb[i])));
+    scale = std::max(scale, std::fabs(double(pb[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+inline bool bit_equal(const Tensor& a, const Tensor& b) {
+  Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
+  return ha.shape() == hb.shape() &&
+         std::equal(ha.f32(), ha.f32() + ha.numel(), hb.f32(), [](float x, float y) {
+           return std::memcmp(&x, &y, sizeof x) == 0;
+         });
+}
+
+}  // namespace epilog::test
