@@ -1,13 +1,14 @@
 // Builds the YOLO-like model with the graph-builder API and runs it: the example to copy when
 // writing a model in C++.
 //
-//   yolo_like [--batch N] [--size S] [--seed N] [--device cpu|cuda|auto]
+//   yolo_like [--batch N] [--size S] [--seed N] [--device cpu|cuda|auto] [--save FILE.json]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
 #include "epilog/epilog.h"
+#include "epilog/io/model.h"
 #include "yolo_like.h"
 
 namespace {
@@ -15,8 +16,10 @@ namespace {
 void usage(FILE* to) {
   std::fprintf(to,
                "usage: yolo_like [--batch N] [--size S] [--seed N] [--device cpu|cuda|auto]\n"
+               "                 [--save FILE.json]\n"
                "Builds the YOLO-like model through the C++ API (seeded weights) and runs it on\n"
-               "a seeded random input, printing each output's shape and statistics.\n");
+               "a seeded random input, printing each output's shape and statistics. --save\n"
+               "writes the model as JSON instead (models/yolo_like.json is made this way).\n");
 }
 
 }  // namespace
@@ -24,7 +27,7 @@ void usage(FILE* to) {
 int main(int argc, char** argv) {
   int64_t batch = 1, size = 640;
   uint64_t seed = 1;
-  std::string device = "auto";
+  std::string device = "auto", save;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") return usage(stdout), 0;
@@ -33,6 +36,7 @@ int main(int argc, char** argv) {
     else if (a == "--size") size = std::atoll(argv[++i]);
     else if (a == "--seed") seed = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--device") device = argv[++i];
+    else if (a == "--save") save = argv[++i];
     else return usage(stderr), 2;
   }
   if (batch < 1 || size < 32 || size % 32 != 0) {
@@ -43,6 +47,11 @@ int main(int argc, char** argv) {
     epilog::Builder b(seed);
     epilog::Graph g = yolo::yolo_like(b, batch, size);
     std::printf("built %zu nodes, %zu weights\n", g.nodes.size(), g.weights.size());
+    if (!save.empty()) {
+      epilog::save_model(g, save);
+      std::printf("saved %s\n", save.c_str());
+      return 0;
+    }
 
     // Fuse conv -> batchnorm -> silu chains and pick a kernel for every node.
     epilog::CompileOptions options;

@@ -121,9 +121,9 @@ TEST_CASE("builder: conv -> batchnorm -> silu gives the expected nodes, names an
 TEST_CASE("builder: conv options reach the node", "[builder]") {
   Builder b(3);
   Val x = b.input("x", {2, 8, 17, 19});
-  Val y = b.conv2d(x, "c",
-                   ConvOpts(4, 3).kernel(3, 5).stride(2, 1).padding(1, 2, 0, 3).dilation(2).groups(
-                       2).bias());
+  Val y = b.conv2d(
+      x, "c",
+      ConvOpts(4, 3).kernel(3, 5).stride(2, 1).padding(1, 2, 0, 3).dilation(2).groups(2).bias());
   b.output(y);
   Graph g = b.build();
   const auto& n = *g.find_node("c");
@@ -206,8 +206,8 @@ TEST_CASE("builder: set_weights data is used and checked", "[builder]") {
     Builder b(1);
     b.set_weights({{"b0.conv.weight", Tensor::from_vector({16, 3, 3, 3}, w)},
                    {"b0.bn.running_var", Tensor::from_vector({16}, var)}});
-    Val y = b.batchnorm(b.conv2d(b.input("images", {1, 3, 8, 8}), "b0.conv", ConvOpts(16, 3)),
-                        "b0.bn");
+    Val y =
+        b.batchnorm(b.conv2d(b.input("images", {1, 3, 8, 8}), "b0.conv", ConvOpts(16, 3)), "b0.bn");
     b.output(y);
     Graph g = b.build();
     REQUIRE(values(g.weights.at("b0.conv.weight").data) == w);
@@ -251,10 +251,10 @@ TEST_CASE("builder: shape errors are thrown at the call, naming node and shapes"
 
   REQUIRE_ERROR(b.conv2d(v, "c1", ConvOpts(8, 3)), "[conv2d]", "node 'c1'", "[4,8,8]",
                 "expected 4 dims");
-  REQUIRE_ERROR(b.conv2d(x, "c2", ConvOpts(8, 3).groups(3)), "[conv2d]", "node 'c2'",
-                "groups=3", "4 input channels");
-  REQUIRE_ERROR(b.conv2d(x, "c3", ConvOpts(6, 3).groups(4)), "[conv2d]", "node 'c3'",
-                "groups=4", "output channels 6");
+  REQUIRE_ERROR(b.conv2d(x, "c2", ConvOpts(8, 3).groups(3)), "[conv2d]", "node 'c2'", "groups=3",
+                "4 input channels");
+  REQUIRE_ERROR(b.conv2d(x, "c3", ConvOpts(6, 3).groups(4)), "[conv2d]", "node 'c3'", "groups=4",
+                "output channels 6");
   REQUIRE_ERROR(b.conv2d(x, "c4", ConvOpts(8, 9)), "[conv2d]", "node 'c4'", "kernel 9x9",
                 "[1,4,8,8]");
   REQUIRE_ERROR(b.conv2d(x, "c5", ConvOpts(8, 3).stride(0)), "[conv2d]", "node 'c5'",
@@ -397,8 +397,7 @@ TEST_CASE("builder: every op through the builder", "[builder]") {
   Val c = b.relu(b.conv2d(x, "stem", ConvOpts(8, 3).padding(1).bias()), "stem.act");
   Val m = b.maxpool2d(c, PoolOpts(2), "pool");  // stride defaults to the kernel
   REQUIRE(b.shape(m) == Shape{2, 8, 8, 8});
-  Val a = b.avgpool2d(m, PoolOpts(3).stride(2).padding(1).ceil_mode().count_include_pad(),
-                      "avg");
+  Val a = b.avgpool2d(m, PoolOpts(3).stride(2).padding(1).ceil_mode().count_include_pad(), "avg");
   // ceil((8 + 2 - 3) / 2) + 1 = 5; the last window starts at 8 < 8 + 1, so 5 stays.
   REQUIRE(b.shape(a) == Shape{2, 8, 5, 5});
   Val u = b.upsample_nearest(a, 2, "up");
@@ -462,7 +461,7 @@ TEST_CASE("builder: yolo_like matches the PyTorch model", "[builder]") {
   REQUIRE(counts[OpKind::Silu] == 45);
   REQUIRE(counts[OpKind::MaxPool2d] == 3);
   REQUIRE(counts[OpKind::UpsampleNearest] == 2);
-  REQUIRE(counts[OpKind::Split] == 8);   // one chunk per C2f
+  REQUIRE(counts[OpKind::Split] == 8);    // one chunk per C2f
   REQUIRE(counts[OpKind::Concat] == 13);  // 8 C2f, SPPF, 4 in the neck
   REQUIRE(counts[OpKind::Add] == 6);      // shortcut bottlenecks of b2, b4, b6, b8
   REQUIRE(g.nodes.size() == 167);
@@ -485,8 +484,8 @@ TEST_CASE("builder: yolo_like matches the PyTorch model", "[builder]") {
   for (const auto& [name, w] : g.weights) names.insert(name);
   REQUIRE(names.size() == 225);
   REQUIRE(names == expected);
-  for (const char* key : {"b2.m.0.cv1.conv.weight", "b9.cv2.bn.running_var",
-                          "n21.cv2.conv.weight", "b0.conv.weight", "b4.m.1.cv2.bn.bias"})
+  for (const char* key : {"b2.m.0.cv1.conv.weight", "b9.cv2.bn.running_var", "n21.cv2.conv.weight",
+                          "b0.conv.weight", "b4.m.1.cv2.bn.bias"})
     REQUIRE(g.is_weight(key));
   REQUIRE(g.value("b0.conv.weight").shape == Shape{16, 3, 3, 3});
   REQUIRE(g.value("b2.m.0.cv1.conv.weight").shape == Shape{16, 16, 3, 3});
@@ -531,6 +530,6 @@ TEST_CASE("builder: yolo_like at another size and batch", "[builder]") {
   Builder b1(1);
   Graph g1 = yolo::yolo_like(b1, 2, 320);
   REQUIRE(g1.nodes == g.nodes);
-  REQUIRE_FALSE(same_bytes(g1.weights.at("b0.conv.weight").data,
-                           g.weights.at("b0.conv.weight").data));
+  REQUIRE_FALSE(
+      same_bytes(g1.weights.at("b0.conv.weight").data, g.weights.at("b0.conv.weight").data));
 }

@@ -1,9 +1,10 @@
 // The CPU reference kernels (epilog/kernels/cpu.h): hand-worked numbers for each kernel, then
 // seeded random inputs against naive float64 re-computations written here.
 //
-// Tolerances. float32 has unit roundoff u = 2^-24 (~6e-8). A sequential sum of K products
-// t_i, rounded at every step, is off by at most (K + 1) u sum|t_i| (Higham, Accuracy and
-// Stability, 3.1), whatever the blocking, since every partial sum is one of those steps.
+// Tolerances. float32 has unit roundoff u = 2^-24 (~6e-8). A float sum of K products t_i, in
+// any order (the GEMM's k-blocking makes block sums, then adds them), is off by at most
+// (K + 1) u sum|t_i|: each term goes through at most K roundings (Higham, Accuracy and
+// Stability of Numerical Algorithms, ch. 3-4).
 // Scaling and shifting add a rounding each, so a conv/GEMM output before its activation must
 // lie within (K + 3) u mag of the float64 value, mag = |scale| sum|t_i| + |shift|. The
 // activations are at most 1.1-Lipschitz (SiLU's slope stays in [-0.1, 1.1]) and expf plus the
@@ -13,9 +14,8 @@
 // K used here. Elementwise ops that round once (add, mul, copies) must match exactly.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -31,6 +31,9 @@ namespace cpu = epilog::cpu;
 namespace {
 
 constexpr double kU = 6e-8;  // float32 unit roundoff 2^-24, rounded up
+// 2^18 elements: at the kernels' threshold for using several threads (kernels/cpu/detail.h), so
+// that cases of this shape run the multi-threaded paths.
+const Shape kThreaded{2, 8, 128, 128};
 constexpr Activation kActs[] = {Activation::None, Activation::Silu, Activation::Relu,
                                 Activation::Sigmoid};
 
@@ -127,15 +130,18 @@ int64_t out_extent(int64_t in, int64_t pad_begin, int64_t pad_end, int64_t windo
 
 // -- convolution --
 
+// stride and dil are the vertical ones; stride_w and dil_w, when not 0, the horizontal ones.
 struct ConvCase {
   int64_t n, c, h, w, k, r, s, stride, pad_t, pad_l, pad_b, pad_r, dil, groups;
+  int64_t stride_w, dil_w;
 };
 
 ConvShape conv_shape(const ConvCase& t) {
+  const int64_t sw = t.stride_w ? t.stride_w : t.stride, dw = t.dil_w ? t.dil_w : t.dil;
   int64_t ho = out_extent(t.h, t.pad_t, t.pad_b, t.dil * (t.r - 1) + 1, t.stride);
-  int64_t wo = out_extent(t.w, t.pad_l, t.pad_r, t.dil * (t.s - 1) + 1, t.stride);
-  return ConvShape{t.n, t.c,      t.h,      t.w,     t.k,     t.r,   t.s,   ho,
-                   wo,  t.stride, t.stride, t.pad_t, t.pad_l, t.dil, t.dil, t.groups};
+  int64_t wo = out_extent(t.w, t.pad_l, t.pad_r, dw * (t.s - 1) + 1, sw);
+  return ConvShape{t.n, t.c,      t.h, t.w,     t.k,     t.r,   t.s, ho,
+                   wo,  t.stride, sw,  t.pad_t, t.pad_l, t.dil, dw,  t.groups};
 }
 
 // Direct 7-loop convolution in double: the sum and the sum of |terms| of every output.
@@ -179,10 +185,10 @@ Tensor run_conv(const ConvShape& cs, const Tensor& x, const Tensor& w, const flo
 void check_conv_case(const ConvCase& t, uint64_t seed) {
   const ConvShape cs = conv_shape(t);
   INFO(
-      fmt::format("n{} c{} {}x{} -> k{} {}x{} kernel {}x{} stride {} pad {},{},{},{} dil {} "
-                  "groups {}",
-                  t.n, t.c, t.h, t.w, t.k, cs.ho, cs.wo, t.r, t.s, t.stride, t.pad_t, t.pad_l,
-                  t.pad_b, t.pad_r, t.dil, t.groups));
+      fmt::format("n{} c{} {}x{} -> k{} {}x{} kernel {}x{} stride {}x{} pad {},{},{},{} "
+                  "dilation {}x{} groups {}",
+                  t.n, t.c, t.h, t.w, t.k, cs.ho, cs.wo, t.r, t.s, cs.stride_h, cs.stride_w,
+                  t.pad_t, t.pad_l, t.pad_b, t.pad_r, cs.dil_h, cs.dil_w, t.groups));
   Tensor x = Tensor::randn({cs.n, cs.c, cs.h, cs.w}, seed);
   Tensor w = Tensor::randn({cs.k, cs.c / cs.groups, cs.r, cs.s}, seed + 1, 0.5f);
   Tensor scale = Tensor::randn({cs.k}, seed + 2);
@@ -398,26 +404,34 @@ TEST_CASE("cpu kernels: conv2d worked examples", "[cpu][conv]") {
 }
 
 TEST_CASE("cpu kernels: conv2d random against float64", "[cpu][conv]") {
-  // {n, c, h, w, k, r, s, stride, pad t, l, b, r, dilation, groups}
+  // {n, c, h, w, k, r, s, stride, pad t, l, b, r, dilation, groups, stride_w, dilation_w}
+  // (stride_w and dilation_w 0: as stride and dilation)
   const ConvCase cases[] = {
-      {1, 8, 7, 9, 12, 1, 1, 1, 0, 0, 0, 0, 1, 1},     // 1x1 straight on the input (no im2col)
-      {3, 5, 6, 5, 3, 1, 1, 1, 0, 0, 0, 0, 1, 1},      // 1x1, batch 3
-      {1, 6, 9, 7, 5, 1, 1, 2, 0, 0, 0, 0, 1, 1},      // 1x1 stride 2
-      {1, 4, 5, 5, 6, 1, 1, 1, 0, 0, 1, 1, 1, 1},      // 1x1 with bottom/right padding only
-      {3, 5, 11, 13, 7, 3, 3, 1, 1, 1, 1, 1, 1, 1},    // 3x3 same, odd sizes, batch 3
-      {1, 16, 17, 15, 20, 3, 3, 2, 1, 1, 1, 1, 1, 1},  // 3x3 stride 2
-      {1, 3, 9, 10, 8, 3, 3, 1, 0, 0, 0, 0, 1, 1},     // 3x3 no padding
-      {1, 3, 9, 9, 8, 5, 5, 1, 2, 2, 2, 2, 1, 1},      // 5x5
-      {1, 2, 13, 11, 4, 5, 5, 2, 2, 2, 2, 2, 1, 1},    // 5x5 stride 2
-      {1, 3, 23, 21, 16, 7, 7, 2, 3, 3, 3, 3, 1, 1},   // 7x7 stride 2 (a stem)
-      {1, 4, 12, 11, 6, 3, 3, 1, 2, 2, 2, 2, 2, 1},    // dilation 2
-      {1, 4, 9, 8, 5, 3, 3, 1, 0, 2, 1, 0, 1, 1},      // asymmetric padding
-      {3, 6, 9, 7, 4, 3, 3, 1, 1, 1, 1, 1, 1, 2},      // groups 2, batch 3
-      {1, 12, 8, 9, 6, 3, 3, 2, 1, 1, 1, 1, 1, 3},     // groups 3, stride 2
-      {1, 6, 9, 11, 6, 3, 3, 1, 1, 1, 1, 1, 1, 6},     // depthwise
-      {3, 4, 10, 9, 8, 3, 3, 2, 2, 2, 2, 2, 2, 4},     // depthwise x2, stride 2, dilation 2
-      {1, 5, 11, 12, 5, 5, 5, 1, 1, 2, 3, 0, 1, 5},    // depthwise 5x5, asymmetric padding
-      {1, 40, 17, 17, 136, 3, 3, 1, 1, 1, 1, 1, 1, 1}  // k-depth 360 > 256, 136 rows, 289 cols
+      {1, 8, 7, 9, 12, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0},      // 1x1 straight on the input
+      {3, 5, 6, 5, 3, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0},       // 1x1, batch 3
+      {1, 6, 9, 7, 5, 1, 1, 2, 0, 0, 0, 0, 1, 1, 0, 0},       // 1x1 stride 2
+      {1, 4, 5, 5, 6, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0},       // 1x1, bottom/right padding only
+      {1, 4, 5, 6, 6, 1, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0},       // 1x1, bottom padding only
+      {1, 4, 6, 5, 3, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0},       // 1x1, right padding only
+      {3, 5, 11, 13, 7, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, 0},     // 3x3 same, odd sizes, batch 3
+      {1, 16, 17, 15, 20, 3, 3, 2, 1, 1, 1, 1, 1, 1, 0, 0},   // 3x3 stride 2
+      {1, 3, 9, 10, 8, 3, 3, 1, 0, 0, 0, 0, 1, 1, 0, 0},      // 3x3 no padding
+      {1, 3, 9, 9, 8, 5, 5, 1, 2, 2, 2, 2, 1, 1, 0, 0},       // 5x5
+      {1, 2, 13, 11, 4, 5, 5, 2, 2, 2, 2, 2, 1, 1, 0, 0},     // 5x5 stride 2
+      {1, 3, 23, 21, 16, 7, 7, 2, 3, 3, 3, 3, 1, 1, 0, 0},    // 7x7 stride 2 (a stem)
+      {1, 4, 12, 11, 6, 3, 3, 1, 2, 2, 2, 2, 2, 1, 0, 0},     // dilation 2
+      {1, 4, 9, 8, 5, 3, 3, 1, 0, 2, 1, 0, 1, 1, 0, 0},       // asymmetric padding
+      {2, 3, 9, 12, 5, 3, 5, 1, 1, 2, 1, 2, 1, 1, 2, 0},      // 3x5, strides 1x2
+      {1, 4, 11, 10, 4, 3, 2, 2, 2, 1, 2, 1, 2, 1, 1, 3},     // 3x2, strides 2x1, dilation 2x3
+      {3, 6, 9, 7, 4, 3, 3, 1, 1, 1, 1, 1, 1, 2, 0, 0},       // groups 2, batch 3
+      {1, 12, 8, 9, 6, 3, 3, 2, 1, 1, 1, 1, 1, 3, 0, 0},      // groups 3, stride 2
+      {1, 6, 8, 13, 6, 1, 3, 1, 0, 3, 0, 3, 1, 3, 0, 3},      // groups 3, 1x3, dilation 1x3
+      {1, 6, 9, 11, 6, 3, 3, 1, 1, 1, 1, 1, 1, 6, 0, 0},      // depthwise
+      {3, 4, 10, 9, 8, 3, 3, 2, 2, 2, 2, 2, 2, 4, 0, 0},      // depthwise x2, stride 2, dil 2
+      {1, 4, 12, 9, 8, 3, 3, 1, 1, 2, 1, 2, 1, 4, 3, 2},      // depthwise x2, strides 1x3, dil 1x2
+      {1, 5, 11, 12, 5, 5, 5, 1, 1, 2, 3, 0, 1, 5, 0, 0},     // depthwise 5x5, asymmetric pad
+      {1, 40, 17, 17, 136, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, 0},  // depth 360, 136 rows, 289 cols
+      {1, 16, 64, 64, 16, 3, 3, 1, 1, 1, 1, 1, 1, 16, 0, 0},  // depthwise, big enough to thread
   };
   uint64_t seed = 1000;
   for (const ConvCase& t : cases) check_conv_case(t, seed += 10);
@@ -455,7 +469,7 @@ TEST_CASE("cpu kernels: batchnorm worked example", "[cpu][batchnorm]") {
 }
 
 TEST_CASE("cpu kernels: batchnorm random against float64", "[cpu][batchnorm]") {
-  const Shape shapes[] = {{3, 5}, {2, 4, 7}, {2, 3, 5, 6}, {1, 6, 2, 3, 4}};
+  const Shape shapes[] = {{3, 5}, {2, 4, 7}, {2, 3, 5, 6}, {1, 6, 2, 3, 4}, kThreaded};
   uint64_t seed = 2000;
   for (const Shape& s : shapes) {
     INFO("shape " << epilog::shape_str(s));
@@ -502,7 +516,7 @@ TEST_CASE("cpu kernels: activation worked examples", "[cpu][activation]") {
 }
 
 TEST_CASE("cpu kernels: activation random against float64", "[cpu][activation]") {
-  const Shape shapes[] = {{1}, {7, 3}, {2, 3, 5, 7}, {40000}};  // the last spans chunks
+  const Shape shapes[] = {{1}, {7, 3}, {2, 3, 5, 7}, {40000}, kThreaded};
   uint64_t seed = 3000;
   for (const Shape& s : shapes)
     for (Activation act : kActs) {
@@ -586,6 +600,8 @@ TEST_CASE("cpu kernels: binary broadcasting random against float64", "[cpu][bina
       {{4, 1}, {3}},                    // rank 2 from rank 1 and 2
       {{2, 1, 5, 1, 3}, {4, 5, 2, 1}},  // rank 5 and 4, both broadcast
       {{1, 1}, {1, 1}},                 // a single element
+      {kThreaded, kThreaded},           // big enough to thread: one run split in pieces
+      {kThreaded, {1, 8, 1, 1}},        // big enough to thread, per channel
   };
   uint64_t seed = 4000;
   for (const auto& [sa, sb] : cases)
@@ -630,7 +646,8 @@ TEST_CASE("cpu kernels: concat and split worked examples", "[cpu][concat][split]
 
 TEST_CASE("cpu kernels: concat and split random, any rank and axis", "[cpu][concat][split]") {
   uint64_t seed = 5000;
-  const Shape bases[] = {{7}, {3, 4}, {2, 3, 4}, {2, 5, 3, 3}, {2, 2, 3, 2, 3}};
+  // The last is big enough to thread on some axes.
+  const Shape bases[] = {{7}, {3, 4}, {2, 3, 4}, {2, 5, 3, 3}, {2, 2, 3, 2, 3}, {2, 4, 160, 80}};
   for (const Shape& base : bases)
     for (int64_t axis = 0; axis < int64_t(base.size()); ++axis) {
       INFO("base " << epilog::shape_str(base) << " axis " << axis);
@@ -698,6 +715,15 @@ TEST_CASE("cpu kernels: maxpool2d worked examples", "[cpu][pool]") {
     cpu::maxpool2d(ps, x.f32(), y.f32());
     expect_values(y, {7, 9, 10, 17, 19, 20, 22, 24, 25});
   }
+  SECTION("NaN propagates, as in PyTorch, wherever it sits in the window") {
+    PoolShape ps = pool_shape(1, 1, 2, 4, 2, 2, 2, 0, 0, 0, 0, false, false);
+    Tensor x = Tensor::from_vector({1, 1, 2, 4}, {1, NAN, NAN, 5, 3, 4, 6, 7});
+    Tensor y = poisoned({1, 1, 1, 2});
+    y.f32()[0] = y.f32()[1] = 0;  // NaN must come from the input
+    cpu::maxpool2d(ps, x.f32(), y.f32());
+    CHECK(std::isnan(y.f32()[0]));
+    CHECK(std::isnan(y.f32()[1]));
+  }
   SECTION("asymmetric padding: left 1 only") {
     PoolShape ps = pool_shape(1, 1, 1, 4, 1, 2, 2, 0, 1, 0, 0, false, false);
     REQUIRE(ps.wo == 2);
@@ -748,10 +774,11 @@ TEST_CASE("cpu kernels: pooling random against float64", "[cpu][pool]") {
     bool ceil;
   };
   const Case cases[] = {
-      {1, 3, 8, 8, 2, 2, 2, 0, 0, 0, 0, false},  {2, 2, 9, 7, 3, 3, 2, 1, 1, 1, 1, false},
-      {1, 2, 9, 7, 3, 3, 2, 1, 1, 1, 1, true},   {1, 4, 10, 10, 5, 5, 1, 2, 2, 2, 2, false},
-      {1, 2, 11, 10, 3, 2, 3, 0, 1, 2, 0, true}, {3, 1, 6, 9, 3, 3, 2, 2, 0, 0, 1, true},
-      {1, 2, 7, 7, 4, 4, 3, 1, 2, 3, 0, false},  {1, 1, 5, 12, 2, 3, 2, 1, 1, 1, 1, true},
+      {1, 3, 8, 8, 2, 2, 2, 0, 0, 0, 0, false},   {2, 2, 9, 7, 3, 3, 2, 1, 1, 1, 1, false},
+      {1, 2, 9, 7, 3, 3, 2, 1, 1, 1, 1, true},    {1, 4, 10, 10, 5, 5, 1, 2, 2, 2, 2, false},
+      {1, 2, 11, 10, 3, 2, 3, 0, 1, 2, 0, true},  {3, 1, 6, 9, 3, 3, 2, 2, 0, 0, 1, true},
+      {1, 2, 7, 7, 4, 4, 3, 1, 2, 3, 0, false},   {1, 1, 5, 12, 2, 3, 2, 1, 1, 1, 1, true},
+      {1, 8, 64, 64, 3, 3, 1, 1, 1, 1, 1, false},  // big enough to thread
   };
   uint64_t seed = 6000;
   for (const Case& t : cases)
@@ -796,7 +823,7 @@ TEST_CASE("cpu kernels: global_avgpool", "[cpu][pool]") {
     expect_values(y, {3, 0.5});
   }
   SECTION("random ranks 3 to 5 against float64") {
-    const Shape shapes[] = {{2, 3, 7}, {2, 4, 5, 6}, {1, 3, 2, 3, 4}, {1, 2, 100, 100}};
+    const Shape shapes[] = {{2, 3, 7}, {2, 4, 5, 6}, {1, 3, 2, 3, 4}, {1, 2, 100, 100}, kThreaded};
     uint64_t seed = 7000;
     for (const Shape& s : shapes) {
       INFO("shape " << epilog::shape_str(s));
@@ -835,19 +862,24 @@ TEST_CASE("cpu kernels: upsample_nearest", "[cpu][upsample]") {
                       3, 3, 3, 4, 4, 4, 3, 3, 3, 4, 4, 4});
   }
   SECTION("random: y[.., i, j] = x[.., i / sh, j / sw]") {
-    const int64_t scales[][2] = {{1, 1}, {2, 2}, {3, 1}, {1, 4}};
+    // {n, c, h, w, scale h, scale w}; the last is big enough to thread.
+    const int64_t cases[][6] = {{2, 3, 5, 7, 1, 1},
+                                {2, 3, 5, 7, 2, 2},
+                                {2, 3, 5, 7, 3, 1},
+                                {2, 3, 5, 7, 1, 4},
+                                {1, 4, 128, 128, 2, 2}};
     uint64_t seed = 8000;
-    for (const auto& sc : scales) {
-      const Shape s{2, 3, 5, 7};
-      INFO("scale " << sc[0] << "x" << sc[1]);
-      Tensor x = Tensor::randn(s, ++seed);
-      const Shape so{2, 3, 5 * sc[0], 7 * sc[1]};
+    for (const auto& t : cases) {
+      const int64_t c = t[1], h = t[2], w = t[3], sh = t[4], sw = t[5];
+      INFO("x [" << t[0] << "," << c << "," << h << "," << w << "] scale " << sh << "x" << sw);
+      Tensor x = Tensor::randn({t[0], c, h, w}, ++seed);
+      const Shape so{t[0], c, h * sh, w * sw};
       Tensor y = poisoned(so);
-      cpu::upsample_nearest(x, sc[0], sc[1], y);
+      cpu::upsample_nearest(x, sh, sw, y);
       std::vector<double> ref(y.numel());
       for (int64_t i = 0; i < y.numel(); ++i) {
         std::vector<int64_t> idx = unravel(i, so);
-        ref[i] = x.f32()[((idx[0] * 3 + idx[1]) * 5 + idx[2] / sc[0]) * 7 + idx[3] / sc[1]];
+        ref[i] = x.f32()[((idx[0] * c + idx[1]) * h + idx[2] / sh) * w + idx[3] / sw];
       }
       expect_exact(y.f32(), ref);
     }
@@ -874,7 +906,7 @@ TEST_CASE("cpu kernels: linear random against float64", "[cpu][linear]") {
   struct Case {
     int64_t m, n, k;
   };
-  const Case cases[] = {{1, 10, 16}, {3, 17, 5}, {4, 130, 300}, {7, 1, 9}};
+  const Case cases[] = {{1, 10, 16}, {3, 17, 5}, {4, 130, 300}, {7, 1, 9}, {64, 96, 200}};
   uint64_t seed = 9000;
   for (const Case& t : cases)
     for (bool bias : {false, true}) {

@@ -158,12 +158,11 @@ Graph parse(const json& model, const LoadOptions& options = {}) {
 
 // Bytes of a safetensors file: length, header, data.
 std::vector<uint8_t> st_file(const std::string& header, const std::vector<uint8_t>& data) {
-  std::vector<uint8_t> out(8);
   uint64_t n = header.size();
-  std::memcpy(out.data(), &n, 8);
-  out.insert(out.end(), header.begin(), header.end());
-  out.insert(out.end(), data.begin(), data.end());
-  return out;
+  std::string bytes(reinterpret_cast<const char*>(&n), 8);
+  bytes += header;
+  bytes.append(data.begin(), data.end());
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
 }
 
 std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
@@ -283,8 +282,9 @@ TEST_CASE("io: LoadOptions::batch rebinds the batch dim", "[io]") {
 TEST_CASE("io: a weights file overrides init and inline data", "[io]") {
   Tensor w = Tensor::randn({4, 3, 3, 3}, 5);
   Tensor bias = Tensor::from_vector({4}, {9, 8, 7, 6});
-  write_safetensors(tmp("override.safetensors"),
-                    {{"conv.weight", w}, {"bn.bias", bias}, {"bn.num_batches_tracked", Tensor::zeros({})}});
+  write_safetensors(
+      tmp("override.safetensors"),
+      {{"conv.weight", w}, {"bn.bias", bias}, {"bn.num_batches_tracked", Tensor::zeros({})}});
   LoadOptions options;
   options.weights_file = tmp("override.safetensors");
   Graph g = parse(base_model(), options);
@@ -359,8 +359,8 @@ TEST_CASE("io: unknown attribute", "[io]") {
 
 TEST_CASE("io: missing required attribute", "[io]") {
   json m = base_model();
-  m["nodes"].push_back({{"name", "cat"}, {"op", "concat"}, {"inputs", {"act", "act"}},
-                        {"outputs", {"cat"}}});
+  m["nodes"].push_back(
+      {{"name", "cat"}, {"op", "concat"}, {"inputs", {"act", "act"}}, {"outputs", {"cat"}}});
   check_error([&] { parse(m); }, {"models/m.json: nodes[3]", "[concat] node 'cat'",
                                   "missing required attribute 'axis'"});
 }
@@ -371,8 +371,8 @@ TEST_CASE("io: wrong attribute type", "[io]") {
   check_error([&] { parse(m); },
               {"models/m.json: nodes[0]", "[conv2d] node 'conv'", "'padding' must be int list"});
   m["nodes"][0]["attrs"]["padding"] = json::array({1, 1.5, 1, 1});
-  check_error([&] { parse(m); }, {"nodes[0] 'conv' (conv2d): attrs.padding[1]",
-                                  "expected an integer, got 1.5"});
+  check_error([&] { parse(m); },
+              {"nodes[0] 'conv' (conv2d): attrs.padding[1]", "expected an integer, got 1.5"});
   m["nodes"][0]["attrs"]["padding"] = true;
   check_error([&] { parse(m); }, {"nodes[0] 'conv' (conv2d): attrs.padding", "is true"});
   m["nodes"][0]["attrs"]["padding"] = json::array({1, 1});
@@ -391,8 +391,8 @@ TEST_CASE("io: a float attribute may be an int, an ints attribute a scalar", "[i
 TEST_CASE("io: wrong number of inputs", "[io]") {
   json m = base_model();
   m["nodes"][2]["inputs"] = {"bn", "bn"};
-  check_error([&] { parse(m); }, {"models/m.json: nodes[2]", "[silu] node 'act'",
-                                  "has 2 inputs, expected 1"});
+  check_error([&] { parse(m); },
+              {"models/m.json: nodes[2]", "[silu] node 'act'", "has 2 inputs, expected 1"});
 }
 
 TEST_CASE("io: reference to an undefined value", "[io]") {
@@ -432,8 +432,8 @@ TEST_CASE("io: a cycle is an error", "[io]") {
 TEST_CASE("io: shape mismatch", "[io]") {
   json m = base_model();
   m["inputs"][0]["shape"] = {1, 5, 8, 8};
-  check_error([&] { parse(m); }, {"models/m.json: nodes[0]", "[conv2d] node 'conv'",
-                                  "input has 5 channels"});
+  check_error([&] { parse(m); },
+              {"models/m.json: nodes[0]", "[conv2d] node 'conv'", "input has 5 channels"});
   m = base_model();
   m["outputs"][0]["shape"] = {1, 4, 4, 4};
   check_error([&] { parse(m); }, {"models/m.json: outputs[0] 'act'",
@@ -443,6 +443,24 @@ TEST_CASE("io: shape mismatch", "[io]") {
   check_error([&] { parse(m); }, {"models/m.json: inputs[0].shape[2]", "out of range"});
   m["inputs"][0]["shape"] = {1, 3, 1 << 30, 1 << 30};
   check_error([&] { parse(m); }, {"models/m.json: inputs[0].shape", "beyond epilog's limits"});
+}
+
+TEST_CASE("io: sizes that would overflow shape inference are refused", "[io]") {
+  json m = base_model();
+  m["inputs"].push_back({{"name", "big"}, {"shape", {1, 1, 2147483647, 1}}});
+  m["nodes"].push_back({{"name", "up"},
+                        {"op", "upsample_nearest"},
+                        {"inputs", {"big"}},
+                        {"outputs", {"up"}},
+                        {"attrs", {{"scale", 2147483647}}}});
+  check_error([&] { parse(m); }, {"models/m.json: nodes[3] 'up' (upsample_nearest): output 'up'",
+                                  "beyond epilog's limits"});
+  m["nodes"][3]["attrs"]["scale"] = 2147483648;
+  check_error([&] { parse(m); },
+              {"nodes[3] 'up' (upsample_nearest): attrs.scale", "2147483648 is out of range"});
+  LoadOptions options;
+  options.batch = int64_t(1) << 40;
+  check_error([&] { parse(base_model(), options); }, {"models/m.json", "batch 1099511627776"});
 }
 
 TEST_CASE("io: missing weight", "[io]") {
@@ -497,8 +515,8 @@ TEST_CASE("io: weight dtype the loader does not read", "[io]") {
 }
 
 TEST_CASE("io: tensors of the weights file that no weight names", "[io]") {
-  write_safetensors(tmp("extra.safetensors"),
-                    {{"bn.bais", Tensor::zeros({4})}, {"bn.num_batches_tracked", Tensor::zeros({})}});
+  write_safetensors(tmp("extra.safetensors"), {{"bn.bais", Tensor::zeros({4})},
+                                               {"bn.num_batches_tracked", Tensor::zeros({})}});
   json m = base_model();
   m["weights_file"] = "extra.safetensors";
   check_error([&] { parse(m); }, {"models/m.json", "extra.safetensors",
@@ -557,8 +575,8 @@ TEST_CASE("io: safetensors round trip", "[io]") {
 }
 
 TEST_CASE("io: safetensors F16 and BF16 are widened exactly", "[io]") {
-  std::vector<uint16_t> f16 = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x03ff, 0x3555,
-                               0x8000, 0x7c00, 0xfc00, 0x7e00};
+  std::vector<uint16_t> f16 = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x03ff,
+                               0x3555, 0x8000, 0x7c00, 0xfc00, 0x7e00};
   std::vector<uint16_t> bf16 = {0x3f80, 0xc040, 0x4049, 0x0001, 0x7f80, 0xff80};
   std::vector<uint8_t> data = u16_bytes(f16);
   std::vector<uint8_t> more = u16_bytes(bf16);
@@ -571,10 +589,10 @@ TEST_CASE("io: safetensors F16 and BF16 are widened exactly", "[io]") {
   CHECK(h[0] == 1.0f);
   CHECK(h[1] == -2.0f);
   CHECK(h[2] == 65504.0f);
-  CHECK(h[3] == std::ldexp(1.0f, -24));            // smallest subnormal
-  CHECK(h[4] == std::ldexp(1023.0f, -24));         // largest subnormal
+  CHECK(h[3] == std::ldexp(1.0f, -24));     // smallest subnormal
+  CHECK(h[4] == std::ldexp(1023.0f, -24));  // largest subnormal
   CHECK(h[5] == 0.333251953125f);
-  CHECK((h[6] == 0.0f && std::signbit(h[6])));     // -0
+  CHECK((h[6] == 0.0f && std::signbit(h[6])));  // -0
   CHECK(h[7] == std::numeric_limits<float>::infinity());
   CHECK(h[8] == -std::numeric_limits<float>::infinity());
   CHECK(std::isnan(h[9]));
@@ -590,8 +608,8 @@ TEST_CASE("io: safetensors F16 and BF16 are widened exactly", "[io]") {
 }
 
 TEST_CASE("io: safetensors offsets may leave holes", "[io]") {
-  auto t = st_parse(st_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-                            f32_bytes({9, 2, 7})));
+  auto t = st_parse(
+      st_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f32_bytes({9, 2, 7})));
   CHECK(t.at("a").f32()[0] == 2.0f);
 }
 
@@ -632,19 +650,25 @@ TEST_CASE("io: safetensors unknown dtype", "[io]") {
       [] { st_parse(st_file(R"({"w":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}})", {0})); },
       {"w.safetensors", "tensor 'w' has dtype Q4", "F32, F16 and BF16"});
   check_error(
-      [] { st_parse(st_file(R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})",
-                            std::vector<uint8_t>(8))); },
+      [] {
+        st_parse(st_file(R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})",
+                         std::vector<uint8_t>(8)));
+      },
       {"w.safetensors", "tensor 'w' has dtype I64"});
 }
 
 TEST_CASE("io: safetensors data_offsets outside the buffer", "[io]") {
   check_error(
-      [] { st_parse(st_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-                            f32_bytes({1, 2, 3}))); },
+      [] {
+        st_parse(st_file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                         f32_bytes({1, 2, 3})));
+      },
       {"w.safetensors", "tensor 'w'", "[8, 16] are outside the 12-byte data buffer"});
   check_error(
-      [] { st_parse(st_file(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})",
-                            f32_bytes({1, 2, 3}))); },
+      [] {
+        st_parse(st_file(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})",
+                         f32_bytes({1, 2, 3})));
+      },
       {"w.safetensors", "tensor 'w'", "[8, 4]"});
   check_error(
       [] { st_parse(st_file(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", {})); },
@@ -663,19 +687,23 @@ TEST_CASE("io: safetensors overlapping tensors", "[io]") {
 
 TEST_CASE("io: safetensors shape and byte range disagree", "[io]") {
   check_error(
-      [] { st_parse(st_file(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
-                            f32_bytes({1, 2}))); },
+      [] {
+        st_parse(st_file(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
+                         f32_bytes({1, 2})));
+      },
       {"w.safetensors", "tensor 'w'", "shape [3] of F32 needs 12 bytes", "[0, 8] hold 8"});
   check_error(
       [] {
-        st_parse(st_file(
-            R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
-            f32_bytes({1, 2})));
+        st_parse(
+            st_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
+                    f32_bytes({1, 2})));
       },
       {"w.safetensors", "tensor 'w'", "too large"});
   check_error(
-      [] { st_parse(st_file(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
-                            f32_bytes({1}))); },
+      [] {
+        st_parse(
+            st_file(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", f32_bytes({1})));
+      },
       {"w.safetensors", "tensor 'w'", "shape holds -1"});
 }
 
@@ -715,11 +743,10 @@ TEST_CASE("io: npy versions 2.0 and 3.0, Python 2 longs and any key order", "[io
 }
 
 TEST_CASE("io: npy wrong magic", "[io]") {
-  check_error([] { npy_parse({'P', 'K', 3, 4, 0, 0, 0, 0, 0, 0}); },
-              {"x.npy", "not a .npy file"});
+  check_error([] { npy_parse({'P', 'K', 3, 4, 0, 0, 0, 0, 0, 0}); }, {"x.npy", "not a .npy file"});
   check_error([] { npy_parse({0x93, 'N', 'U'}); }, {"x.npy", "not a .npy file"});
-  std::vector<uint8_t> v = npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': ()}",
-                                    f32_bytes({1}));
+  std::vector<uint8_t> v =
+      npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': ()}", f32_bytes({1}));
   v[6] = 4;
   check_error([&] { npy_parse(v); }, {"x.npy", "unsupported .npy format version 4.0"});
 }
@@ -736,8 +763,8 @@ TEST_CASE("io: npy float64", "[io]") {
 TEST_CASE("io: npy big-endian float32", "[io]") {
   check_error(
       [] {
-        npy_parse(npy_file("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }",
-                           f32_bytes({1})));
+        npy_parse(
+            npy_file("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }", f32_bytes({1})));
       },
       {"x.npy", "dtype '>f4' is not supported"});
 }

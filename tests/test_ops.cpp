@@ -63,7 +63,9 @@ Shape infer1(OpKind op, const Attrs& given, const std::vector<Shape>& inputs) {
   return outs[0];
 }
 
-Attrs norm(OpKind op, const Attrs& given) { return epilog::normalize_attrs(op, "c1", given); }
+Attrs norm(OpKind op, const Attrs& given) {
+  return epilog::normalize_attrs(op, "c1", given);
+}
 
 }  // namespace
 
@@ -119,9 +121,9 @@ TEST_CASE("ops: input specs give arity and input names", "[ops]") {
   REQUIRE(lin.min_inputs == 2);
   REQUIRE(lin.max_inputs == 3);
 
-  for (OpKind k : {OpKind::Silu, OpKind::Relu, OpKind::Sigmoid, OpKind::Split,
-                   OpKind::MaxPool2d, OpKind::AvgPool2d, OpKind::GlobalAvgPool,
-                   OpKind::UpsampleNearest, OpKind::Flatten}) {
+  for (OpKind k :
+       {OpKind::Silu, OpKind::Relu, OpKind::Sigmoid, OpKind::Split, OpKind::MaxPool2d,
+        OpKind::AvgPool2d, OpKind::GlobalAvgPool, OpKind::UpsampleNearest, OpKind::Flatten}) {
     CAPTURE(epilog::op_name(k));
     REQUIRE(epilog::op_info(k).min_inputs == 1);
     REQUIRE(epilog::op_info(k).max_inputs == 1);
@@ -171,16 +173,14 @@ TEST_CASE("ops: normalize_attrs fills in every default", "[ops]") {
 }
 
 TEST_CASE("ops: scalars broadcast to fixed-length lists and ints widen to floats", "[ops]") {
-  Attrs conv =
-      norm(OpKind::Conv2d, A().i("stride", 2).i("padding", 1).i("dilation", 3));
+  Attrs conv = norm(OpKind::Conv2d, A().i("stride", 2).i("padding", 1).i("dilation", 3));
   REQUIRE(conv.ints("stride") == std::vector<int64_t>{2, 2});
   REQUIRE(conv.ints("padding") == std::vector<int64_t>{1, 1, 1, 1});
   REQUIRE(conv.ints("dilation") == std::vector<int64_t>{3, 3});
 
   REQUIRE(norm(OpKind::UpsampleNearest, A().i("scale", 2)).ints("scale") ==
           std::vector<int64_t>{2, 2});
-  REQUIRE(norm(OpKind::MaxPool2d, A().i("kernel", 5)).ints("kernel") ==
-          std::vector<int64_t>{5, 5});
+  REQUIRE(norm(OpKind::MaxPool2d, A().i("kernel", 5)).ints("kernel") == std::vector<int64_t>{5, 5});
   // A list of any length: a scalar becomes a list of one.
   REQUIRE(norm(OpKind::Split, A().i("axis", 1).i("sizes", 7)).ints("sizes") ==
           std::vector<int64_t>{7});
@@ -222,8 +222,8 @@ TEST_CASE("ops: attribute errors name op, node and attribute", "[ops]") {
                   "attribute 'padding' must be int list");
     REQUIRE_ERROR(norm(OpKind::BatchNorm, A().s("eps", "1e-5")), "[batchnorm]", "node 'c1'",
                   "attribute 'eps' must be float");
-    REQUIRE_ERROR(norm(OpKind::FusedConv2d, A().i("activation", 1)), "[fused_conv2d]",
-                  "node 'c1'", "attribute 'activation' must be string");
+    REQUIRE_ERROR(norm(OpKind::FusedConv2d, A().i("activation", 1)), "[fused_conv2d]", "node 'c1'",
+                  "attribute 'activation' must be string");
     REQUIRE_ERROR(norm(OpKind::Concat, A().ints("axis", {1})), "[concat]",
                   "attribute 'axis' must be int");
   }
@@ -234,8 +234,8 @@ TEST_CASE("ops: attribute errors name op, node and attribute", "[ops]") {
                   "attribute 'stride' must have 2 values, got 3");
     REQUIRE_ERROR(norm(OpKind::MaxPool2d, A().ints("kernel", {3})), "[maxpool2d]",
                   "attribute 'kernel' must have 2 values, got 1");
-    REQUIRE_ERROR(norm(OpKind::UpsampleNearest, A().ints("scale", {2, 2, 2})),
-                  "[upsample_nearest]", "attribute 'scale' must have 2 values, got 3");
+    REQUIRE_ERROR(norm(OpKind::UpsampleNearest, A().ints("scale", {2, 2, 2})), "[upsample_nearest]",
+                  "attribute 'scale' must have 2 values, got 3");
   }
   SECTION("bad choice") {
     for (const char* act : {"none", "silu", "relu", "sigmoid"})
@@ -275,8 +275,8 @@ TEST_CASE("ops: conv2d asymmetric padding is top, left, bottom, right", "[ops]")
   REQUIRE(infer1(OpKind::Conv2d, A().ints("padding", {1, 2, 3, 4}).i("stride", 2),
                  {{1, 1, 10, 20}, {1, 1, 3, 3}}) == Shape{1, 1, 6, 12});
   // Padding only on one side.
-  REQUIRE(infer1(OpKind::Conv2d, A().ints("padding", {0, 0, 2, 0}),
-                 {{1, 1, 4, 4}, {1, 1, 3, 3}}) == Shape{1, 1, 4, 2});
+  REQUIRE(infer1(OpKind::Conv2d, A().ints("padding", {0, 0, 2, 0}), {{1, 1, 4, 4}, {1, 1, 3, 3}}) ==
+          Shape{1, 1, 4, 2});
 }
 
 TEST_CASE("ops: conv2d dilation", "[ops]") {
@@ -313,13 +313,13 @@ TEST_CASE("ops: conv2d errors", "[ops]") {
   SECTION("arity") {
     REQUIRE_ERROR(infer(OpKind::Conv2d, none, {{1, 3, 8, 8}}), "[conv2d]", "node 'c1'",
                   "has 1 inputs, expected 2 to 3 (x, weight, bias)");
-    REQUIRE_ERROR(infer(OpKind::Conv2d, none, {{1, 3, 8, 8}, {4, 3, 3, 3}, {4}, {4}}),
-                  "[conv2d]", "node 'c1'", "has 4 inputs, expected 2 to 3");
+    REQUIRE_ERROR(infer(OpKind::Conv2d, none, {{1, 3, 8, 8}, {4, 3, 3, 3}, {4}, {4}}), "[conv2d]",
+                  "node 'c1'", "has 4 inputs, expected 2 to 3");
     REQUIRE_ERROR(infer(OpKind::Conv2d, none, {}), "[conv2d]", "has 0 inputs");
   }
   SECTION("rank") {
-    REQUIRE_ERROR(infer(OpKind::Conv2d, none, {{3, 8, 8}, {4, 3, 3, 3}}), "[conv2d]",
-                  "node 'c1'", "input 'x' has shape [3,8,8] (3 dims), expected 4 dims");
+    REQUIRE_ERROR(infer(OpKind::Conv2d, none, {{3, 8, 8}, {4, 3, 3, 3}}), "[conv2d]", "node 'c1'",
+                  "input 'x' has shape [3,8,8] (3 dims), expected 4 dims");
     REQUIRE_ERROR(infer(OpKind::Conv2d, none, {{1, 3, 8, 8}, {4, 27}}), "[conv2d]", "node 'c1'",
                   "input 'weight' has shape [4,27] (2 dims), expected 4 dims");
   }
@@ -340,8 +340,8 @@ TEST_CASE("ops: conv2d errors", "[ops]") {
   SECTION("bias shape") {
     REQUIRE_ERROR(infer(OpKind::Conv2d, none, {{1, 3, 8, 8}, {16, 3, 3, 3}, {8}}), "[conv2d]",
                   "node 'c1'", "input 'bias' has shape [8], expected [16]");
-    REQUIRE_ERROR(infer(OpKind::Conv2d, none, {{1, 3, 8, 8}, {16, 3, 3, 3}, {16, 1}}),
-                  "[conv2d]", "input 'bias' has shape [16,1]");
+    REQUIRE_ERROR(infer(OpKind::Conv2d, none, {{1, 3, 8, 8}, {16, 3, 3, 3}, {16, 1}}), "[conv2d]",
+                  "input 'bias' has shape [16,1]");
   }
   SECTION("kernel larger than the padded input") {
     REQUIRE_ERROR(infer(OpKind::Conv2d, A().i("padding", 1), {{1, 3, 4, 4}, {8, 3, 7, 7}}),
@@ -360,9 +360,9 @@ TEST_CASE("ops: conv2d errors", "[ops]") {
                   "[conv2d]", "node 'c1'", "stride must be >= 1, got -2");
     REQUIRE_ERROR(infer(OpKind::Conv2d, A().i("dilation", 0), {{1, 3, 8, 8}, {4, 3, 3, 3}}),
                   "[conv2d]", "dilation must be >= 1, got 0");
-    REQUIRE_ERROR(infer(OpKind::Conv2d, A().ints("padding", {0, 0, -1, 0}),
-                        {{1, 3, 8, 8}, {4, 3, 3, 3}}),
-                  "[conv2d]", "node 'c1'", "padding must be >= 0, got -1");
+    REQUIRE_ERROR(
+        infer(OpKind::Conv2d, A().ints("padding", {0, 0, -1, 0}), {{1, 3, 8, 8}, {4, 3, 3, 3}}),
+        "[conv2d]", "node 'c1'", "padding must be >= 0, got -1");
   }
   SECTION("dims must be positive") {
     REQUIRE_ERROR(infer(OpKind::Conv2d, none, {{1, 0, 8, 8}, {4, 0, 3, 3}}), "[conv2d]",
@@ -384,7 +384,8 @@ TEST_CASE("ops: fused_conv2d shapes, scale/shift and activation", "[ops]") {
   REQUIRE_ERROR(infer(OpKind::FusedConv2d, {}, {{1, 16, 8, 8}, {32, 16, 3, 3}, {32}, {1, 32}}),
                 "[fused_conv2d]", "node 'c1'", "input 'shift' has shape [1,32], expected [32]");
   REQUIRE_ERROR(infer(OpKind::FusedConv2d, {}, {{1, 16, 8, 8}, {32, 16, 3, 3}, {32}}),
-                "[fused_conv2d]", "node 'c1'", "has 3 inputs, expected 4 (x, weight, scale, shift)");
+                "[fused_conv2d]", "node 'c1'",
+                "has 3 inputs, expected 4 (x, weight, scale, shift)");
   REQUIRE_ERROR(infer(OpKind::FusedConv2d, A().s("activation", "tanh"),
                       {{1, 16, 8, 8}, {32, 16, 3, 3}, {32}, {32}}),
                 "[fused_conv2d]", "node 'c1'", "'tanh'");
@@ -504,22 +505,22 @@ TEST_CASE("ops: split along any axis", "[ops]") {
   REQUIRE(infer(OpKind::Split, split(2, {4}), {{2, 3, 4, 10}}) ==
           std::vector<Shape>{{2, 3, 4, 10}});
 
-  REQUIRE_ERROR(infer(OpKind::Split, split(1, {10, 20}), {{1, 64, 8, 8}}), "[split]",
-                "node 'c1'", "sizes add up to 30 but axis 1 of [1,64,8,8] has 64");
+  REQUIRE_ERROR(infer(OpKind::Split, split(1, {10, 20}), {{1, 64, 8, 8}}), "[split]", "node 'c1'",
+                "sizes add up to 30 but axis 1 of [1,64,8,8] has 64");
   REQUIRE_ERROR(infer(OpKind::Split, split(-1, {5, 5}), {{1, 64, 8, 8}}), "[split]",
                 "sizes add up to 10 but axis 3 of [1,64,8,8] has 8");
-  REQUIRE_ERROR(infer(OpKind::Split, split(1, {64, 0}), {{1, 64, 8, 8}}), "[split]",
-                "node 'c1'", "sizes must be >= 1, got 0");
+  REQUIRE_ERROR(infer(OpKind::Split, split(1, {64, 0}), {{1, 64, 8, 8}}), "[split]", "node 'c1'",
+                "sizes must be >= 1, got 0");
   REQUIRE_ERROR(infer(OpKind::Split, split(1, {70, -6}), {{1, 64, 8, 8}}), "[split]",
                 "sizes must be >= 1, got -6");
   REQUIRE_ERROR(infer(OpKind::Split, split(1, {}), {{1, 64, 8, 8}}), "[split]", "node 'c1'",
                 "sizes is empty");
-  REQUIRE_ERROR(infer(OpKind::Split, split(4, {32, 32}), {{1, 64, 8, 8}}), "[split]",
-                "node 'c1'", "axis 4 is out of range for rank 4");
+  REQUIRE_ERROR(infer(OpKind::Split, split(4, {32, 32}), {{1, 64, 8, 8}}), "[split]", "node 'c1'",
+                "axis 4 is out of range for rank 4");
   REQUIRE_ERROR(infer(OpKind::Split, split(-5, {32, 32}), {{1, 64, 8, 8}}), "[split]",
                 "axis -5 is out of range for rank 4");
-  REQUIRE_ERROR(infer(OpKind::Split, split(1, {32, 32}), {{1, 64, 8, 8}, {1, 64, 8, 8}}),
-                "[split]", "node 'c1'", "has 2 inputs, expected 1");
+  REQUIRE_ERROR(infer(OpKind::Split, split(1, {32, 32}), {{1, 64, 8, 8}, {1, 64, 8, 8}}), "[split]",
+                "node 'c1'", "has 2 inputs, expected 1");
 }
 
 TEST_CASE("ops: maxpool2d and avgpool2d output sizes, floor and ceil", "[ops]") {
@@ -527,9 +528,9 @@ TEST_CASE("ops: maxpool2d and avgpool2d output sizes, floor and ceil", "[ops]") 
     std::string name = epilog::op_name(k);
     CAPTURE(name);
     auto pool = [&](int64_t h, int64_t kernel, int64_t stride, int64_t pad, bool ceil) {
-      Shape out = infer1(k, A().i("kernel", kernel).i("stride", stride).i("padding", pad).i(
-                                "ceil_mode", ceil),
-                         {{1, 2, h, h}});
+      Shape out = infer1(
+          k, A().i("kernel", kernel).i("stride", stride).i("padding", pad).i("ceil_mode", ceil),
+          {{1, 2, h, h}});
       REQUIRE(out[0] == 1);
       REQUIRE(out[1] == 2);
       REQUIRE(out[2] == out[3]);
@@ -568,8 +569,8 @@ TEST_CASE("ops: maxpool2d and avgpool2d output sizes, floor and ceil", "[ops]") 
 
     // Rectangular kernel and stride, asymmetric padding (top, left, bottom, right):
     // H: (8 + 1 + 0 - 2) / 2 + 1 = 4; W: (9 + 2 + 1 - 3) / 3 + 1 = 4.
-    REQUIRE(infer1(k, A().ints("kernel", {2, 3}).ints("stride", {2, 3}).ints("padding",
-                                                                              {1, 2, 0, 1}),
+    REQUIRE(infer1(k,
+                   A().ints("kernel", {2, 3}).ints("stride", {2, 3}).ints("padding", {1, 2, 0, 1}),
                    {{3, 4, 8, 9}}) == Shape{3, 4, 4, 4});
     // A 1x3 kernel may pad left and right by 1 but not top and bottom.
     REQUIRE(infer1(k, A().ints("kernel", {1, 3}).ints("padding", {0, 1, 0, 1}), {{1, 1, 5, 5}}) ==
@@ -625,8 +626,7 @@ TEST_CASE("ops: upsample_nearest", "[ops]") {
           Shape{1, 8, 40, 40});
   REQUIRE(infer1(OpKind::UpsampleNearest, A().ints("scale", {2, 3}), {{2, 8, 20, 10}}) ==
           Shape{2, 8, 40, 30});
-  REQUIRE(infer1(OpKind::UpsampleNearest, A().i("scale", 1), {{1, 8, 5, 5}}) ==
-          Shape{1, 8, 5, 5});
+  REQUIRE(infer1(OpKind::UpsampleNearest, A().i("scale", 1), {{1, 8, 5, 5}}) == Shape{1, 8, 5, 5});
   REQUIRE_ERROR(infer(OpKind::UpsampleNearest, A().i("scale", 0), {{1, 8, 5, 5}}),
                 "[upsample_nearest]", "node 'c1'", "scale must be >= 1, got 0");
   REQUIRE_ERROR(infer(OpKind::UpsampleNearest, A().ints("scale", {2, -2}), {{1, 8, 5, 5}}),

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -11,6 +12,13 @@
 #include "epilog/runtime/executor.h"
 
 namespace epilog::test {
+
+// Where the repository and the CLI are: the environment wins over the build's paths, so that
+// binaries built on one machine can run on another.
+inline std::string source_dir() {
+  const char* dir = std::getenv("EPILOG_SOURCE_DIR");
+  return dir && *dir ? dir : EPILOG_SOURCE_DIR;
+}
 
 inline std::map<std::string, Tensor> random_inputs(const Graph& g, uint64_t seed) {
   std::map<std::string, Tensor> in;

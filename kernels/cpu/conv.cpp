@@ -5,12 +5,12 @@
 //   Y_g[kg, ho*wo] = W_g[kg, cg*r*s] * col[cg*r*s, ho*wo]
 // with W_g rows of the weight as stored ([k, cg, r, s] is already row-major [k, cg*r*s]) and
 // col[(ci*r + i)*s + j, oh*wo + ow] = x[b, g*cg + ci, oh*sh - pad_t + i*dh, ow*sw - pad_l + j*dw]
-// (0 outside the input). A 1x1, stride-1, unpadded conv needs no col: the input plane is it.
+// (0 outside the input). The GEMM asks for col one block at a time (im2col_block), so the
+// whole column matrix never exists. A 1x1, stride-1, unpadded conv needs no col at all: the
+// input planes are it.
 // Depthwise convs (one input channel per group) would make r*s-deep GEMMs, so they take a
 // direct loop instead. Either way the epilogue runs on each output row as it is finished.
 #include <algorithm>
-#include <memory>
-#include <vector>
 
 #include "detail.h"
 #include "epilog/kernels/cpu.h"
@@ -22,34 +22,37 @@ using detail::Epilogue;
 using detail::Range;
 using detail::valid_range;
 
-// col for image plane group `x` (cg channels of h*w) as laid out in the file comment.
-void im2col(const ConvShape& cs, int64_t cg, const float* x, float* col) {
-  const int64_t rows = cg * cs.r * cs.s;
-  const int64_t npix = cs.ho * cs.wo;
-#pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t ci = row / (cs.r * cs.s);
-    const int64_t i = row / cs.s % cs.r;
-    const int64_t j = row % cs.s;
+// Rows [k0, k0 + kc) and columns [n0, n0 + nc) of col (see the file comment) for the cg
+// channels at x, row-major with leading dimension nc. Columns are output pixels, so the block
+// is walked one output-row segment at a time: one contiguous copy when stride_w is 1.
+void im2col_block(const ConvShape& cs, const float* x, int64_t k0, int64_t kc, int64_t n0,
+                  int64_t nc, float* dst) {
+  for (int64_t p = 0; p < kc; ++p) {
+    const int64_t row = k0 + p;
+    const int64_t ci = row / (cs.r * cs.s), i = row / cs.s % cs.r, j = row % cs.s;
     const float* plane = x + ci * cs.h * cs.w;
     const int64_t col_off = j * cs.dil_w - cs.pad_l;
-    const Range ow = valid_range(col_off, cs.stride_w, cs.w, cs.wo);
-    float* dst = col + row * npix;
-    for (int64_t oh = 0; oh < cs.ho; ++oh, dst += cs.wo) {
+    const Range inside = valid_range(col_off, cs.stride_w, cs.w, cs.wo);
+    float* out = dst + p * nc;
+    for (int64_t pix = n0; pix < n0 + nc;) {
+      const int64_t oh = pix / cs.wo, ow0 = pix % cs.wo;
+      const int64_t ow1 = std::min(cs.wo, ow0 + (n0 + nc - pix));
+      float* seg = out + (pix - n0);  // seg[q] is output column ow0 + q
       const int64_t ih = oh * cs.stride_h - cs.pad_t + i * cs.dil_h;
-      if (ih < 0 || ih >= cs.h || ow.lo == ow.hi) {
-        std::fill(dst, dst + cs.wo, 0.0f);
-        continue;
+      const int64_t lo = std::max(ow0, inside.lo), hi = std::min(ow1, inside.hi);
+      if (ih < 0 || ih >= cs.h || lo >= hi) {
+        std::fill(seg, seg + (ow1 - ow0), 0.0f);
+      } else {
+        std::fill(seg, seg + (lo - ow0), 0.0f);
+        const float* src = plane + ih * cs.w + (lo * cs.stride_w + col_off);
+        float* d = seg + (lo - ow0);
+        if (cs.stride_w == 1)
+          for (int64_t q = 0; q < hi - lo; ++q) d[q] = src[q];
+        else
+          for (int64_t q = 0; q < hi - lo; ++q) d[q] = src[q * cs.stride_w];
+        std::fill(seg + (hi - ow0), seg + (ow1 - ow0), 0.0f);
       }
-      // src[q] is the input under output column ow.lo + q.
-      const float* src = plane + ih * cs.w + (ow.lo * cs.stride_w + col_off);
-      float* out = dst + ow.lo;
-      std::fill(dst, out, 0.0f);
-      if (cs.stride_w == 1)
-        for (int64_t q = 0; q < ow.hi - ow.lo; ++q) out[q] = src[q];
-      else
-        for (int64_t q = 0; q < ow.hi - ow.lo; ++q) out[q] = src[q * cs.stride_w];
-      std::fill(dst + ow.hi, dst + cs.wo, 0.0f);
+      pix += ow1 - ow0;
     }
   }
 }
@@ -58,7 +61,8 @@ void im2col(const ConvShape& cs, int64_t cg, const float* x, float* col) {
 void conv_depthwise(const ConvShape& cs, const float* x, const float* w, const Epilogue& ep,
                     float* y) {
   const int64_t kg = cs.k / cs.groups;
-#pragma omp parallel for schedule(static)
+  const int64_t work = cs.n * cs.k * cs.ho * cs.wo * cs.r * cs.s;
+#pragma omp parallel for schedule(static) if (detail::worth_threads(work))
   for (int64_t plane = 0; plane < cs.n * cs.k; ++plane) {
     const int64_t b = plane / cs.k, ko = plane % cs.k;
     const float* in = x + (b * cs.c + ko / kg) * cs.h * cs.w;
@@ -107,14 +111,21 @@ void conv2d(const ConvShape& cs, const float* x, const float* w, const float* sc
   const int64_t depth = cg * cs.r * cs.s;  // GEMM k
   const bool direct = cs.r == 1 && cs.s == 1 && cs.stride_h == 1 && cs.stride_w == 1 &&
                       cs.pad_t == 0 && cs.pad_l == 0 && cs.ho == cs.h && cs.wo == cs.w;
-  std::unique_ptr<float[]> col(direct ? nullptr : new float[depth * npix]);
   for (int64_t b = 0; b < cs.n; ++b) {
     for (int64_t g = 0; g < cs.groups; ++g) {
       const float* xg = x + (b * cs.c + g * cg) * cs.h * cs.w;
-      if (!direct) im2col(cs, cg, xg, col.get());
+      detail::BSource src;
+      if (direct) {
+        src.b = xg;
+        src.ldb = npix;
+      } else {
+        src.fill = [&cs, xg](int64_t k0, int64_t kc, int64_t n0, int64_t nc, float* dst) {
+          im2col_block(cs, xg, k0, kc, n0, nc, dst);
+        };
+      }
       const Epilogue epg{scale ? scale + g * kg : nullptr, shift ? shift + g * kg : nullptr, act};
-      detail::gemm(kg, npix, depth, w + g * kg * depth, depth, direct ? xg : col.get(), npix,
-                   y + (b * cs.k + g * kg) * npix, npix, false, epg);
+      detail::gemm(kg, npix, depth, w + g * kg * depth, depth, src, y + (b * cs.k + g * kg) * npix,
+                   npix, false, epg);
     }
   }
 }

@@ -9,6 +9,10 @@
 namespace epilog::cpu {
 namespace {
 
+// Elements per job of the elementwise loops: big enough that per-job work (index arithmetic,
+// the activation switch) does not show.
+constexpr int64_t kPiece = 16384;
+
 // Dims of the output with the element strides of both operands (0 where one broadcasts).
 struct BroadcastDim {
   int64_t size, sa, sb;
@@ -76,16 +80,20 @@ void binary_impl(const std::vector<BroadcastDim>& dims, const float* a, const fl
   const int64_t outer_rank = static_cast<int64_t>(dims.size()) - 1;
   int64_t outer = 1;
   for (int64_t d = 0; d < outer_rank; ++d) outer *= dims[d].size;
-#pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < outer; ++o) {
-    int64_t oa = 0, ob = 0, rest = o;
+  // Jobs are pieces of inner runs, so that two same-shape tensors (one run) still split.
+  const int64_t pieces = (inner.size + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (detail::worth_threads(outer * inner.size))
+  for (int64_t job = 0; job < outer * pieces; ++job) {
+    const int64_t o = job / pieces, j0 = job % pieces * kPiece;
+    int64_t oa = j0 * inner.sa, ob = j0 * inner.sb, rest = o;
     for (int64_t d = outer_rank - 1; d >= 0; --d) {
       const int64_t idx = rest % dims[d].size;
       rest /= dims[d].size;
       oa += idx * dims[d].sa;
       ob += idx * dims[d].sb;
     }
-    binary_run<Op>(a + oa, inner.sa, b + ob, inner.sb, y + o * inner.size, inner.size);
+    binary_run<Op>(a + oa, inner.sa, b + ob, inner.sb, y + o * inner.size + j0,
+                   std::min(kPiece, inner.size - j0));
   }
 }
 
@@ -103,7 +111,7 @@ void batchnorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const T
                   shape_str(p->shape()), c);
   const float *xp = x.f32(), *gp = gamma.f32(), *bp = beta.f32(), *mp = mean.f32(), *vp = var.f32();
   float* yp = y.f32();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (detail::worth_threads(x.numel()))
   for (int64_t plane = 0; plane < n * c; ++plane) {
     const int64_t ch = plane % c;
     // gamma / sqrt(var + eps) in double: one rounding instead of three.
@@ -118,14 +126,12 @@ void batchnorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const T
 void activation(Activation act, const Tensor& x, Tensor& y) {
   EPILOG_ASSERT(y.shape() == x.shape(), "activation x {} y {}", shape_str(x.shape()),
                 shape_str(y.shape()));
-  // Chunks big enough that the per-chunk switch does not matter.
-  constexpr int64_t kChunk = 16384;
   const float* xp = x.f32();
   float* yp = y.f32();
   const int64_t n = x.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i0 = 0; i0 < n; i0 += kChunk)
-    detail::activate_span(act, xp + i0, yp + i0, std::min(kChunk, n - i0));
+#pragma omp parallel for schedule(static) if (detail::worth_threads(n))
+  for (int64_t i0 = 0; i0 < n; i0 += kPiece)
+    detail::activate_span(act, xp + i0, yp + i0, std::min(kPiece, n - i0));
 }
 
 void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& y) {

@@ -1,11 +1,11 @@
 // The blocked single-precision GEMM behind conv2d and linear, its per-row epilogue, and linear.
 //
 // C[m, n] = sum_k A[m, k] * B[k, n], all row-major. Blocking (Goto style, kept small):
-//   - A is packed once per call into kMR-row tiles, k-block by k-block: tile t of the k-block
-//     that starts at k0 holds A[t*kMR + i, k0 + p] at [p * kMR + i].
-//   - Work is split into tasks of (kMC rows) x (kNC columns), handed out by OpenMP.
-//   - Per task and k-block of kKC, B is packed into kNR-column strips ([p * kNR + j]), zero
-//     padded past n, so the micro-kernel never needs an edge case.
+//   - Work is split into tasks of (kMC rows) x (kNC columns) of C, handed out by OpenMP.
+//   - Per task and k-block of kKC, A is packed into kMR-row tiles ([p * kMR + i]) and B into
+//     kNR-column strips ([p * kNR + j]), both zero padded, so the micro-kernel has no edges.
+//     (Packing A per task repeats it for every column block, but that is 1/(2 kNC) of the
+//     arithmetic and saves a barrier, which matters on a busy 2-core machine.)
 //   - The micro-kernel sums a kMR x kNR tile over one k-block in registers; the tile is added
 //     to C, and after the last k-block the epilogue runs on it while it is still in cache.
 // Every C element is summed in the same order (k ascending) whatever the thread count, so
@@ -21,12 +21,14 @@ namespace detail {
 namespace {
 
 // 4 x 16 with `omp simd` on the column loop sustained ~19 GFLOP/s per core with SSE2 only
-// (GCC 12 -O3, AMD EPYC Zen 3 VM, kc = 256); 6 x 16 was equal, 8 x 8 and plain loops without
-// the pragma fell to 3-15 GFLOP/s. 4 rows waste nothing on the usual multiple-of-16 channels.
+// (GCC 12 -O3, 2-core AMD EPYC KVM guest, kc = 256, 2026-11-30); 6 x 16 was equal, 8 x 8 and
+// plain loops without the pragma fell to 3-15 GFLOP/s (GCC spills or gives up on SLP). Four
+// rows waste nothing on the usual multiple-of-16 channel counts.
 constexpr int64_t kMR = 4;
 constexpr int64_t kNR = 16;
 // A kKC x kNR strip of packed B (16 KiB) stays in L1 while it meets every A tile of a task;
-// the task's kMC x kKC block of packed A (128 KiB) and its B panel (256 KiB) stay in L2.
+// the task's kMC x kKC block of packed A (128 KiB) and its B panel (256 KiB) stay in L2
+// (1 MiB per core here).
 constexpr int64_t kKC = 256;
 constexpr int64_t kMC = 128;
 constexpr int64_t kNC = 256;
@@ -47,15 +49,13 @@ void micro_tile(int64_t kc, const float* __restrict a, const float* __restrict b
     for (int64_t j = 0; j < kNR; ++j) tile[i * kNR + j] = acc[i][j];
 }
 
-// All k-blocks of A tile t (rows t*kMR ..), zero rows past m.
-void pack_a_tile(int64_t t, int64_t m, int64_t k, int64_t mpad, const float* a, int64_t lda,
-                 float* apack) {
-  for (int64_t k0 = 0; k0 < k; k0 += kKC) {
-    int64_t kc = std::min(kKC, k - k0);
-    float* dst = apack + k0 * mpad + t * kMR * kc;
+// A[0:mc, 0:kc] (already offset to the block's corner) into kMR-row tiles.
+void pack_a(int64_t mc, int64_t kc, const float* a, int64_t lda, float* apack) {
+  for (int64_t t = 0; t * kMR < mc; ++t) {
+    float* dst = apack + t * kMR * kc;
     for (int64_t i = 0; i < kMR; ++i) {
-      int64_t row = t * kMR + i;
-      for (int64_t p = 0; p < kc; ++p) dst[p * kMR + i] = row < m ? a[row * lda + k0 + p] : 0.0f;
+      const int64_t row = t * kMR + i;
+      for (int64_t p = 0; p < kc; ++p) dst[p * kMR + i] = row < mc ? a[row * lda + p] : 0.0f;
     }
   }
 }
@@ -106,13 +106,13 @@ void finish_row(const Epilogue& ep, int64_t row, float* v, int64_t n) {
   activate_span(ep.act, v, v, n);
 }
 
-void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const BSource& src,
           float* c, int64_t ldc, bool accumulate, const Epilogue& ep) {
   EPILOG_ASSERT(m >= 0 && n >= 0 && k >= 0, "gemm {}x{}x{}", m, n, k);
-  EPILOG_ASSERT(lda >= k && ldb >= n && ldc >= n, "gemm lda {} ldb {} ldc {} for {}x{}x{}", lda,
-                ldb, ldc, m, n, k);
+  EPILOG_ASSERT(lda >= k && ldc >= n && (src.fill || src.ldb >= n),
+                "gemm lda {} ldb {} ldc {} for {}x{}x{}", lda, src.ldb, ldc, m, n, k);
   if (m == 0 || n == 0) return;
-  EPILOG_ASSERT(c != nullptr && (k == 0 || (a != nullptr && b != nullptr)));
+  EPILOG_ASSERT(c != nullptr && (k == 0 || (a != nullptr && (src.fill || src.b != nullptr))));
   if (k == 0) {  // an empty sum: C keeps its value (accumulate) or becomes 0
     for (int64_t i = 0; i < m; ++i) {
       float* row = c + i * ldc;
@@ -122,39 +122,36 @@ void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const fl
     return;
   }
 
-  const int64_t m_tiles = (m + kMR - 1) / kMR;
-  const int64_t mpad = m_tiles * kMR;
-  const int64_t tiles_per_task = kMC / kMR;
-  const int64_t tasks_m = (m_tiles + tiles_per_task - 1) / tiles_per_task;
+  const int64_t tasks_m = (m + kMC - 1) / kMC;
   const int64_t tasks_n = (n + kNC - 1) / kNC;
-  std::unique_ptr<float[]> apack(new float[mpad * k]);
-
-#pragma omp parallel
+#pragma omp parallel if (tasks_m * tasks_n > 1 && worth_threads(m * n * k / 4))
   {
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < m_tiles; ++t) pack_a_tile(t, m, k, mpad, a, lda, apack.get());
-    // (the implicit barrier of `omp for` publishes packed A to every thread)
-
+    std::unique_ptr<float[]> apack(new float[kMC * kKC]);
     std::unique_ptr<float[]> bpack(new float[kKC * kNC]);
+    std::unique_ptr<float[]> scratch(src.fill ? new float[kKC * kNC] : nullptr);
     alignas(64) float tile[kMR * kNR];
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks_m * tasks_n; ++task) {
-      const int64_t t0 = task / tasks_n * tiles_per_task;
-      const int64_t t1 = std::min(t0 + tiles_per_task, m_tiles);
-      const int64_t n0 = task % tasks_n * kNC;
-      const int64_t nc = std::min(kNC, n - n0);
+      const int64_t m0 = task / tasks_n * kMC, mc = std::min(kMC, m - m0);
+      const int64_t n0 = task % tasks_n * kNC, nc = std::min(kNC, n - n0);
       for (int64_t k0 = 0; k0 < k; k0 += kKC) {
         const int64_t kc = std::min(kKC, k - k0);
         const bool first = k0 == 0 && !accumulate;
         const bool last = k0 + kc == k;
-        pack_b(kc, nc, b + k0 * ldb + n0, ldb, bpack.get());
+        pack_a(mc, kc, a + m0 * lda + k0, lda, apack.get());
+        if (src.fill) {
+          src.fill(k0, kc, n0, nc, scratch.get());
+          pack_b(kc, nc, scratch.get(), nc, bpack.get());
+        } else {
+          pack_b(kc, nc, src.b + k0 * src.ldb + n0, src.ldb, bpack.get());
+        }
         for (int64_t j0 = 0; j0 < nc; j0 += kNR) {
           const int64_t cols = std::min(kNR, nc - j0);
-          for (int64_t t = t0; t < t1; ++t) {
-            micro_tile(kc, apack.get() + k0 * mpad + t * kMR * kc, bpack.get() + j0 * kc, tile);
-            const int64_t rows = std::min(kMR, m - t * kMR);
+          for (int64_t t = 0; t * kMR < mc; ++t) {
+            micro_tile(kc, apack.get() + t * kMR * kc, bpack.get() + j0 * kc, tile);
+            const int64_t rows = std::min(kMR, mc - t * kMR);
             for (int64_t i = 0; i < rows; ++i) {
-              const int64_t row = t * kMR + i;
+              const int64_t row = m0 + t * kMR + i;
               float* crow = c + row * ldc + n0 + j0;
               const float* trow = tile + i * kNR;
               if (first)
@@ -175,7 +172,10 @@ void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const fl
 
 void sgemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
            int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-  detail::gemm(m, n, k, a, lda, b, ldb, c, ldc, accumulate, detail::Epilogue{});
+  detail::BSource src;
+  src.b = b;
+  src.ldb = ldb;
+  detail::gemm(m, n, k, a, lda, src, c, ldc, accumulate, detail::Epilogue{});
 }
 
 void linear(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {

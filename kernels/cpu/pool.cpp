@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "detail.h"
 #include "epilog/kernels/cpu.h"
 
 namespace epilog::cpu {
@@ -13,6 +14,10 @@ void check_pool(const PoolShape& ps, const float* x, const float* y) {
   EPILOG_ASSERT(ps.kh > 0 && ps.kw > 0 && ps.stride_h > 0 && ps.stride_w > 0);
   EPILOG_ASSERT(ps.pad_t >= 0 && ps.pad_l >= 0 && ps.pad_b >= 0 && ps.pad_r >= 0);
   EPILOG_ASSERT(x && y);
+}
+
+int64_t window_work(const PoolShape& ps) {
+  return ps.n * ps.c * ps.ho * ps.wo * ps.kh * ps.kw;
 }
 
 // One axis of a window: [begin, end) clipped to the input, and its extent clipped to the
@@ -31,7 +36,7 @@ Window window(int64_t o, int64_t stride, int64_t pad_begin, int64_t pad_end, int
 
 void maxpool2d(const PoolShape& ps, const float* x, float* y) {
   check_pool(ps, x, y);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (detail::worth_threads(window_work(ps)))
   for (int64_t plane = 0; plane < ps.n * ps.c; ++plane) {
     const float* in = x + plane * ps.h * ps.w;
     float* out = y + plane * ps.ho * ps.wo;
@@ -56,7 +61,7 @@ void maxpool2d(const PoolShape& ps, const float* x, float* y) {
 
 void avgpool2d(const PoolShape& ps, const float* x, float* y) {
   check_pool(ps, x, y);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (detail::worth_threads(window_work(ps)))
   for (int64_t plane = 0; plane < ps.n * ps.c; ++plane) {
     const float* in = x + plane * ps.h * ps.w;
     float* out = y + plane * ps.ho * ps.wo;
@@ -87,7 +92,7 @@ void global_avgpool(const Tensor& x, Tensor& y) {
   EPILOG_ASSERT(planes == 0 || inner > 0, "global_avgpool over an empty {}", shape_str(x.shape()));
   const float* xp = x.f32();
   float* yp = y.f32();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (detail::worth_threads(x.numel()))
   for (int64_t p = 0; p < planes; ++p) {
     const float* in = xp + p * inner;
     double sum = 0.0;

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "detail.h"
 #include "epilog/kernels/cpu.h"
 
 namespace epilog::cpu {
@@ -46,7 +47,7 @@ void concat(const std::vector<const Tensor*>& xs, int64_t axis, Tensor& y) {
                 total, axis, shape_str(y.shape()));
   const int64_t row = total * v.inner, np = static_cast<int64_t>(parts.size());
   float* yp = y.f32();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (detail::worth_threads(y.numel()))
   for (int64_t job = 0; job < v.outer * np; ++job) {
     const int64_t o = job / np, i = job % np;
     const float* src = parts[i] + o * rows[i];
@@ -72,7 +73,7 @@ void split(const Tensor& x, int64_t axis, std::vector<Tensor>& ys) {
                 total, axis, shape_str(x.shape()));
   const int64_t row = total * v.inner, np = static_cast<int64_t>(parts.size());
   const float* xp = x.f32();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (detail::worth_threads(x.numel()))
   for (int64_t job = 0; job < v.outer * np; ++job) {
     const int64_t o = job / np, i = job % np;
     const float* src = xp + o * row + offsets[i];
@@ -92,7 +93,7 @@ void upsample_nearest(const Tensor& x, int64_t scale_h, int64_t scale_w, Tensor&
   const int64_t planes = h * w == 0 ? 0 : x.numel() / (h * w);
   const float* xp = x.f32();
   float* yp = y.f32();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (detail::worth_threads(y.numel()))
   for (int64_t row = 0; row < planes * ho; ++row) {
     const int64_t plane = row / ho, oh = row % ho;
     const float* src = xp + (plane * h + oh / scale_h) * w;

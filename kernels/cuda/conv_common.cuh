@@ -15,13 +15,27 @@ __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) {
 // -- batchnorm + activation epilogue --
 // y = act(acc * scale[k] + shift[k]); scale == nullptr means 1, shift == nullptr means 0, so the
 // same kernel serves conv2d (+ bias) and conv -> batchnorm -> activation. The null tests are
-// uniform across a launch, so they cost a predicate, not a divergent branch. activate() keeps
-// the accurate expf: the SIMT kernels are tested to 1e-5 of the fp32 CPU reference.
+// uniform across a launch: a predicate, not a divergent branch. activate() keeps the accurate
+// expf, since the SIMT kernels are tested to 1e-5 of the fp32 CPU reference.
+
+// Output channel k's factors: load once, apply to every pixel of the channel a thread holds.
+struct ChannelAffine {
+  float scale, shift;
+};
+
+__device__ __forceinline__ ChannelAffine channel_affine(const float* __restrict__ scale,
+                                                        const float* __restrict__ shift,
+                                                        int64_t k) {
+  return {scale ? __ldg(scale + k) : 1.0f, shift ? __ldg(shift + k) : 0.0f};
+}
+
+__device__ __forceinline__ float apply(float acc, ChannelAffine f, Activation act) {
+  return activate(act, fmaf(acc, f.scale, f.shift));
+}
+
 __device__ __forceinline__ float apply(float acc, const float* __restrict__ scale,
                                        const float* __restrict__ shift, Activation act, int64_t k) {
-  const float a = scale ? __ldg(scale + k) : 1.0f;
-  const float b = shift ? __ldg(shift + k) : 0.0f;
-  return activate(act, fmaf(acc, a, b));
+  return apply(acc, channel_affine(scale, shift, k), act);
 }
 
 }  // namespace epilog::cuda::detail

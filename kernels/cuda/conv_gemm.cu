@@ -28,26 +28,32 @@
 //             each warp a run of k rows (decoded per tile with a multiply-shift division).
 // Bs is copied 16 bytes at a time when Cin*r*s % 4 == 0 and w is 16-byte aligned, else 4.
 //
-// Fragments, without conflicts and with wide shared loads: a sum over k does not care in which
-// order its terms come, and an output pixel does not care which MMA row computes it, so the
-// kernel relabels both (the loads above stay plain copies). For k step s of a tile, MMA column
-// q reads k row 8s + 2*(q % 4) + q / 4 of both As and Bs; for the 32 pixels at warp offset 32p,
-// MMA tile 2p + e row g + 8h is pixel 32p + 4g + 2e + h. Then a lane (g = lane/4, t = lane%4)
-// gets all four A values of two MMA tiles with one 16-byte load per k row and both B values
-// with one 8-byte load; the pads (4 and 8 floats) spread a warp's loads over all 32 banks.
+// Fragments, without conflicts and with 8-byte shared loads: a sum over k does not care in
+// which order its terms come, and an output pixel does not care which MMA row computes it, so
+// the kernel relabels both (the copies above stay plain). For k step s of a tile, MMA column q
+// reads k row 8s + 2*(q % 4) + q / 4 of both As and Bs; row g + 8h of the warp's MMA tile mi is
+// its pixel 16*mi + 2g + h. A lane (g = lane/4, t = lane%4) then loads (a0, a1) and (a2, a3)
+// of a tile and (b0, b1) with one 8-byte load each, straight into the registers the MMA reads
+// (a 16-byte load serving two tiles was tried: ptxas then spent about two register moves per
+// accumulator per k tile regrouping the halves). The pads (4 and 8 floats) put the 16 lanes of
+// each half-warp on distinct banks.
 //
-// -- batchnorm + activation epilogue -- in registers (acc * scale + shift, act), then through
-// shared memory (Cs[BN][BM + 4], reusing the pipeline's space) so that the stores run along the
-// pixels: float4 when ho*wo % 4 == 0 and y is 16-byte aligned, else one float per thread. Every
-// output is written exactly once.
+// -- batchnorm + activation epilogue -- in registers (acc * scale + shift, act; one copy of the
+// code per activation), then through shared memory (Cs[BN][BM + 4], reusing the pipeline's
+// space) so that the stores run along the pixels: float4 when ho*wo % 4 == 0 and y is 16-byte
+// aligned, else one float per thread. Every output is written exactly once.
 //
-// TF32: both operands are rounded to nearest (cvt.rna.tf32.f32) before each MMA; truncating
-// instead (kRoundTf32 = false) saves one instruction per fragment register and biases the
-// result by about -1e-3 relative.
+// TF32: both operands are rounded to nearest (cvt.rna.tf32.f32) as they leave shared memory,
+// which keeps the error unbiased (at most 2^-11 relative per operand). The sm_90 cubin holds
+// two instructions per cvt (a finiteness test and a predicated add): 192 of the 584 in the
+// 128x64 1x1 mainloop. kRoundTf32 = false drops them and lets the tensor core truncate, which
+// biases every product toward zero by up to 2^-10 per operand (about 1e-3 relative overall).
 // Restrictions: groups == 1; tiles.m, tiles.n in {32, 64, 128}, tiles.k == 32, tiles.stages in
 // {2, 3, 4} (fewer are used when the reduction has fewer tiles); x, y and w must each have
-// fewer than 2^31 elements and h, w, ho, wo, padding and the dilated window stay under 2^28.
+// fewer than 2^31 elements; h, w, ho*stride_h, wo*stride_w, the (non-negative) padding and the
+// dilated window stay under 2^28.
 // The caller precomputes nothing: no workspace, no setup beyond the pointers.
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -61,12 +67,12 @@ namespace epilog::cuda {
 namespace {
 
 constexpr int kBK = 32;
-constexpr int kPadA = 4;  // As row pad: k rows 2t land 8t banks apart (see the file comment)
+constexpr int kPadA = 4;  // As row pad: k rows 2t land 8t banks apart, pixels 2g add 2g
 constexpr int kPadB = 8;  // Bs row pad: channel rows g land 8g banks apart
-constexpr int kPadC = 4;  // Cs row pad: channel rows 2t land 8t banks apart
+constexpr int kPadC = 4;  // Cs row pad: as As, channel rows 2t land 8t banks apart
 constexpr bool kRoundTf32 = true;
-// Added to a row or pixel coordinate to push it out of every image: what keeps a masked k row or
-// a pixel past M failing the bounds test without a separate predicate.
+// A row offset that lands outside every image: k rows past K and pixels past M carry it, so the
+// input bounds test alone masks them.
 constexpr int kFar = 1 << 30;
 
 template <int BM, int BN>
@@ -144,16 +150,21 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const float* src, bool v
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 4 : 0));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 // Tile kt is complete once at most stages - 2 younger groups are pending.
 __device__ __forceinline__ void cp_async_wait_stage(int stages) {
-  if (stages >= 4) cp_async_wait<2>();
-  else if (stages == 3) cp_async_wait<1>();
-  else cp_async_wait<0>();
+  if (stages >= 4)
+    cp_async_wait<2>();
+  else if (stages == 3)
+    cp_async_wait<1>();
+  else
+    cp_async_wait<0>();
 }
 
 __device__ __forceinline__ uint32_t to_tf32(float v) {
@@ -255,8 +266,8 @@ struct GatherA {
       const int di_test = kk < a.kg ? di : -kFar;
 #pragma unroll
       for (int p = 0; p < kPix; ++p) {
-        const bool valid = unsigned(ih0[p] + di_test) < unsigned(a.h) &&
-                           unsigned(iw0[p] + dj) < unsigned(a.w);
+        const bool valid =
+            unsigned(ih0[p] + di_test) < unsigned(a.h) && unsigned(iw0[p] + dj) < unsigned(a.w);
         const int off = valid ? base[p] + koff : 0;
         cp_async4(as + 4 * (kr * T::kLdA + lane + 32 * p), a.x + off, valid);
       }
@@ -291,7 +302,8 @@ __device__ __forceinline__ void load_b(const GemmArgs& a, uint32_t bs, int n0, i
 }
 
 template <int BM, int BN, bool kDirect>
-__global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBlocks) conv_gemm_kernel(const GemmArgs a) {
+__global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBlocks)
+    conv_gemm_kernel(const GemmArgs a) {
   using T = Tile<BM, BN>;
   extern __shared__ __align__(16) float smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -312,7 +324,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
   // Warp position and this lane's fragment offsets (see the file comment for the relabeling).
   const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
   const int g = lane / 4, t = lane % 4;
-  const int a_frag = 2 * t * T::kLdA + wm * T::kWM + 4 * g;
+  const int a_frag = 2 * t * T::kLdA + wm * T::kWM + 2 * g;
   const int b_frag = (wn * T::kWN + g) * T::kLdB + 2 * t;
 
   float acc[T::kMI][T::kNI][4];
@@ -344,18 +356,14 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
     for (int ks = 0; ks < kBK / 8; ++ks) {
       uint32_t af[T::kMI][4], bf[T::kNI][2];
 #pragma unroll
-      for (int pp = 0; pp < T::kMI / 2; ++pp) {
-        const float* p = as + a_frag + 8 * ks * T::kLdA + 32 * pp;
-        const float4 lo = *reinterpret_cast<const float4*>(p);            // MMA column t
-        const float4 hi = *reinterpret_cast<const float4*>(p + T::kLdA);  // MMA column t + 4
-        af[2 * pp][0] = to_tf32(lo.x);
-        af[2 * pp][1] = to_tf32(lo.y);
-        af[2 * pp][2] = to_tf32(hi.x);
-        af[2 * pp][3] = to_tf32(hi.y);
-        af[2 * pp + 1][0] = to_tf32(lo.z);
-        af[2 * pp + 1][1] = to_tf32(lo.w);
-        af[2 * pp + 1][2] = to_tf32(hi.z);
-        af[2 * pp + 1][3] = to_tf32(hi.w);
+      for (int mi = 0; mi < T::kMI; ++mi) {
+        const float* p = as + a_frag + 8 * ks * T::kLdA + 16 * mi;
+        const float2 lo = *reinterpret_cast<const float2*>(p);            // MMA column t
+        const float2 hi = *reinterpret_cast<const float2*>(p + T::kLdA);  // MMA column t + 4
+        af[mi][0] = to_tf32(lo.x);
+        af[mi][1] = to_tf32(lo.y);
+        af[mi][2] = to_tf32(hi.x);
+        af[mi][3] = to_tf32(hi.y);
       }
 #pragma unroll
       for (int ni = 0; ni < T::kNI; ++ni) {
@@ -375,25 +383,40 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
   cp_async_wait<0>();
   __syncthreads();  // the pipeline's space becomes Cs
   float* cs = smem;
+  // One copy per activation, so that each element's activation is straight-line code.
+  auto finish = [&](auto act) {
 #pragma unroll
-  for (int ni = 0; ni < T::kNI; ++ni) {
+    for (int ni = 0; ni < T::kNI; ++ni) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int nr = wn * T::kWN + 8 * ni + 2 * t + e;
-      const int n = n0 + nr;
-      const float sc = a.scale && n < a.k ? __ldg(a.scale + n) : 1.0f;
-      const float sf = a.shift && n < a.k ? __ldg(a.shift + n) : 0.0f;
+      for (int e = 0; e < 2; ++e) {
+        const int nr = wn * T::kWN + 8 * ni + 2 * t + e;
+        const int n = n0 + nr;
+        const float sc = a.scale && n < a.k ? __ldg(a.scale + n) : 1.0f;
+        const float sf = a.shift && n < a.k ? __ldg(a.shift + n) : 0.0f;
 #pragma unroll
-      for (int pp = 0; pp < T::kMI / 2; ++pp) {
-        // Pixels 4g .. 4g + 3 of this 32-pixel run: (tile 2pp, rows g, g + 8), (2pp + 1, same).
-        float4 v;
-        v.x = activate(a.act, fmaf(acc[2 * pp][ni][e], sc, sf));
-        v.y = activate(a.act, fmaf(acc[2 * pp][ni][2 + e], sc, sf));
-        v.z = activate(a.act, fmaf(acc[2 * pp + 1][ni][e], sc, sf));
-        v.w = activate(a.act, fmaf(acc[2 * pp + 1][ni][2 + e], sc, sf));
-        *reinterpret_cast<float4*>(cs + nr * T::kLdC + wm * T::kWM + 32 * pp + 4 * g) = v;
+        for (int mi = 0; mi < T::kMI; ++mi) {
+          // Rows g and g + 8 of MMA tile mi are pixels 2g and 2g + 1 of its 16.
+          float2 v;
+          v.x = activate(act.value, fmaf(acc[mi][ni][e], sc, sf));
+          v.y = activate(act.value, fmaf(acc[mi][ni][2 + e], sc, sf));
+          *reinterpret_cast<float2*>(cs + nr * T::kLdC + wm * T::kWM + 16 * mi + 2 * g) = v;
+        }
       }
     }
+  };
+  switch (a.act) {
+    case Activation::Silu:
+      finish(std::integral_constant<Activation, Activation::Silu>{});
+      break;
+    case Activation::Relu:
+      finish(std::integral_constant<Activation, Activation::Relu>{});
+      break;
+    case Activation::Sigmoid:
+      finish(std::integral_constant<Activation, Activation::Sigmoid>{});
+      break;
+    case Activation::None:
+      finish(std::integral_constant<Activation, Activation::None>{});
+      break;
   }
   __syncthreads();
 
@@ -437,25 +460,27 @@ template <int BM, int BN>
 void launch(const GemmArgs& a, bool direct, Stream stream) {
   using T = Tile<BM, BN>;
   auto kernel = direct ? conv_gemm_kernel<BM, BN, true> : conv_gemm_kernel<BM, BN, false>;
-  // Above 48 KB a block needs the opt-in; once per instantiation and process (on the device
-  // current at the first call), for the deepest pipeline so any stages fits.
-  static const bool opted_in = [] {
-    EPILOG_CUDA_CHECK(cudaFuncSetAttribute(conv_gemm_kernel<BM, BN, true>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(T::smem_bytes(4))));
-    EPILOG_CUDA_CHECK(cudaFuncSetAttribute(conv_gemm_kernel<BM, BN, false>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(T::smem_bytes(4))));
-    return true;
-  }();
-  (void)opted_in;
+  // Above 48 KB a block needs the opt-in, which is per device: set once per device (a bit each)
+  // for the deepest pipeline, so that any stages fits afterwards.
+  static std::atomic<uint64_t> opted_in{0};
+  int device = 0;
+  EPILOG_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t(1) << (device % 64);
+  if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
+    for (auto* f : {conv_gemm_kernel<BM, BN, true>, conv_gemm_kernel<BM, BN, false>})
+      EPILOG_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             int(T::smem_bytes(4))));
+    opted_in.fetch_or(bit, std::memory_order_relaxed);
+  }
   const int64_t blocks = (int64_t(a.m) + BM - 1) / BM * a.n_tiles;
   if (blocks > INT32_MAX) reject("grid of " + std::to_string(blocks) + " blocks is too large");
   kernel<<<unsigned(blocks), T::kThreads, T::smem_bytes(a.stages), stream>>>(a);
   check_launch("conv_gemm");
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 }  // namespace
 
@@ -505,20 +530,29 @@ void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const flo
   a.vec_y = (s.ho * s.wo) % 4 == 0 && aligned16(y);
   a.act = act;
 
-  const bool direct = s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 &&
-                      s.pad_t == 0 && s.pad_l == 0 && s.ho == s.h && s.wo == s.w &&
-                      (s.h * s.w) % 4 == 0 && aligned16(x);
+  const bool direct = s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_t == 0 &&
+                      s.pad_l == 0 && s.ho == s.h && s.wo == s.w && (s.h * s.w) % 4 == 0 &&
+                      aligned16(x);
 
   switch (t.m * 1000 + t.n) {
-    case 32032: return launch<32, 32>(a, direct, stream);
-    case 32064: return launch<32, 64>(a, direct, stream);
-    case 32128: return launch<32, 128>(a, direct, stream);
-    case 64032: return launch<64, 32>(a, direct, stream);
-    case 64064: return launch<64, 64>(a, direct, stream);
-    case 64128: return launch<64, 128>(a, direct, stream);
-    case 128032: return launch<128, 32>(a, direct, stream);
-    case 128064: return launch<128, 64>(a, direct, stream);
-    case 128128: return launch<128, 128>(a, direct, stream);
+    case 32032:
+      return launch<32, 32>(a, direct, stream);
+    case 32064:
+      return launch<32, 64>(a, direct, stream);
+    case 32128:
+      return launch<32, 128>(a, direct, stream);
+    case 64032:
+      return launch<64, 32>(a, direct, stream);
+    case 64064:
+      return launch<64, 64>(a, direct, stream);
+    case 64128:
+      return launch<64, 128>(a, direct, stream);
+    case 128032:
+      return launch<128, 32>(a, direct, stream);
+    case 128064:
+      return launch<128, 64>(a, direct, stream);
+    case 128128:
+      return launch<128, 128>(a, direct, stream);
   }
 }
 

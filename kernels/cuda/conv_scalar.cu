@@ -7,18 +7,19 @@
 // scale == nullptr means 1, shift == nullptr means 0.
 // Layout: float32, contiguous NCHW x [n, C, h, w], weight [K, cg, r, s], y [n, K, ho, wo].
 //
-// Grid: one-dimensional, kThreads threads a block, blocks ordered (image, pixel block, channel)
-// with the channel fastest:
-//   blockIdx.x = (img * pix_blocks + pb) * K + k,  p = pb * kThreads + threadIdx.x,
-//   (oh, ow) = (p / wo, p % wo).
-// A block is one 256-pixel run of one output plane, so consecutive threads step along ow (the
-// loads and the store coalesce), the weights of the block are one row of w (uniform loads), and
-// consecutive blocks are the K channels over the same input pixels (they share them in L2).
+// Grid: (K, ceil(ho*wo / 256), n) blocks of kThreads = 256 threads, channel fastest:
+//   k = blockIdx.x, img = blockIdx.z, p = blockIdx.y * 256 + threadIdx.x,
+//   (oh, ow) = (p / wo, p % wo)
+// (y and z stride by the grid past 65535). A block is one 256-pixel run of one output plane, so
+// consecutive threads step along ow (the loads and the store coalesce), the block's weights are
+// one row of w (staged in shared memory and read as broadcasts), and consecutive blocks are the
+// K channels over the same input pixels (they share them in L2).
 // Restrictions: none on stride, padding (bottom/right padding only shows in ho/wo), dilation or
 // groups (depthwise included). One input plane (h*w) and one output plane (ho*wo) must fit in
-// int32, and the grid (n * pix_blocks * K blocks) in 2^31 - 1. tiles are not used: 256 threads.
+// int32. tiles are not used: 256 threads a block.
 // The caller precomputes nothing: no workspace, no setup; r = s in {1, 3, 5, 7} get unrolled
 // instantiations, any other window the generic loop.
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
@@ -44,31 +45,35 @@ struct ScalarArgs {
   int cg, kg;     // channels per group, in and out
   int r, s;       // the window (read by the generic instantiation only)
   int sh, sw, pt, pl, dh, dw;
-  unsigned pix_blocks;  // ceil(ho * wo / kThreads)
+  int n;
+  int pix_blocks;  // ceil(ho * wo / kThreads)
   Activation act;
 };
 
 // Weights of the block's output channel staged per chunk of input channels (templated windows).
 constexpr int kWeightChunk = 2048;
 
-// Blocks an SM must hold (so a register cap of 65536 / (256 * blocks)) per window: MINB_TABLE
+// Blocks an SM must hold, i.e. a register cap of 65536 / (256 * blocks), per instantiation: the
+// highest occupancy at which ptxas (nvcc 13.0, sm_90) spills nothing (0: no target, the PTX gets
+// no .minnctapersm). Dilated windows keep every tap's address live, so only the dilated 3x3 is
+// unrolled; larger dilated windows take the generic loop.
 template <int R, int S, bool kUnitDil>
 constexpr int scalar_min_blocks() {
-  if (R * S == 1) return MB1;
-  if (!kUnitDil || R == 0) return MBN;
-  return R * S <= 9 ? MB3 : R * S <= 25 ? MB5 : MB7;
+  if (R == 0) return 0;       // generic: 40 registers
+  if (R * S == 1) return 8;   // 32
+  if (!kUnitDil) return 4;    // 3x3 dilated: 64
+  if (R * S <= 9) return 5;   // 48 (6 blocks: 40 and a spill)
+  if (R * S <= 25) return 8;  // 32
+  return 5;                   // 7x7: 48 (6 blocks: 40 and a spill)
 }
 
-// R = S = 0 is the generic window; otherwise the R x S window is unrolled, and kUnitDil says
-// dil_w == 1 so that a window row is one base address plus immediate offsets.
+// The block's 256 outputs at pixel block pb of plane (img, k). R = S = 0 is the generic
+// window; otherwise the R x S window is unrolled, and kUnitDil says dil_w == 1 so that a window
+// row is one base address plus immediate offsets. ws: the block's weight staging (templated).
 template <int R, int S, bool kUnitDil>
-__global__ void __launch_bounds__(kThreads, (scalar_min_blocks<R, S, kUnitDil>()))
-    conv_scalar_kernel(const ScalarArgs a) {
-  const unsigned bid = blockIdx.x;
-  const int k = static_cast<int>(bid % unsigned(a.k));
-  const unsigned rest = bid / unsigned(a.k);
-  const int img = static_cast<int>(rest / a.pix_blocks);
-  const int p = static_cast<int>(rest % a.pix_blocks) * kThreads + static_cast<int>(threadIdx.x);
+__device__ __forceinline__ void conv_scalar_block(const ScalarArgs& a, int k, int img, int pb,
+                                                  float* ws) {
+  const int p = pb * kThreads + static_cast<int>(threadIdx.x);
   const int npix = a.ho * a.wo;
   const bool active = p < npix;
   const int oh = p / a.wo, ow = p - oh * a.wo;
@@ -83,7 +88,6 @@ __global__ void __launch_bounds__(kThreads, (scalar_min_blocks<R, S, kUnitDil>()
   if constexpr (R > 0) {
     // The block shares one weight row w[k]: staged in shared memory a chunk of channels at a
     // time, so the taps read it as broadcasts at immediate offsets, with no address registers.
-    __shared__ float ws[kWeightChunk];
     constexpr int kRS = R * S;
     constexpr int kChunk = kWeightChunk / kRS;  // input channels per chunk
     static_assert(kChunk >= 1, "window larger than the weight chunk");
@@ -150,6 +154,18 @@ __global__ void __launch_bounds__(kThreads, (scalar_min_blocks<R, S, kUnitDil>()
   a.y[(int64_t(img) * a.k + k) * npix + p] = detail::apply(acc, a.scale, a.shift, a.act, k);
 }
 
+// Grid (K, pixel blocks, n), channel fastest. y and z stride by the grid when the launcher had
+// to clip them to 65535 (planes over 16.7M pixels, batches over 65535); otherwise once each.
+template <int R, int S, bool kUnitDil>
+__global__ void __launch_bounds__(kThreads, (scalar_min_blocks<R, S, kUnitDil>()))
+    conv_scalar_kernel(const ScalarArgs a) {
+  __shared__ float ws[R > 0 ? kWeightChunk : 1];
+  const int k = static_cast<int>(blockIdx.x);
+  for (int img = blockIdx.z; img < a.n; img += gridDim.z)
+    for (int pb = blockIdx.y; pb < a.pix_blocks; pb += gridDim.y)
+      conv_scalar_block<R, S, kUnitDil>(a, k, img, pb, ws);
+}
+
 }  // namespace
 
 bool conv_supports(ConvKernel kernel, const ConvShape& s) {
@@ -171,12 +187,11 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
                 "conv_scalar groups {} for {} -> {} channels", s.groups, s.c, s.k);
   EPILOG_ASSERT(s.stride_h > 0 && s.stride_w > 0 && s.dil_h > 0 && s.dil_w > 0 && s.pad_t >= 0 &&
                 s.pad_l >= 0);
-  EPILOG_ASSERT(s.h * s.w <= INT_MAX && s.ho * s.wo <= INT_MAX,
+  EPILOG_ASSERT(s.h * s.w <= INT_MAX && s.ho * s.wo <= INT_MAX - kThreads,
                 "conv_scalar planes {}x{} -> {}x{} exceed int32", s.h, s.w, s.ho, s.wo);
   EPILOG_ASSERT(x && w && y);
+  EPILOG_ASSERT(s.n <= INT_MAX && s.k <= INT_MAX, "conv_scalar n {} k {}", s.n, s.k);
   const int64_t pix_blocks = detail::ceil_div(s.ho * s.wo, kThreads);
-  const int64_t blocks = s.n * pix_blocks * s.k;
-  EPILOG_ASSERT(blocks <= INT_MAX, "conv_scalar grid of {} blocks", blocks);
 
   ScalarArgs a;
   a.x = x;
@@ -191,20 +206,24 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
   a.sh = int(s.stride_h), a.sw = int(s.stride_w);
   a.pt = int(s.pad_t), a.pl = int(s.pad_l);
   a.dh = int(s.dil_h), a.dw = int(s.dil_w);
-  a.pix_blocks = unsigned(pix_blocks);
+  a.n = int(s.n);
+  a.pix_blocks = int(pix_blocks);
   a.act = act;
 
-  const dim3 grid(static_cast<unsigned>(blocks));
+  constexpr int64_t kMaxGridYZ = 65535;
+  const dim3 grid(static_cast<unsigned>(s.k),
+                  static_cast<unsigned>(std::min(pix_blocks, kMaxGridYZ)),
+                  static_cast<unsigned>(std::min(s.n, kMaxGridYZ)));
   const bool unit = s.dil_w == 1;
   const auto launch = [&](auto kernel) { kernel<<<grid, kThreads, 0, stream>>>(a); };
   if (s.r == 1 && s.s == 1)
     launch(conv_scalar_kernel<1, 1, true>);
   else if (s.r == 3 && s.s == 3)
     launch(unit ? conv_scalar_kernel<3, 3, true> : conv_scalar_kernel<3, 3, false>);
-  else if (s.r == 5 && s.s == 5)
-    launch(unit ? conv_scalar_kernel<5, 5, true> : conv_scalar_kernel<5, 5, false>);
-  else if (s.r == 7 && s.s == 7)
-    launch(unit ? conv_scalar_kernel<7, 7, true> : conv_scalar_kernel<7, 7, false>);
+  else if (s.r == 5 && s.s == 5 && unit)
+    launch(conv_scalar_kernel<5, 5, true>);
+  else if (s.r == 7 && s.s == 7 && unit)
+    launch(conv_scalar_kernel<7, 7, true>);
   else
     launch(conv_scalar_kernel<0, 0, false>);
   check_launch("conv_scalar");

@@ -52,6 +52,22 @@ bool fits32(int64_t n) {
   return n < (int64_t(1) << 31);
 }
 
+// Calls f(V, I{}) with V an integral_constant of 4 (float4 items) or 1 and I the index type:
+// uint32_t when every index fits, else int64_t.
+template <class F>
+void dispatch(bool vec, bool small, F&& f) {
+  using Four = std::integral_constant<int, 4>;
+  using One = std::integral_constant<int, 1>;
+  if (vec && small)
+    f(Four{}, uint32_t{});
+  else if (vec)
+    f(Four{}, int64_t{});
+  else if (small)
+    f(One{}, uint32_t{});
+  else
+    f(One{}, int64_t{});
+}
+
 // -- copy_slab --
 
 template <int V, class I>
@@ -102,23 +118,12 @@ void copy_slab(int64_t outer, int64_t count, int64_t inner, const float* src, in
                    dst_start % 4 == 0 && aligned16(src) && aligned16(dst);
   const int64_t chunks = vec ? len / 4 : len;
   const int64_t items = outer * chunks;
-  const int grid = grid_for(items);
   // Every index is below the larger tensor's element count.
-  const bool small = fits32(outer * std::max(src_row, dst_row));
-  if (vec && small)
-    copy_slab_kernel<4, uint32_t><<<grid, kThreads, 0, stream>>>(
-        uint32_t(chunks), uint32_t(items), src, uint32_t(src_row), uint32_t(src_start), dst,
-        uint32_t(dst_row), uint32_t(dst_start));
-  else if (vec)
-    copy_slab_kernel<4, int64_t><<<grid, kThreads, 0, stream>>>(chunks, items, src, src_row,
-                                                                src_start, dst, dst_row, dst_start);
-  else if (small)
-    copy_slab_kernel<1, uint32_t><<<grid, kThreads, 0, stream>>>(
-        uint32_t(chunks), uint32_t(items), src, uint32_t(src_row), uint32_t(src_start), dst,
-        uint32_t(dst_row), uint32_t(dst_start));
-  else
-    copy_slab_kernel<1, int64_t><<<grid, kThreads, 0, stream>>>(chunks, items, src, src_row,
-                                                                src_start, dst, dst_row, dst_start);
+  dispatch(vec, fits32(outer * std::max(src_row, dst_row)), [&](auto v, auto i) {
+    using I = decltype(i);
+    copy_slab_kernel<decltype(v)::value, I><<<grid_for(items), kThreads, 0, stream>>>(
+        I(chunks), I(items), src, I(src_row), I(src_start), dst, I(dst_row), I(dst_start));
+  });
   check_launch("copy_slab");
 }
 
@@ -129,22 +134,11 @@ void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_
   const bool vec = wo % 4 == 0 && aligned16(y);
   const int64_t chunks = vec ? wo / 4 : wo;
   const int64_t items = rows * chunks;
-  const int grid = grid_for(items);
-  const bool small = fits32(rows * wo);
-  if (vec && small)
-    upsample_kernel<4, uint32_t><<<grid, kThreads, 0, stream>>>(
-        uint32_t(chunks), uint32_t(items), uint32_t(h), uint32_t(w), uint32_t(ho), uint32_t(wo),
-        uint32_t(scale_h), uint32_t(scale_w), x, y);
-  else if (vec)
-    upsample_kernel<4, int64_t>
-        <<<grid, kThreads, 0, stream>>>(chunks, items, h, w, ho, wo, scale_h, scale_w, x, y);
-  else if (small)
-    upsample_kernel<1, uint32_t><<<grid, kThreads, 0, stream>>>(
-        uint32_t(chunks), uint32_t(items), uint32_t(h), uint32_t(w), uint32_t(ho), uint32_t(wo),
-        uint32_t(scale_h), uint32_t(scale_w), x, y);
-  else
-    upsample_kernel<1, int64_t>
-        <<<grid, kThreads, 0, stream>>>(chunks, items, h, w, ho, wo, scale_h, scale_w, x, y);
+  dispatch(vec, fits32(rows * wo), [&](auto v, auto i) {
+    using I = decltype(i);
+    upsample_kernel<decltype(v)::value, I><<<grid_for(items), kThreads, 0, stream>>>(
+        I(chunks), I(items), I(h), I(w), I(ho), I(wo), I(scale_h), I(scale_w), x, y);
+  });
   check_launch("upsample_nearest");
 }
 

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "epilog/kernels/cuda.h"
 
@@ -62,6 +63,22 @@ bool aligned16(const void* p) {
 }
 bool fits32(int64_t n) {
   return n < (int64_t(1) << 31);
+}
+
+// Calls f(V, I{}) with V an integral_constant of 4 (float4 items) or 1 and I the index type:
+// uint32_t when every index fits, else int64_t.
+template <class F>
+void dispatch(bool vec, bool small, F&& f) {
+  using Four = std::integral_constant<int, 4>;
+  using One = std::integral_constant<int, 1>;
+  if (vec && small)
+    f(Four{}, uint32_t{});
+  else if (vec)
+    f(Four{}, int64_t{});
+  else if (small)
+    f(One{}, uint32_t{});
+  else
+    f(One{}, int64_t{});
 }
 
 template <int V>
@@ -152,15 +169,11 @@ void launch_map(const char* name, F f, int64_t n, bool vec, const float* x, floa
   if (n == 0) return;
   vec = vec && n % 4 == 0 && aligned16(x) && aligned16(y);
   const int64_t items = vec ? n / 4 : n;
-  const int grid = grid_for(items);
-  if (vec && fits32(n))
-    map_kernel<F, 4, uint32_t><<<grid, kThreads, 0, stream>>>(f, uint32_t(items), x, y);
-  else if (vec)
-    map_kernel<F, 4, int64_t><<<grid, kThreads, 0, stream>>>(f, items, x, y);
-  else if (fits32(n))
-    map_kernel<F, 1, uint32_t><<<grid, kThreads, 0, stream>>>(f, uint32_t(items), x, y);
-  else
-    map_kernel<F, 1, int64_t><<<grid, kThreads, 0, stream>>>(f, items, x, y);
+  dispatch(vec, fits32(n), [&](auto v, auto i) {
+    using I = decltype(i);
+    map_kernel<F, decltype(v)::value, I>
+        <<<grid_for(items), kThreads, 0, stream>>>(f, I(items), x, y);
+  });
   check_launch(name);
 }
 
@@ -273,18 +286,11 @@ void binary_impl(const BroadcastShape& s, const float* a, const float* b, float*
   if (rank == 1 && inner.sa == 1 && inner.sb == 1) {  // equal shapes: one flat run
     const bool vec = total % 4 == 0 && aligned16(a) && aligned16(b) && aligned16(y);
     const int64_t items = vec ? total / 4 : total;
-    const int grid = grid_for(items);
-    const BinaryOp<Op> f;
-    if (vec && fits32(total))
-      zip_kernel<BinaryOp<Op>, 4, uint32_t>
-          <<<grid, kThreads, 0, stream>>>(f, uint32_t(items), a, b, y);
-    else if (vec)
-      zip_kernel<BinaryOp<Op>, 4, int64_t><<<grid, kThreads, 0, stream>>>(f, items, a, b, y);
-    else if (fits32(total))
-      zip_kernel<BinaryOp<Op>, 1, uint32_t>
-          <<<grid, kThreads, 0, stream>>>(f, uint32_t(items), a, b, y);
-    else
-      zip_kernel<BinaryOp<Op>, 1, int64_t><<<grid, kThreads, 0, stream>>>(f, items, a, b, y);
+    dispatch(vec, fits32(total), [&](auto v, auto i) {
+      using I = decltype(i);
+      zip_kernel<BinaryOp<Op>, decltype(v)::value, I>
+          <<<grid_for(items), kThreads, 0, stream>>>(BinaryOp<Op>{}, I(items), a, b, y);
+    });
     check_launch("binary (flat)");
     return;
   }
@@ -302,19 +308,11 @@ void binary_impl(const BroadcastShape& s, const float* a, const float* b, float*
                    (!b_steps || aligned16(b));
   const int64_t chunks = vec ? inner.size / 4 : inner.size;
   const int64_t items = total / inner.size * chunks;
-  const int grid = grid_for(items, 1);
-  if (vec && fits32(total))
-    broadcast_kernel<Op, 4, uint32_t><<<grid, kThreads, 0, stream>>>(
-        o, uint32_t(inner.size), uint32_t(chunks), uint32_t(items), a_steps, b_steps, a, b, y);
-  else if (vec)
-    broadcast_kernel<Op, 4, int64_t>
-        <<<grid, kThreads, 0, stream>>>(o, inner.size, chunks, items, a_steps, b_steps, a, b, y);
-  else if (fits32(total))
-    broadcast_kernel<Op, 1, uint32_t><<<grid, kThreads, 0, stream>>>(
-        o, uint32_t(inner.size), uint32_t(chunks), uint32_t(items), a_steps, b_steps, a, b, y);
-  else
-    broadcast_kernel<Op, 1, int64_t>
-        <<<grid, kThreads, 0, stream>>>(o, inner.size, chunks, items, a_steps, b_steps, a, b, y);
+  dispatch(vec, fits32(total), [&](auto v, auto i) {
+    using I = decltype(i);
+    broadcast_kernel<Op, decltype(v)::value, I><<<grid_for(items, 1), kThreads, 0, stream>>>(
+        o, I(inner.size), I(chunks), I(items), a_steps, b_steps, a, b, y);
+  });
   check_launch("binary (broadcast)");
 }
 

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "epilog/kernels/cuda.h"
 
@@ -68,6 +69,22 @@ bool aligned16(const void* p) {
 }
 bool fits32(int64_t n) {
   return n < (int64_t(1) << 31);
+}
+
+// Calls f(V, I{}) with V an integral_constant of 4 (float4 items) or 1 and I the index type:
+// uint32_t when every index fits, else int64_t.
+template <class F>
+void dispatch(bool vec, bool small, F&& f) {
+  using Four = std::integral_constant<int, 4>;
+  using One = std::integral_constant<int, 1>;
+  if (vec && small)
+    f(Four{}, uint32_t{});
+  else if (vec)
+    f(Four{}, int64_t{});
+  else if (small)
+    f(One{}, uint32_t{});
+  else
+    f(One{}, int64_t{});
 }
 
 // Geometry in 32-bit: the per-window math is the hot part of a pool.
@@ -210,31 +227,16 @@ void global_avgpool(int64_t outer, int64_t inner, const float* x, float* y, Stre
   if (outer == 0) return;
   EPILOG_CUDA_REQUIRE(inner > 0);
   const bool vec = inner % 4 == 0 && aligned16(x);
-  const bool small = fits32(outer * inner);
   const bool per_warp = inner <= kWarpRowMax;
-  const int grid = per_warp ? grid_for(outer, kWarps) : grid_for(outer, 1);
-#define EPILOG_ROW_MEAN(kernel, V, I) \
-  kernel<V, I><<<grid, kThreads, 0, stream>>>(I(outer), I(inner), x, y)
-  if (per_warp) {
-    if (vec && small)
-      EPILOG_ROW_MEAN(row_mean_warp, 4, uint32_t);
-    else if (vec)
-      EPILOG_ROW_MEAN(row_mean_warp, 4, int64_t);
-    else if (small)
-      EPILOG_ROW_MEAN(row_mean_warp, 1, uint32_t);
+  dispatch(vec, fits32(outer * inner), [&](auto v, auto i) {
+    using I = decltype(i);
+    if (per_warp)
+      row_mean_warp<decltype(v)::value, I>
+          <<<grid_for(outer, kWarps), kThreads, 0, stream>>>(I(outer), I(inner), x, y);
     else
-      EPILOG_ROW_MEAN(row_mean_warp, 1, int64_t);
-  } else {
-    if (vec && small)
-      EPILOG_ROW_MEAN(row_mean_block, 4, uint32_t);
-    else if (vec)
-      EPILOG_ROW_MEAN(row_mean_block, 4, int64_t);
-    else if (small)
-      EPILOG_ROW_MEAN(row_mean_block, 1, uint32_t);
-    else
-      EPILOG_ROW_MEAN(row_mean_block, 1, int64_t);
-  }
-#undef EPILOG_ROW_MEAN
+      row_mean_block<decltype(v)::value, I>
+          <<<grid_for(outer, 1), kThreads, 0, stream>>>(I(outer), I(inner), x, y);
+  });
   check_launch("global_avgpool");
 }
 

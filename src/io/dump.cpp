@@ -67,14 +67,17 @@ nlohmann::ordered_json attr_json(const AttrValue& v) {
   }
 }
 
-// Pretty JSON with lists of numbers and strings kept on one line, so that a dumped model reads
-// (and diffs) one node per few lines.
+// Pretty JSON with short objects and lists of numbers kept on one line, so that a dumped model
+// reads (and diffs) one weight per line and one node per few lines.
 void write_json(const nlohmann::ordered_json& j, int indent, std::string& out) {
   auto flat = [](const nlohmann::ordered_json& a) {
     return std::none_of(a.begin(), a.end(), [](const auto& e) { return e.is_structured(); });
   };
   std::string pad(indent + 1, ' ');
-  if (j.is_object() && !j.empty()) {
+  std::string compact = j.is_structured() ? j.dump() : "";
+  if (j.is_structured() && compact.size() <= 100 && indent > 0) {
+    out += compact;
+  } else if (j.is_object() && !j.empty()) {
     out += "{\n";
     size_t i = 0;
     for (const auto& [k, v] : j.items()) {

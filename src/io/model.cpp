@@ -32,8 +32,12 @@ constexpr int64_t kMaxNumel = int64_t(1) << 40;
 // Saving: weights up to this many elements stay inline, where a reader of the JSON sees them.
 constexpr int64_t kMaxInline = 64;
 
-// A JSON value in a message: short enough to read.
+// A JSON value in a message, short enough to read. Nested values are only described: dump()
+// recurses, and a hostile file can nest deeper than the stack.
 std::string brief(const json& j) {
+  if (j.is_structured() &&
+      std::any_of(j.begin(), j.end(), [](const json& e) { return e.is_structured(); }))
+    return j.is_array() ? "a nested list" : "an object";
   std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
@@ -60,8 +64,8 @@ std::string op_suggestion(const std::string& name) {
     std::string op = op_name(static_cast<OpKind>(k));
     all.push_back(op);
     bool near = name.size() <= 32 && edit_distance(name, op) <= 2;
-    bool part = name.size() >= 3 && (op.find(name) != std::string::npos ||
-                                     name.find(op) != std::string::npos);
+    bool part = name.size() >= 3 &&
+                (op.find(name) != std::string::npos || name.find(op) != std::string::npos);
     if (near || part) close.push_back(op);
   }
   if (!close.empty()) return fmt::format(" (did you mean {}?)", fmt::join(close, ", "));
@@ -69,7 +73,8 @@ std::string op_suggestion(const std::string& name) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 struct WeightSpec {
@@ -108,17 +113,18 @@ class JsonLoader {
     read_outputs(require(doc, "outputs", "top level"));
     check_references();
 
-    // Roles come from the file order, so that they do not depend on how toposort orders.
-    std::map<std::string, std::pair<OpKind, std::string>> roles;
-    for (const Node& n : graph_.nodes)
-      for (size_t k = 0; k < n.inputs.size(); ++k)
-        roles.emplace(n.inputs[k], std::make_pair(n.op, op_info(n.op).input_name(k)));
     try {
       toposort(graph_);
     } catch (const Error& e) {
       fail("{}: {}", source_, e.what());
     }
     infer_all("");
+    // Roles come from graph order: dump_json writes that order and toposort keeps it, so a
+    // dumped model loads with the same roles (and the builder's weights with theirs).
+    std::map<std::string, std::pair<OpKind, std::string>> roles;
+    for (const Node& n : graph_.nodes)
+      for (size_t k = 0; k < n.inputs.size(); ++k)
+        roles.emplace(n.inputs[k], std::make_pair(n.op, op_info(n.op).input_name(k)));
     for (const OutputSpec& o : outputs_)
       if (o.shape && *o.shape != graph_.values.at(o.name).shape)
         fail_at(o.where, "shape {} does not match the inferred {}", shape_str(*o.shape),
@@ -306,14 +312,14 @@ class JsonLoader {
         ints.push_back(integer(v[k], fmt::format("{}[{}]", where, k), -kMaxDim, kMaxDim));
       return ints;
     }
-    fail_at(where, "is {}; an attribute is an int, a float, a list of ints or a string",
-            brief(v));
+    fail_at(where, "is {}; an attribute is an int, a float, a list of ints or a string", brief(v));
   }
 
   std::vector<std::string> names(const json& j, const std::string& where) const {
     array(j, where);
     std::vector<std::string> out;
-    for (size_t k = 0; k < j.size(); ++k) out.push_back(name(j[k], fmt::format("{}[{}]", where, k)));
+    for (size_t k = 0; k < j.size(); ++k)
+      out.push_back(name(j[k], fmt::format("{}[{}]", where, k)));
     return out;
   }
 
@@ -394,8 +400,8 @@ class JsonLoader {
         fail_at(node_where_[i] + context, "lists {} outputs but {} makes {}", node.outputs.size(),
                 op_name(node.op), out_shapes.size());
       for (size_t k = 0; k < out_shapes.size(); ++k) {
-        check_size(out_shapes[k], fmt::format("{}{}: output '{}'", node_where_[i], context,
-                                              node.outputs[k]));
+        check_size(out_shapes[k],
+                   fmt::format("{}{}: output '{}'", node_where_[i], context, node.outputs[k]));
         graph_.values[node.outputs[k]] = Value{out_shapes[k], DType::F32};
       }
     }
@@ -403,10 +409,10 @@ class JsonLoader {
 
   void read_weight_data(const json& doc,
                         const std::map<std::string, std::pair<OpKind, std::string>>& roles) {
-    std::string file = options_.weights_file;
-    if (file.empty())
-      if (const json* wf = member(doc, "weights_file"))
-        file = (fs::path(base_dir_) / name(*wf, "weights_file")).string();
+    std::string file;
+    if (const json* wf = member(doc, "weights_file"))
+      file = (fs::path(base_dir_) / name(*wf, "weights_file")).string();
+    if (!options_.weights_file.empty()) file = options_.weights_file;
     std::map<std::string, Tensor> tensors;
     if (!file.empty()) {
       try {
@@ -418,7 +424,8 @@ class JsonLoader {
       // "init" or inline data without a word. PyTorch's batchnorm step counters are harmless.
       std::vector<std::string> extra;
       for (const auto& [n, t] : tensors)
-        if (!weights_.count(n) && !ends_with(n, ".num_batches_tracked")) extra.push_back("'" + n + "'");
+        if (!weights_.count(n) && !ends_with(n, ".num_batches_tracked"))
+          extra.push_back("'" + n + "'");
       if (!extra.empty()) {
         size_t shown = std::min<size_t>(extra.size(), 5);
         fail("{}: weights_file {} holds {} tensor(s) that no weight of the model names: {}{}",
@@ -439,8 +446,9 @@ class JsonLoader {
       } else if (spec.seed) {
         auto role = roles.find(n);
         if (role == roles.end())
-          fail_at(spec.where, "has \"init\" but no node reads it, so how to initialize it is "
-                              "unknown");
+          fail_at(spec.where,
+                  "has \"init\" but no node reads it, so how to initialize it is "
+                  "unknown");
         w.data = init_weight(n, spec.shape, role->second.first, role->second.second, *spec.seed);
         w.seed = spec.seed;
       } else if (file.empty()) {
@@ -529,7 +537,8 @@ void save_model(const Graph& graph, const std::string& json_path) {
   } catch (const nlohmann::json::exception& e) {
     fail("{}: cannot write the model: {}", json_path, e.what());
   }
-  if (!file.empty()) write_safetensors((json_file.parent_path() / options.weights_file).string(), file);
+  if (!file.empty())
+    write_safetensors((json_file.parent_path() / options.weights_file).string(), file);
   std::ofstream f(json_path, std::ios::binary | std::ios::trunc);
   if (!f) fail("{}: cannot open for writing ({})", json_path, std::strerror(errno));
   f << text;

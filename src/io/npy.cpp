@@ -37,8 +37,10 @@ std::vector<uint8_t> read_file(const std::string& path) {
 std::string printable(std::string_view s) {
   std::string out;
   for (char c : s.substr(0, 120)) {
-    if (c >= 0x20 && c < 0x7f) out += c;
-    else out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+    if (c >= 0x20 && c < 0x7f)
+      out += c;
+    else
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
   }
   return s.size() > 120 ? out + "..." : out;
 }
@@ -179,8 +181,8 @@ Tensor parse_npy(const uint8_t* data, size_t size, const std::string& source) {
     header_len = data[8] | static_cast<size_t>(data[9]) << 8 | static_cast<size_t>(data[10]) << 16 |
                  static_cast<size_t>(data[11]) << 24;
   } else {
-    fail("{}: unsupported .npy format version {}.{} (epilog reads 1.0, 2.0 and 3.0)", source,
-         major, minor);
+    fail("{}: unsupported .npy format version {}.{} (epilog reads 1.0, 2.0 and 3.0)", source, major,
+         minor);
   }
   if (header_len > size - start)
     fail("{}: truncated: the header is {} bytes but only {} follow", source, header_len,
@@ -193,18 +195,20 @@ Tensor parse_npy(const uint8_t* data, size_t size, const std::string& source) {
       fail("{}: unexpected header key '{}' (header: {})", source, key, printable(text));
   auto field = [&](const char* key, PyValue::Kind kind, const char* kind_name) -> const PyValue& {
     auto it = header.find(key);
-    if (it == header.end()) fail("{}: header has no '{}' (header: {})", source, key, printable(text));
+    if (it == header.end())
+      fail("{}: header has no '{}' (header: {})", source, key, printable(text));
     if (it->second.kind != kind) fail("{}: header '{}' is not {}", source, key, kind_name);
     return it->second;
   };
   const std::string& descr = field("descr", PyValue::Str, "a string").str;
   if (descr != "<f4")
-    fail("{}: dtype '{}' is not supported; epilog reads '<f4' (little-endian float32) only",
-         source, printable(descr));
+    fail("{}: dtype '{}' is not supported; epilog reads '<f4' (little-endian float32) only", source,
+         printable(descr));
   if (field("fortran_order", PyValue::Bool, "True or False").flag)
-    fail("{}: fortran_order is True; epilog reads C-order arrays only (save with "
-         "np.ascontiguousarray)",
-         source);
+    fail(
+        "{}: fortran_order is True; epilog reads C-order arrays only (save with "
+        "np.ascontiguousarray)",
+        source);
   const Shape& shape = field("shape", PyValue::Tuple, "a tuple").tuple;
 
   uint64_t numel = 1, bytes;
@@ -219,8 +223,8 @@ Tensor parse_npy(const uint8_t* data, size_t size, const std::string& source) {
     fail("{}: truncated: shape {} of float32 needs {} bytes of data but the file has {}", source,
          shape_str(shape), bytes, have);
   if (bytes < have)
-    fail("{}: {} bytes after the data of shape {} (a wrong shape or dtype in the header?)",
-         source, have - bytes, shape_str(shape));
+    fail("{}: {} bytes after the data of shape {} (a wrong shape or dtype in the header?)", source,
+         have - bytes, shape_str(shape));
   Tensor t = Tensor::empty(shape);
   if (bytes) std::memcpy(t.raw(), data + start + header_len, bytes);
   return t;

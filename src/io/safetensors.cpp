@@ -56,6 +56,16 @@ float bf16_to_f32(uint16_t h) {
   return f;
 }
 
+// A JSON value in a message, short enough to read. Nested values are only described: dump()
+// recurses, and a hostile file can nest deeper than the stack.
+std::string brief(const nlohmann::json& j) {
+  if (j.is_structured() &&
+      std::any_of(j.begin(), j.end(), [](const nlohmann::json& e) { return e.is_structured(); }))
+    return j.is_array() ? "a nested list" : "an object";
+  std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
 struct Entry {
   std::string name;
   DType dtype;
@@ -67,7 +77,7 @@ uint64_t json_uint(const nlohmann::json& j, const std::string& source, const std
                    const char* field) {
   if (!j.is_number_unsigned() && !(j.is_number_integer() && j.get<int64_t>() >= 0))
     fail("{}: tensor '{}': {} holds {}, expected a non-negative integer", source, name, field,
-         j.dump());
+         brief(j));
   return j.get<uint64_t>();
 }
 
@@ -78,10 +88,13 @@ Entry parse_entry(const std::string& name, const nlohmann::json& e, const std::s
     if (!e.contains(key)) fail("{}: tensor '{}': header entry has no \"{}\"", source, name, key);
   Entry out{name, DType::F32, {}, 0, 0};
   const auto& dtype = e.at("dtype");
-  std::string dt = dtype.is_string() ? dtype.get<std::string>() : dtype.dump();
-  if (dt == "F32") out.dtype = DType::F32;
-  else if (dt == "F16") out.dtype = DType::F16;
-  else if (dt == "BF16") out.dtype = DType::BF16;
+  std::string dt = dtype.is_string() ? dtype.get<std::string>().substr(0, 40) : brief(dtype);
+  if (dt == "F32")
+    out.dtype = DType::F32;
+  else if (dt == "F16")
+    out.dtype = DType::F16;
+  else if (dt == "BF16")
+    out.dtype = DType::BF16;
   else
     fail("{}: tensor '{}' has dtype {}, which epilog does not read (it reads F32, F16 and BF16)",
          source, name, dt);
@@ -95,25 +108,28 @@ Entry parse_entry(const std::string& name, const nlohmann::json& e, const std::s
     if (v > uint64_t(std::numeric_limits<int64_t>::max()) ||
         __builtin_mul_overflow(numel, v, &numel) ||
         numel > uint64_t(std::numeric_limits<int64_t>::max()))
-      fail("{}: tensor '{}': shape {} is too large", source, name, shape.dump());
+      fail("{}: tensor '{}': shape {} is too large", source, name, brief(shape));
     out.shape.push_back(static_cast<int64_t>(v));
   }
 
   const auto& offsets = e.at("data_offsets");
   if (!offsets.is_array() || offsets.size() != 2)
     fail("{}: tensor '{}': data_offsets is {}, expected [begin, end]", source, name,
-         offsets.dump());
+         brief(offsets));
   out.begin = json_uint(offsets[0], source, name, "data_offsets");
   out.end = json_uint(offsets[1], source, name, "data_offsets");
-  if (out.begin > out.end || out.end > buffer_size)
-    fail("{}: tensor '{}': data_offsets [{}, {}] are outside the {}-byte data buffer", source,
-         name, out.begin, out.end, buffer_size);
+  if (out.begin > out.end)
+    fail("{}: tensor '{}': data_offsets [{}, {}] end before they begin", source, name, out.begin,
+         out.end);
+  if (out.end > buffer_size)
+    fail("{}: tensor '{}': data_offsets [{}, {}] are outside the {}-byte data buffer", source, name,
+         out.begin, out.end, buffer_size);
   uint64_t bytes;
   bool overflow = __builtin_mul_overflow(numel, uint64_t(dtype_size(out.dtype)), &bytes);
   if (overflow || bytes != out.end - out.begin)
-    fail("{}: tensor '{}': shape {} of {} needs {} bytes but data_offsets [{}, {}] hold {}",
-         source, name, shape_str(out.shape), dt, overflow ? "over 2^64" : std::to_string(bytes),
-         out.begin, out.end, out.end - out.begin);
+    fail("{}: tensor '{}': shape {} of {} needs {} bytes but data_offsets [{}, {}] hold {}", source,
+         name, shape_str(out.shape), dt, overflow ? "over 2^64" : std::to_string(bytes), out.begin,
+         out.end, out.end - out.begin);
   return out;
 }
 
@@ -142,8 +158,7 @@ std::map<std::string, Tensor> parse_safetensors(const uint8_t* data, size_t size
   uint64_t header_len;
   std::memcpy(&header_len, data, 8);
   if (header_len > size - 8)
-    fail("{}: header length {} goes past the end of the file ({} bytes)", source, header_len,
-         size);
+    fail("{}: header length {} goes past the end of the file ({} bytes)", source, header_len, size);
   if (header_len > kMaxHeader)
     fail("{}: header length {} is above the 100 MB limit", source, header_len);
   const char* text = reinterpret_cast<const char*>(data + 8);
@@ -175,8 +190,8 @@ std::map<std::string, Tensor> parse_safetensors(const uint8_t* data, size_t size
   for (size_t i = 1; i < by_offset.size(); ++i)
     if (by_offset[i]->begin < by_offset[i - 1]->end)
       fail("{}: tensors '{}' [{}, {}] and '{}' [{}, {}] overlap", source, by_offset[i - 1]->name,
-           by_offset[i - 1]->begin, by_offset[i - 1]->end, by_offset[i]->name,
-           by_offset[i]->begin, by_offset[i]->end);
+           by_offset[i - 1]->begin, by_offset[i - 1]->end, by_offset[i]->name, by_offset[i]->begin,
+           by_offset[i]->end);
 
   std::map<std::string, Tensor> out;
   for (const Entry& e : entries) out[e.name] = decode(e, buffer);
@@ -198,7 +213,8 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
       fail("{}: tensor '{}' is {}; only f32 tensors are written", path, name,
            dtype_name(t.dtype()));
     host.push_back(t.to(Device::CPU));
-    header[name] = {{"dtype", "F32"}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
+    header[name] = {
+        {"dtype", "F32"}, {"shape", t.shape()}, {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }
   std::string text;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <limits>
@@ -139,11 +140,16 @@ TEST_CASE("gpu models: yolo_like unfused (conv2d, batchnorm, silu on the GPU)", 
 
 TEST_CASE("gpu models: every models/*.json with each conv kernel", "[gpu][models]") {
   namespace fs = std::filesystem;
+  // Binaries built on one machine run on another (tools/gpu-check.sh --prebuilt), where the
+  // sources sit elsewhere: the environment may say where.
+  const char* env = std::getenv("EPILOG_SOURCE_DIR");
+  const fs::path dir = fs::path(env && *env ? env : EPILOG_SOURCE_DIR) / "models";
   std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(EPILOG_SOURCE_DIR "/models"))
-    if (entry.path().extension() == ".json") files.push_back(entry.path());
+  if (fs::is_directory(dir))
+    for (const auto& entry : fs::directory_iterator(dir))
+      if (entry.path().extension() == ".json") files.push_back(entry.path());
   std::sort(files.begin(), files.end());
-  if (files.empty()) WARN("no models/*.json to run");
+  if (files.empty()) WARN("no models/*.json in " << dir.string());
   for (const fs::path& file : files) {
     const Graph g = load_model(file.string());
     for (std::optional<ConvKernel> force :

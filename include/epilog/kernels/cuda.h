@@ -31,6 +31,13 @@ void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const fl
 void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                const float* scale, const float* shift, Activation act, float* y, Stream stream);
 
+// The epilogue alone, as an elementwise pass over [outer, channels, inner]:
+// y = act(x * scale[c] + shift[c]). Another library's convolution followed by this is the
+// anchor of the conv bench.
+void scale_shift_act(int64_t outer, int64_t channels, int64_t inner, const float* x,
+                     const float* scale, const float* shift, Activation act, float* y,
+                     Stream stream);
+
 // -- elementwise --
 // Inference batchnorm over axis 1 of [outer, channels, inner].
 void batchnorm(int64_t outer, int64_t channels, int64_t inner, const float* x, const float* gamma,

@@ -1,0 +1,311 @@
+// The three fused_conv2d kernels, each FORCED (called directly, not through the selector) with
+// the tiles lowering picks and with every tile combination it is built for, against the CPU
+// reference epilog::cpu::conv2d on a matrix of geometries: windows 1x1 to 7x7 (and 2x2, 3x1 for
+// the generic paths), stride 1 and 2, padding 0, 1, asymmetric and wider than the window,
+// dilation 2 (and 2x3), groups 1, 2 and depthwise, Cout that no tile divides, odd H and W,
+// batch 1 and 3, scale/shift absent or given, every activation.
+//
+// Error: max |gpu - cpu| / max |cpu| over the output, <= 1e-5 for the SIMT kernels (scalar,
+// tiled), <= 2e-3 for gemm (TF32). Outputs are poisoned with NaN (bytes 0xFF) before each run
+// and any NaN fails, so an element a kernel does not write cannot pass. Inputs are fresh
+// random numbers per case; weights have stddev 1/sqrt(fan-in), as trained convs do, so the
+// sigmoid and SiLU epilogues see pre-activations of order 1 rather than saturating.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "epilog/graph/lowering.h"
+#include "epilog/kernels/cpu.h"
+#include "epilog/kernels/cuda.h"
+#include "epilog/runtime/executor.h"
+
+using namespace epilog;
+
+namespace {
+
+constexpr double kTolSimt = 1e-5;
+constexpr double kTolTf32 = 2e-3;
+
+struct Geometry {
+  const char* name;
+  int64_t n, c, h, w, k, r, s;
+  int64_t stride_h, stride_w;
+  int64_t pad_t, pad_l, pad_b, pad_r;
+  int64_t dil_h, dil_w;
+  int64_t groups;
+
+  ConvShape shape() const {
+    ConvShape cs{n, c, h, w, k, r, s, 0, 0, stride_h, stride_w, pad_t, pad_l, dil_h, dil_w, groups};
+    cs.ho = (h + pad_t + pad_b - dil_h * (r - 1) - 1) / stride_h + 1;
+    cs.wo = (w + pad_l + pad_r - dil_w * (s - 1) - 1) / stride_w + 1;
+    return cs;
+  }
+};
+
+// Cout 13, 37, 33, 70 fit no tile (8/16/32 or 32/64/128); H and W odd unless a case needs even.
+// clang-format off
+const std::vector<Geometry> kGeometries = {
+    // name                        n   c   h   w   k  r  s sh sw pt pl pb pr dh dw  g
+    {"1x1",                        1, 16,  9, 11, 13, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+    {"1x1 stride 2",               3,  5, 13,  7, 37, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, 1},
+    {"1x1 plane % 4 == 0",         3, 12, 16, 12, 40, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+    {"1x1 padded",                 1,  7,  5,  7,  9, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {"3x3 pad 1",                  1,  8, 17, 15, 37, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {"3x3 stride 2 pad 1",         3, 19, 15, 13, 13, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
+    {"3x3 pad 0",                  1,  3, 11,  9, 16, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+    {"3x3 asymmetric pad",         1, 12, 12, 13, 37, 3, 3, 1, 1, 0, 1, 2, 0, 1, 1, 1},
+    {"3x3 stride 2 'same' pad",    3,  6, 14, 15, 13, 3, 3, 2, 2, 0, 0, 1, 1, 1, 1, 1},
+    {"3x3 dilation 2",             3, 10, 13, 17, 13, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2, 1},
+    {"3x3 pad wider than window",  1,  3,  6,  7,  9, 3, 3, 1, 1, 3, 2, 3, 2, 1, 1, 1},
+    {"3x3 Cin 1",                  1,  1, 13, 11, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {"3x3 several tiles each way", 3, 20, 21, 19, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {"5x5 pad 2",                  1,  9, 15, 19, 33, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1},
+    {"5x5 stride 2 asymmetric",    3,  4, 17, 13, 13, 5, 5, 2, 2, 1, 2, 2, 1, 1, 1, 1},
+    {"5x5 dilation 2",             1,  5, 10,  9,  7, 5, 5, 1, 1, 4, 4, 4, 4, 2, 2, 1},
+    {"7x7 stride 2 pad 3",         1,  3, 23, 21, 13, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, 1},
+    {"7x7 dilation 2x3",           3,  5, 10,  9,  7, 7, 7, 1, 1, 6, 6, 6, 6, 2, 3, 1},
+    {"3x1 stride 1x2",             1,  5, 10,  9,  7, 3, 1, 1, 2, 1, 0, 1, 0, 1, 1, 1},
+    {"2x2 stride 2",               3,  6,  8,  9, 37, 2, 2, 2, 2, 0, 0, 0, 1, 1, 1, 1},
+    {"3x3 groups 2",               3,  8,  9,  9, 14, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2},
+    {"3x3 depthwise",              3, 13, 11,  9, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 13},
+    {"3x3 depthwise stride 2",     1, 16, 15, 15, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 16},
+    {"5x5 depthwise x2 stride 2",  1,  6, 14, 11, 12, 5, 5, 2, 2, 2, 1, 2, 3, 1, 1, 6},
+    {"7x7 depthwise",              1,  5, 12, 11,  5, 7, 7, 1, 1, 3, 3, 3, 3, 1, 1, 5},
+};
+// clang-format on
+
+const Activation kActivations[] = {Activation::None, Activation::Silu, Activation::Relu,
+                                   Activation::Sigmoid};
+
+const char* act_name(Activation act) {
+  switch (act) {
+    case Activation::None:
+      return "none";
+    case Activation::Silu:
+      return "silu";
+    case Activation::Relu:
+      return "relu";
+    case Activation::Sigmoid:
+      return "sigmoid";
+  }
+  return "?";
+}
+
+// Every tile combination each tiled kernel is built for (conv_tiled.cu, conv_gemm.cu headers).
+std::vector<ConvTiles> built_tiles(ConvKernel kernel) {
+  std::vector<ConvTiles> out;
+  if (kernel == ConvKernel::Tiled) {
+    for (int m : {32, 64, 128})
+      for (int n : {8, 16, 32}) out.push_back({m, n, 8, 0});
+  } else if (kernel == ConvKernel::Gemm) {
+    for (int m : {32, 64, 128})
+      for (int n : {32, 64, 128})
+        for (int stages : {2, 3, 4}) out.push_back({m, n, 32, stages});
+  }
+  return out;
+}
+
+std::string tiles_str(const ConvTiles& t) {
+  return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
+         " stages=" + std::to_string(t.stages);
+}
+
+std::string shape_desc(const ConvShape& s) {
+  return "x [" + std::to_string(s.n) + "," + std::to_string(s.c) + "," + std::to_string(s.h) + "," +
+         std::to_string(s.w) + "] w [" + std::to_string(s.k) + "," +
+         std::to_string(s.c / s.groups) + "," + std::to_string(s.r) + "," + std::to_string(s.s) +
+         "] stride " + std::to_string(s.stride_h) + "x" + std::to_string(s.stride_w) + " pad t" +
+         std::to_string(s.pad_t) + " l" + std::to_string(s.pad_l) + " dil " +
+         std::to_string(s.dil_h) + "x" + std::to_string(s.dil_w) + " groups " +
+         std::to_string(s.groups) + " -> [" + std::to_string(s.ho) + "," + std::to_string(s.wo) +
+         "]";
+}
+
+double tolerance(ConvKernel kernel) {
+  return kernel == ConvKernel::Gemm ? kTolTf32 : kTolSimt;
+}
+
+void ensure_backend() {
+  // Registers the CUDA allocator and copies (and checks there is a device) once.
+  static const bool ok = make_cuda_backend() != nullptr;
+  REQUIRE(ok);
+}
+
+struct Outcome {
+  double rel = 0.0;    // max |gpu - cpu| / max |cpu|
+  int64_t nans = 0;    // NaN outputs (unwritten, or computed)
+  int64_t worst = -1;  // flat index of the largest difference
+  float gpu = 0, cpu = 0;
+};
+
+struct Case {
+  ConvKernel kernel;
+  ConvTiles tiles;
+  ConvShape shape;
+  bool scale, shift;
+  Activation act;
+};
+
+// Fresh inputs from `seed`, the CPU reference, the forced kernel on poisoned output, compared.
+Outcome run(const Case& cc, uint64_t seed) {
+  ensure_backend();
+  const ConvShape& s = cc.shape;
+  const int64_t fan_in = (s.c / s.groups) * s.r * s.s;
+  const Tensor x = Tensor::randn({s.n, s.c, s.h, s.w}, seed);
+  const Tensor w = Tensor::randn({s.k, s.c / s.groups, s.r, s.s}, seed + 1,
+                                 1.0f / std::sqrt(static_cast<float>(fan_in)));
+  const Tensor scale = Tensor::randn({s.k}, seed + 2);
+  const Tensor shift = Tensor::randn({s.k}, seed + 3);
+  const Shape out_shape{s.n, s.k, s.ho, s.wo};
+
+  Tensor ref = Tensor::empty(out_shape);
+  cpu::conv2d(s, x.f32(), w.f32(), cc.scale ? scale.f32() : nullptr,
+              cc.shift ? shift.f32() : nullptr, cc.act, ref.f32());
+
+  const Tensor dx = x.to(Device::CUDA), dw = w.to(Device::CUDA);
+  const Tensor dscale = scale.to(Device::CUDA), dshift = shift.to(Device::CUDA);
+  Tensor dy = Tensor::empty(out_shape, DType::F32, Device::CUDA);
+  EPILOG_CUDA_CHECK(cudaMemset(dy.raw(), 0xFF, dy.nbytes()));  // all NaN
+
+  const auto* px = static_cast<const float*>(dx.raw());
+  const auto* pw = static_cast<const float*>(dw.raw());
+  const float* psc = cc.scale ? static_cast<const float*>(dscale.raw()) : nullptr;
+  const float* psh = cc.shift ? static_cast<const float*>(dshift.raw()) : nullptr;
+  auto* py = static_cast<float*>(dy.raw());
+  switch (cc.kernel) {
+    case ConvKernel::Scalar:
+      cuda::conv_scalar(s, px, pw, psc, psh, cc.act, py, nullptr);
+      break;
+    case ConvKernel::Tiled:
+      cuda::conv_tiled(s, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr);
+      break;
+    case ConvKernel::Gemm:
+      cuda::conv_gemm(s, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr);
+      break;
+  }
+  EPILOG_CUDA_CHECK(cudaGetLastError());
+  EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const Tensor y = dy.to(Device::CPU);
+  const float *g = y.f32(), *c = ref.f32();
+  Outcome o;
+  double max_diff = 0.0, max_ref = 0.0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    if (std::isnan(g[i])) {
+      ++o.nans;
+      continue;
+    }
+    const double d = std::abs(double(g[i]) - double(c[i]));
+    if (d > max_diff || o.worst < 0) {
+      max_diff = d;
+      o.worst = i;
+      o.gpu = g[i];
+      o.cpu = c[i];
+    }
+    max_ref = std::max(max_ref, std::abs(double(c[i])));
+  }
+  o.rel = max_ref > 0.0 ? max_diff / max_ref : max_diff;
+  return o;
+}
+
+void check(const Case& cc, uint64_t seed, const std::string& what) {
+  const Outcome o = run(cc, seed);
+  INFO(conv_kernel_name(cc.kernel)
+       << " " << what << ": " << shape_desc(cc.shape) << ", tiles " << tiles_str(cc.tiles)
+       << ", scale " << cc.scale << " shift " << cc.shift << " act " << act_name(cc.act)
+       << "; max rel error " << o.rel << " (element " << o.worst << ": gpu " << o.gpu << " cpu "
+       << o.cpu << "), " << o.nans << " NaN");
+  CHECK(o.nans == 0);
+  CHECK(o.rel <= tolerance(cc.kernel));
+}
+
+// Runs `kernel` on every geometry it supports: the tiles lowering picks with every activation,
+// then every built tile combination with one activation each. Run r has scale/shift presence
+// r % 4 and, past the lowering's tiles, activation (r + r / 4) % 4, so that every pair of the
+// two meets in 16 consecutive runs.
+void check_kernel(ConvKernel kernel) {
+  const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
+  uint64_t seed = 1000 * (static_cast<uint64_t>(kernel) + 1);
+  int r = 0;
+  for (const Geometry& g : kGeometries) {
+    const ConvShape s = g.shape();
+    if (!cuda::conv_supports(kernel, s)) continue;
+    const ConvTiles lowered = conv_tiles(kernel, s, profile);
+    for (Activation act : kActivations) {
+      check({kernel, lowered, s, r % 2 == 0, r / 2 % 2 == 0, act}, seed += 4,
+            std::string(g.name) + " (lowering's tiles)");
+      ++r;
+    }
+    for (const ConvTiles& t : built_tiles(kernel)) {
+      check({kernel, t, s, r % 2 == 0, r / 2 % 2 == 0, kActivations[(r + r / 4) % 4]}, seed += 4,
+            g.name);
+      ++r;
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gpu conv: conv_supports: scalar runs everything, tiled and gemm groups == 1 only",
+          "[gpu][conv]") {
+  for (const Geometry& g : kGeometries) {
+    const ConvShape s = g.shape();
+    INFO(g.name);
+    CHECK(cuda::conv_supports(ConvKernel::Scalar, s));
+    CHECK(cuda::conv_supports(ConvKernel::Tiled, s) == (s.groups == 1));
+    CHECK(cuda::conv_supports(ConvKernel::Gemm, s) == (s.groups == 1));
+  }
+}
+
+TEST_CASE("gpu conv: scalar kernel forced on the shape matrix", "[gpu][conv][scalar]") {
+  check_kernel(ConvKernel::Scalar);
+}
+
+TEST_CASE("gpu conv: tiled kernel forced on the shape matrix, every built tile",
+          "[gpu][conv][tiled]") {
+  check_kernel(ConvKernel::Tiled);
+}
+
+TEST_CASE("gpu conv: gemm kernel forced on the shape matrix, every built tile",
+          "[gpu][conv][gemm]") {
+  check_kernel(ConvKernel::Gemm);
+}
+
+// Layers of the benchmark suite (shared/bench/conv_shapes.json, padding k/2) at full size, as
+// the model runs them: conv -> batchnorm -> SiLU folded into scale and shift, each kernel that
+// supports the layer forced with the tiles lowering picks for it.
+TEST_CASE("gpu conv: suite layers at full size, every kernel", "[gpu][conv][suite]") {
+  struct Layer {
+    const char* name;
+    int64_t n, c, hw, k, win, stride, groups;
+  };
+  const Layer layers[] = {
+      {"b1_c3_16_3x3s2_640", 1, 3, 640, 16, 3, 2, 1},
+      {"b1_c16_16_3x3_160", 1, 16, 160, 16, 3, 1, 1},
+      {"b1_c8_8_1x1_320", 1, 8, 320, 8, 1, 1, 1},
+      {"b1_c64_24_1x1_80", 1, 64, 80, 24, 1, 1, 1},
+      {"b1_c32_64_3x3s2_160", 1, 32, 160, 64, 3, 2, 1},
+      {"b1_c64_64_3x3_80", 1, 64, 80, 64, 3, 1, 1},
+      {"b1_c256_256_1x1_20", 1, 256, 20, 256, 1, 1, 1},
+      {"b16_c96_96_3x3dw_56 at batch 2", 2, 96, 56, 96, 3, 1, 96},
+  };
+  const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
+  uint64_t seed = 9000;
+  for (const Layer& l : layers) {
+    const int64_t pad = l.win / 2;
+    const Geometry g{l.name,   l.n, l.c, l.hw, l.hw, l.k, l.win, l.win,   l.stride,
+                     l.stride, pad, pad, pad,  pad,  1,   1,     l.groups};
+    const ConvShape s = g.shape();
+    for (ConvKernel kernel : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm}) {
+      if (!cuda::conv_supports(kernel, s)) continue;
+      check({kernel, conv_tiles(kernel, s, profile), s, true, true, Activation::Silu}, seed += 4,
+            l.name);
+    }
+  }
+}

@@ -1,0 +1,113 @@
+// Kernel selection and tile sizes: pure functions, checked with worked numbers.
+#include <catch2/catch.hpp>
+
+#include "epilog/graph/lowering.h"
+#include "epilog/graph/passes.h"
+#include "epilog/io/builder.h"
+
+using namespace epilog;
+
+namespace {
+
+// A suite-style shape: padding k/2, dilation 1.
+ConvShape shape(int64_t n, int64_t cin, int64_t hw, int64_t cout, int64_t k, int64_t stride = 1,
+                int64_t groups = 1) {
+  int64_t p = k / 2, out = (hw + 2 * p - k) / stride + 1;
+  return ConvShape{n, cin, hw, hw, cout, k, k, out, out, stride, stride, p, p, 1, 1, groups};
+}
+
+DeviceProfile sms(int n) { return DeviceProfile{"test", n, false}; }
+
+}  // namespace
+
+TEST_CASE("lowering: select_conv_kernel follows its ordered rules", "[lowering]") {
+  struct Row {
+    ConvShape s;
+    ConvKernel want;
+    const char* rule_part;
+  };
+  const std::vector<Row> rows = {
+      {shape(16, 96, 56, 96, 3, 1, 96), ConvKernel::Scalar, "groups"},  // depthwise
+      {shape(1, 64, 80, 64, 1), ConvKernel::Gemm, "1x1"},
+      {shape(16, 256, 40, 256, 1), ConvKernel::Gemm, "1x1"},
+      {shape(1, 64, 80, 16, 1), ConvKernel::Scalar, "Cout 16"},
+      {shape(1, 64, 80, 24, 1), ConvKernel::Tiled, "Cout 24"},
+      {shape(1, 32, 160, 64, 3, 2), ConvKernel::Tiled, "Cout 64"},
+      {shape(1, 3, 640, 16, 3, 2), ConvKernel::Scalar, "Cout 16"},
+  };
+  for (const Row& r : rows) {
+    ConvChoice c = select_conv_kernel(r.s, h200_profile());
+    INFO("Cin " << r.s.c << " Cout " << r.s.k << " k " << r.s.r << " -> " << c.rule);
+    CHECK(c.kernel == r.want);
+    CHECK_THAT(c.rule, Catch::Contains(r.rule_part));
+  }
+}
+
+TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small layers",
+          "[lowering]") {
+  struct Row {
+    ConvKernel kernel;
+    ConvShape s;
+    int sm_count;
+    ConvTiles want;
+  };
+  const std::vector<Row> rows = {
+      // 16*80*80 = 102400 pixels: 800 blocks of 128 pixels already fill 2 x 132 SMs.
+      {ConvKernel::Gemm, shape(16, 64, 80, 64, 1), 132, {128, 64, 32, 3}},
+      // 6400 pixels: 200 blocks of 32 is the most there is, fewer than 264.
+      {ConvKernel::Gemm, shape(1, 64, 80, 64, 1), 132, {32, 64, 32, 3}},
+      // The same layer on a 16-SM part: 100 blocks of 64 pixels fill 2 x 16.
+      {ConvKernel::Gemm, shape(1, 64, 80, 64, 1), 16, {128, 64, 32, 3}},
+      // Cout 256 > 128: two column blocks; 400 pixels -> 13 x 2 blocks of 32.
+      {ConvKernel::Gemm, shape(1, 256, 20, 256, 1), 132, {32, 128, 32, 3}},
+      // Cout 16: the narrowest column block, 32 wide.
+      {ConvKernel::Gemm, shape(1, 64, 80, 16, 1), 132, {32, 32, 32, 3}},
+      // tiled: Cout 16 -> 16 channels; 25600 pixels -> 400 blocks of 64 >= 264.
+      {ConvKernel::Tiled, shape(1, 16, 160, 16, 3), 132, {64, 16, 8, 0}},
+      // tiled: Cout 64 -> 32-channel blocks (2); 6400 pixels: 64 -> 100 x 2 = 200 < 264.
+      {ConvKernel::Tiled, shape(1, 64, 80, 64, 3), 132, {32, 32, 8, 0}},
+      {ConvKernel::Scalar, shape(1, 3, 640, 16, 3, 2), 132, {256, 1, 0, 0}},
+  };
+  for (const Row& r : rows) {
+    ConvTiles t = conv_tiles(r.kernel, r.s, sms(r.sm_count));
+    INFO(conv_kernel_name(r.kernel) << " Cout " << r.s.k << " pixels " << r.s.n * r.s.ho * r.s.wo
+                                    << " SMs " << r.sm_count);
+    CHECK(t.m == r.want.m);
+    CHECK(t.n == r.want.n);
+    CHECK(t.k == r.want.k);
+    CHECK(t.stages == r.want.stages);
+  }
+}
+
+TEST_CASE("lowering: plans every node, honours a forced kernel, explains the choice",
+          "[lowering]") {
+  Builder b(1);
+  Val x = b.input("x", {1, 8, 20, 20});
+  Val y = b.silu(b.batchnorm(b.conv2d(x, "c1", ConvOpts(64, 1)), "bn1"), "a1");
+  y = b.silu(b.batchnorm(b.conv2d(y, "c2", ConvOpts(8, 3).padding(1)), "bn2"), "a2");
+  b.output(b.maxpool2d(y, PoolOpts(2), "pool"));
+  Graph g = b.build();
+  optimize(g);
+
+  Plan cpu = lower(g, LowerOptions{});
+  REQUIRE(cpu.nodes.size() == 3);
+  CHECK(cpu.nodes[0].kernel == "cpu");
+
+  LowerOptions cuda;
+  cuda.device = Device::CUDA;
+  Plan p = lower(g, cuda);
+  CHECK(p.nodes[0].kernel == "gemm");
+  CHECK(p.nodes[1].kernel == "scalar");
+  CHECK(p.nodes[2].kernel == "maxpool2d");
+  std::string text = explain(p);
+  CHECK_THAT(text, Catch::Contains("c1") && Catch::Contains("gemm") &&
+                       Catch::Contains("1x1 with Cout 64 >= 32") && Catch::Contains("stages=3"));
+
+  cuda.force = ConvKernel::Tiled;
+  Plan f = lower(g, cuda);
+  CHECK(f.nodes[0].kernel == "tiled");
+  CHECK(f.nodes[0].rule == "forced");
+  CHECK(f.nodes[1].kernel == "tiled");
+  CHECK(parse_conv_kernel("gemm") == ConvKernel::Gemm);
+  CHECK_FALSE(parse_conv_kernel("fast"));
+}
