@@ -70,9 +70,10 @@ void toposort(Graph& graph) {
         int p = uses.producer(ins[next++]);
         if (p < 0 || state[p] == kDone) continue;
         if (state[p] == kOpen)
-          fail("graph: cycle through node '{}': its output '{}', read by node '{}', depends on "
-               "itself",
-               graph.nodes[p].name, ins[next - 1], graph.nodes[node].name);
+          fail(
+              "graph: cycle through node '{}': its output '{}', read by node '{}', depends on "
+              "itself",
+              graph.nodes[p].name, ins[next - 1], graph.nodes[node].name);
         state[p] = kOpen;
         stack.push_back({size_t(p), 0});
       } else {
@@ -125,8 +126,8 @@ void verify(const Graph& graph, const std::string& where) {
     if (name.empty()) reject(where, fmt::format("{} defines a value with an empty name", by));
     auto [it, fresh] = defined.emplace(name, by);
     if (!fresh)
-      reject(where, fmt::format("duplicate name '{}': defined by {} and by {}", name, it->second,
-                                by));
+      reject(where,
+             fmt::format("duplicate name '{}': defined by {} and by {}", name, it->second, by));
   };
   for (const std::string& in : graph.inputs) define(in, "graph input");
   for (const auto& [name, w] : graph.weights) {

@@ -7,13 +7,18 @@
 
 namespace epilog {
 
-DeviceProfile h200_profile() { return {"NVIDIA H200 (default profile)", 132, false}; }
+DeviceProfile h200_profile() {
+  return {"NVIDIA H200 (default profile)", 132, false};
+}
 
 const char* conv_kernel_name(ConvKernel kernel) {
   switch (kernel) {
-    case ConvKernel::Scalar: return "scalar";
-    case ConvKernel::Tiled: return "tiled";
-    case ConvKernel::Gemm: return "gemm";
+    case ConvKernel::Scalar:
+      return "scalar";
+    case ConvKernel::Tiled:
+      return "tiled";
+    case ConvKernel::Gemm:
+      return "gemm";
   }
   return "?";
 }
@@ -25,22 +30,37 @@ std::optional<ConvKernel> parse_conv_kernel(const std::string& name) {
 }
 
 // -- the thresholds --
-// Seed values (to be moved by the conv bench on the H200, docs/perf.md):
-constexpr int64_t kGemmMinCout = 32;   // gemm for 1x1 convolutions with >= 32 output channels
-constexpr int64_t kTiledMinCout = 17;  // tiled above 16 output channels
+// Each number was chosen by tools/conv_bench on an NVIDIA H200 (2026-11-30, docs/perf.md;
+// microseconds per conv -> batchnorm -> silu layer, CUDA-graph replay, median).
+
+// Below this reduction depth (Cin/groups * Kh * Kw) gemm's 32-deep k tiles are mostly zero
+// padding: b1_c8_8_1x1_320 (K = 8) tiled 5.8 vs gemm 16.6; b1_c3_16_3x3s2_640 (K = 27) tiled
+// 17.0 vs gemm 17.4.
+constexpr int64_t kGemmMinReduction = 32;
+// From this many output channels up gemm's tensor cores win: b1_c64_24_1x1_80 gemm 4.8 vs
+// tiled 6.0, and every suite shape with Cout >= 32 (b16_c64_64_3x3_80: gemm 121 vs tiled 308).
+// Below it tiled wins or ties: b1_c16_16_3x3_160 tiled 11.2 vs gemm 14.3, b1_c64_16_1x1_80
+// 4.5 vs 4.5.
+constexpr int64_t kGemmMinCout = 24;
 
 ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile&) {
+  const int64_t reduction = s.c / s.groups * s.r * s.s;
   if (s.groups != 1) return {ConvKernel::Scalar, "groups > 1: only scalar handles groups"};
-  if (s.r == 1 && s.s == 1 && s.k >= kGemmMinCout)
-    return {ConvKernel::Gemm, fmt::format("1x1 with Cout {} >= {}: gemm", s.k, kGemmMinCout)};
-  if (s.k >= kTiledMinCout)
-    return {ConvKernel::Tiled, fmt::format("Cout {} >= {}: tiled", s.k, kTiledMinCout)};
-  return {ConvKernel::Scalar, fmt::format("Cout {} < {}: scalar", s.k, kTiledMinCout)};
+  if (reduction < kGemmMinReduction)
+    return {ConvKernel::Tiled,
+            fmt::format("reduction {} < {}: tiled", reduction, kGemmMinReduction)};
+  if (s.k >= kGemmMinCout)
+    return {ConvKernel::Gemm, fmt::format("Cout {} >= {}: gemm", s.k, kGemmMinCout)};
+  // Scalar wins no groups == 1 suite shape on the H200 (tiled is 1.2x to 4x faster even on the
+  // smallest, b1_c64_8_1x1_80: 4.5 vs 5.5), so it is left to grouped convolutions.
+  return {ConvKernel::Tiled, fmt::format("Cout {} < {}: tiled", s.k, kGemmMinCout)};
 }
 
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // The largest of `sizes` (descending) whose grid has at least two waves of blocks.
 int largest_filling(const std::vector<int>& sizes, int64_t other_blocks, int64_t extent,
@@ -93,8 +113,12 @@ Plan lower(Graph graph, const LowerOptions& options) {
       np.rule = "CPU reference";
     } else if (node.op == OpKind::FusedConv2d) {
       ConvShape cs = conv_shape(graph, node);
-      ConvChoice c = options.force ? ConvChoice{*options.force, "forced"}
-                                   : select_conv_kernel(cs, options.profile);
+      ConvChoice c = select_conv_kernel(cs, options.profile);
+      if (options.force && conv_supports(*options.force, cs))
+        c = {*options.force, "forced"};
+      else if (options.force)
+        c.rule = fmt::format("forced {} cannot run groups={}; {}", conv_kernel_name(*options.force),
+                             cs.groups, c.rule);
       np.conv = c.kernel;
       np.kernel = conv_kernel_name(c.kernel);
       np.rule = c.rule;

@@ -79,7 +79,9 @@ std::vector<Shape> infer_batchnorm(const InferContext& ctx) {
   return {x};
 }
 
-std::vector<Shape> infer_same(const InferContext& ctx) { return {ctx.inputs[0]}; }
+std::vector<Shape> infer_same(const InferContext& ctx) {
+  return {ctx.inputs[0]};
+}
 
 // NumPy broadcasting: shapes align at the back; each pair of dims is equal or one is 1.
 std::vector<Shape> infer_broadcast(const InferContext& ctx) {
@@ -146,15 +148,13 @@ std::vector<Shape> infer_pool2d(const InferContext& ctx) {
   bool ceil_mode = ctx.attrs.i("ceil_mode") != 0;
   int64_t ho = window_out(x[2], p[0], p[2], k[0], s[0], ceil_mode);
   int64_t wo = window_out(x[3], p[1], p[3], k[1], s[1], ceil_mode);
-  if (ho < 1 || wo < 1)
-    ctx.fail("kernel {}x{} does not fit input {}", k[0], k[1], shape_str(x));
+  if (ho < 1 || wo < 1) ctx.fail("kernel {}x{} does not fit input {}", k[0], k[1], shape_str(x));
   return {{x[0], x[1], ho, wo}};
 }
 
 std::vector<Shape> infer_global_avgpool(const InferContext& ctx) {
   Shape out = ctx.inputs[0];
-  if (out.size() < 3)
-    ctx.fail("input 'x' has shape {}, expected at least 3 dims", shape_str(out));
+  if (out.size() < 3) ctx.fail("input 'x' has shape {}, expected at least 3 dims", shape_str(out));
   std::fill(out.begin() + 2, out.end(), 1);
   return {out};
 }
@@ -228,8 +228,14 @@ OpInfo make_info(OpKind kind, const char* name, std::vector<std::string> inputs,
 }
 
 const std::vector<OpInfo>& table() {
-#define INPUTS(...) std::vector<std::string>{__VA_ARGS__}
-#define ATTRS(...) std::vector<AttrSpec>{__VA_ARGS__}
+#define INPUTS(...)          \
+  std::vector<std::string> { \
+    __VA_ARGS__              \
+  }
+#define ATTRS(...)        \
+  std::vector<AttrSpec> { \
+    __VA_ARGS__           \
+  }
 #define INT(name, fallback) attr_int(name, fallback)
 #define FLOAT(name, fallback) attr_float(name, fallback)
 #define INTS(name, length, fill) attr_ints(name, length, fill)
@@ -259,10 +265,14 @@ const std::vector<OpInfo>& table() {
 
 const char* attr_type_name(AttrType type) {
   switch (type) {
-    case AttrType::Int: return "int";
-    case AttrType::Float: return "float";
-    case AttrType::Ints: return "int list";
-    case AttrType::String: return "string";
+    case AttrType::Int:
+      return "int";
+    case AttrType::Float:
+      return "float";
+    case AttrType::Ints:
+      return "int list";
+    case AttrType::String:
+      return "string";
   }
   return "?";
 }
@@ -272,8 +282,12 @@ const AttrValue& Attrs::get(const std::string& name) const {
   EPILOG_ASSERT(it != values_.end(), "attribute '{}' missing", name);
   return it->second;
 }
-int64_t Attrs::i(const std::string& name) const { return std::get<int64_t>(get(name)); }
-double Attrs::f(const std::string& name) const { return std::get<double>(get(name)); }
+int64_t Attrs::i(const std::string& name) const {
+  return std::get<int64_t>(get(name));
+}
+double Attrs::f(const std::string& name) const {
+  return std::get<double>(get(name));
+}
 const std::vector<int64_t>& Attrs::ints(const std::string& name) const {
   return std::get<std::vector<int64_t>>(get(name));
 }
@@ -300,7 +314,9 @@ const OpInfo& op_info(OpKind kind) {
   return ops[static_cast<size_t>(kind)];
 }
 
-const char* op_name(OpKind kind) { return op_info(kind).name.c_str(); }
+const char* op_name(OpKind kind) {
+  return op_info(kind).name.c_str();
+}
 
 std::optional<OpKind> parse_op(const std::string& name) {
   for (const OpInfo& info : table())
@@ -317,8 +333,8 @@ Attrs normalize_attrs(OpKind op, const std::string& node, const Attrs& given) {
     if (!info.attr(name)) {
       std::string known;
       for (const AttrSpec& spec : info.attrs) known += (known.empty() ? "" : ", ") + spec.name;
-      throw bad(fmt::format("unknown attribute '{}' (known: {})", name,
-                            known.empty() ? "none" : known));
+      throw bad(
+          fmt::format("unknown attribute '{}' (known: {})", name, known.empty() ? "none" : known));
     }
   Attrs out;
   for (const AttrSpec& spec : info.attrs) {

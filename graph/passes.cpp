@@ -60,7 +60,8 @@ Replacement fuse_conv(const Match& m, const std::string& activation) {
   r.weights[bname] = tb;
   Attrs attrs = conv.attrs;
   attrs.set("activation", activation);
-  r.nodes.push_back(Node{conv.name, OpKind::FusedConv2d,
+  r.nodes.push_back(Node{conv.name,
+                         OpKind::FusedConv2d,
                          normalize_attrs(OpKind::FusedConv2d, conv.name, attrs),
                          {conv.inputs[0], conv.inputs[1], sname, bname},
                          {root.outputs[0]}});
@@ -70,13 +71,13 @@ Replacement fuse_conv(const Match& m, const std::string& activation) {
 }  // namespace
 
 std::vector<Rule> canonicalize_rules() {
-  return {Rule{"mul(x,sigmoid(x))->silu",
-               op(OpKind::Mul, {any("x"), op(OpKind::Sigmoid, {any("x")}, "sigmoid")}, "mul"),
-               OpKind::Silu, nullptr, [](const Match& m) {
-                 const Node& mul = m.node("mul");
-                 return Replacement{{Node{mul.name, OpKind::Silu, {}, {m.value("x")}, mul.outputs}},
-                                    {}};
-               }}};
+  return {Rule{
+      "mul(x,sigmoid(x))->silu",
+      op(OpKind::Mul, {any("x"), op(OpKind::Sigmoid, {any("x")}, "sigmoid")}, "mul"), OpKind::Silu,
+      nullptr, [](const Match& m) {
+        const Node& mul = m.node("mul");
+        return Replacement{{Node{mul.name, OpKind::Silu, {}, {m.value("x")}, mul.outputs}}, {}};
+      }}};
 }
 
 std::vector<Rule> fusion_rules() {
@@ -89,8 +90,8 @@ std::vector<Rule> fusion_rules() {
     auto apply = [name](const Match& m) { return fuse_conv(m, name); };
     rules.push_back({"conv2d->batchnorm->" + name, op(kind, {bn}, "act"), OpKind::FusedConv2d,
                      foldable, apply});
-    rules.push_back({"conv2d->" + name, op(kind, {conv}, "act"), OpKind::FusedConv2d, foldable,
-                     apply});
+    rules.push_back(
+        {"conv2d->" + name, op(kind, {conv}, "act"), OpKind::FusedConv2d, foldable, apply});
   }
   rules.push_back({"conv2d->batchnorm", bn, OpKind::FusedConv2d, foldable,
                    [](const Match& m) { return fuse_conv(m, "none"); }});

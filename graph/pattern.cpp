@@ -7,7 +7,9 @@
 namespace epilog {
 namespace {
 
-bool commutative(OpKind op) { return op == OpKind::Add || op == OpKind::Mul; }
+bool commutative(OpKind op) {
+  return op == OpKind::Add || op == OpKind::Mul;
+}
 
 bool match_node(const Graph& g, const UseIndex& uses, const Pat& p, int idx, Match& m);
 
@@ -88,8 +90,7 @@ const std::string& Match::value(const std::string& bind) const {
   return it->second;
 }
 
-std::optional<Match> match(const Graph& graph, const UseIndex& uses, const Pat& pattern,
-                           int root) {
+std::optional<Match> match(const Graph& graph, const UseIndex& uses, const Pat& pattern, int root) {
   Match m;
   m.graph = &graph;
   m.root = root;
@@ -114,8 +115,7 @@ std::string can_absorb(const Graph& graph, const UseIndex& uses, const Match& ma
   return "";
 }
 
-RewriteStats rewrite(Graph& graph, const std::vector<Rule>& rules,
-                     const KernelQuery& has_kernel) {
+RewriteStats rewrite(Graph& graph, const std::vector<Rule>& rules, const KernelQuery& has_kernel) {
   std::map<OpKind, std::vector<const Rule*>> by_root;
   for (const Rule& r : rules) {
     EPILOG_ASSERT(r.pattern.op, "rule '{}' needs an op at its root", r.name);

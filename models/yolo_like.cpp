@@ -32,12 +32,18 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") return usage(stdout), 0;
     if (i + 1 >= argc) return usage(stderr), 2;
-    if (a == "--batch") batch = std::atoll(argv[++i]);
-    else if (a == "--size") size = std::atoll(argv[++i]);
-    else if (a == "--seed") seed = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--device") device = argv[++i];
-    else if (a == "--save") save = argv[++i];
-    else return usage(stderr), 2;
+    if (a == "--batch")
+      batch = std::atoll(argv[++i]);
+    else if (a == "--size")
+      size = std::atoll(argv[++i]);
+    else if (a == "--seed")
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--device")
+      device = argv[++i];
+    else if (a == "--save")
+      save = argv[++i];
+    else
+      return usage(stderr), 2;
   }
   if (batch < 1 || size < 32 || size % 32 != 0) {
     std::fprintf(stderr, "yolo_like: need --batch >= 1 and --size a multiple of 32\n");
@@ -63,8 +69,8 @@ int main(int argc, char** argv) {
     auto x = epilog::Tensor::randn({batch, 3, size, size}, seed);
     auto t0 = std::chrono::steady_clock::now();
     auto outs = ex.run({{"images", x}});
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     for (const std::string& name : ex.graph().outputs) {
       epilog::Tensor t = outs.at(name).to(epilog::Device::CPU);
       const float* p = t.f32();

@@ -15,8 +15,7 @@ using epilog::ConvOpts;
 using epilog::Val;
 
 // Conv: conv (no bias, padding k/2) -> batchnorm (eps 1e-3) -> silu.
-inline Val conv(Builder& b, Val x, const std::string& p, int64_t c2, int64_t k = 1,
-                int64_t s = 1) {
+inline Val conv(Builder& b, Val x, const std::string& p, int64_t c2, int64_t k = 1, int64_t s = 1) {
   Val y = b.conv2d(x, p + ".conv", ConvOpts(c2, k).stride(s).padding(k / 2));
   return b.silu(b.batchnorm(y, p + ".bn", 1e-3), p + ".act");
 }
@@ -59,8 +58,7 @@ inline epilog::Graph yolo_like(Builder& b, int64_t batch = 1, int64_t size = 640
   Val o3 =
       c2f(b, b.concat({b.upsample_nearest(n12, 2, "up_1"), p3}, 1, "cat_1"), "n15", 64, 1, false);
   Val o4 = c2f(b, b.concat({conv(b, o3, "n16", 64, 3, 2), n12}, 1, "cat_2"), "n18", 128, 1, false);
-  Val o5 =
-      c2f(b, b.concat({conv(b, o4, "n19", 128, 3, 2), p5}, 1, "cat_3"), "n21", 256, 1, false);
+  Val o5 = c2f(b, b.concat({conv(b, o4, "n19", 128, 3, 2), p5}, 1, "cat_3"), "n21", 256, 1, false);
   b.output(o3);
   b.output(o4);
   b.output(o5);

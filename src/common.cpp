@@ -12,7 +12,9 @@ void assert_fail(const char* expr, const char* file, int line, const std::string
   std::abort();
 }
 
-std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
+std::string shape_str(const Shape& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ","));
+}
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
@@ -20,13 +22,18 @@ int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
-size_t dtype_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+size_t dtype_size(DType dtype) {
+  return dtype == DType::F32 ? 4 : 2;
+}
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
+    case DType::F32:
+      return "f32";
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
   }
   return "?";
 }

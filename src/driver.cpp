@@ -14,8 +14,7 @@ CompileOptions CompileOptions::with_env() const {
   if (const char* v = std::getenv("EPILOG_DUMP_DIR"); v && *v) o.dump_dir = v;
   if (const char* v = std::getenv("EPILOG_FORCE_CONV_KERNEL"); v && *v) {
     o.force_conv = parse_conv_kernel(v);
-    if (!o.force_conv)
-      fail("EPILOG_FORCE_CONV_KERNEL='{}': expected scalar, tiled or gemm", v);
+    if (!o.force_conv) fail("EPILOG_FORCE_CONV_KERNEL='{}': expected scalar, tiled or gemm", v);
   }
   return o;
 }
@@ -23,8 +22,9 @@ CompileOptions CompileOptions::with_env() const {
 void dump_stage(const std::string& dir, int index, const std::string& stage, const Graph& graph) {
   std::filesystem::create_directories(dir);
   std::string base = fmt::format("{}/{:02d}-{}", dir, index, stage);
-  for (auto [ext, format] : {std::pair{".txt", DumpFormat::Text}, std::pair{".dot", DumpFormat::Dot},
-                             std::pair{".json", DumpFormat::Json}}) {
+  for (auto [ext, format] :
+       {std::pair{".txt", DumpFormat::Text}, std::pair{".dot", DumpFormat::Dot},
+        std::pair{".json", DumpFormat::Json}}) {
     std::ofstream f(base + ext);
     f << dump(graph, format);
     if (!f) fail("cannot write dump '{}{}'", base, ext);

@@ -31,10 +31,16 @@ CopyFn g_copy = host_copy;
 
 }  // namespace
 
-const char* device_name(Device device) { return device == Device::CPU ? "cpu" : "cuda"; }
+const char* device_name(Device device) {
+  return device == Device::CPU ? "cpu" : "cuda";
+}
 
-void register_allocator(Device device, AllocFn alloc) { g_alloc[static_cast<int>(device)] = alloc; }
-void register_copy(CopyFn copy) { g_copy = copy; }
+void register_allocator(Device device, AllocFn alloc) {
+  g_alloc[static_cast<int>(device)] = alloc;
+}
+void register_copy(CopyFn copy) {
+  g_copy = copy;
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape)
@@ -48,7 +54,9 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor Tensor::zeros(const Shape& shape) { return full(shape, 0.0f); }
+Tensor Tensor::zeros(const Shape& shape) {
+  return full(shape, 0.0f);
+}
 
 Tensor Tensor::full(const Shape& shape, float value) {
   Tensor t = empty(shape);
@@ -86,7 +94,9 @@ float* Tensor::f32() {
   return static_cast<float*>(raw());
 }
 
-const float* Tensor::f32() const { return const_cast<Tensor*>(this)->f32(); }
+const float* Tensor::f32() const {
+  return const_cast<Tensor*>(this)->f32();
+}
 
 Tensor Tensor::reshape(const Shape& shape) const {
   if (shape_numel(shape) != numel())
@@ -105,7 +115,16 @@ Tensor Tensor::slice(int64_t begin, int64_t end) const {
   return t;
 }
 
-Tensor Tensor::clone() const { return to(device(), true); }
+void Tensor::copy_from(const Tensor& src) {
+  if (src.shape() != shape_ || src.dtype() != dtype_)
+    fail("tensor: cannot copy a {} {} tensor into a {} {} one", dtype_name(src.dtype()),
+         shape_str(src.shape()), dtype_name(dtype_), shape_str(shape_));
+  g_copy(raw(), device(), src.raw(), src.device(), nbytes());
+}
+
+Tensor Tensor::clone() const {
+  return to(device(), true);
+}
 
 Tensor Tensor::to(Device device, bool force_copy) const {
   if (!force_copy && device == this->device()) return *this;

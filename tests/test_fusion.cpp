@@ -49,8 +49,7 @@ Graph conv_chain(const std::string& tail, bool bias, uint64_t seed = 3) {
 
 }  // namespace
 
-TEST_CASE("pattern: binds nodes and values, matches add/mul operands in either order",
-          "[fusion]") {
+TEST_CASE("pattern: binds nodes and values, matches add/mul operands in either order", "[fusion]") {
   Builder b;
   Val x = b.input("x", {1, 4, 3, 3});
   Val s = b.sigmoid(x, "s");
@@ -80,14 +79,15 @@ TEST_CASE("fusion: every conv rule fuses into one fused_conv2d with the right ac
     bool bias;
     std::string rule, act;
   };
-  for (const Case& c : std::vector<Case>{{"bn silu", false, "conv2d->batchnorm->silu", "silu"},
-                                         {"bn relu", true, "conv2d->batchnorm->relu", "relu"},
-                                         {"bn sigmoid", false, "conv2d->batchnorm->sigmoid", "sigmoid"},
-                                         {"bn", true, "conv2d->batchnorm", "none"},
-                                         {"bn", false, "conv2d->batchnorm", "none"},
-                                         {"silu", true, "conv2d->silu", "silu"},
-                                         {"relu", false, "conv2d->relu", "relu"},
-                                         {"sigmoid", true, "conv2d->sigmoid", "sigmoid"}}) {
+  for (const Case& c :
+       std::vector<Case>{{"bn silu", false, "conv2d->batchnorm->silu", "silu"},
+                         {"bn relu", true, "conv2d->batchnorm->relu", "relu"},
+                         {"bn sigmoid", false, "conv2d->batchnorm->sigmoid", "sigmoid"},
+                         {"bn", true, "conv2d->batchnorm", "none"},
+                         {"bn", false, "conv2d->batchnorm", "none"},
+                         {"silu", true, "conv2d->silu", "silu"},
+                         {"relu", false, "conv2d->relu", "relu"},
+                         {"sigmoid", true, "conv2d->sigmoid", "sigmoid"}}) {
     DYNAMIC_SECTION(c.rule << (c.bias ? " with bias" : " without bias")) {
       Graph g = conv_chain(c.tail, c.bias);
       PassReport r;
@@ -114,13 +114,12 @@ TEST_CASE("fusion: every conv rule fuses into one fused_conv2d with the right ac
 
 TEST_CASE("fusion: the batchnorm fold is computed in float64 and rounded once", "[fusion]") {
   Builder b;
-  std::map<std::string, Tensor> w = {
-      {"c.weight", Tensor::from_vector({2, 2, 1, 1}, {1, 0, 0, 1})},
-      {"c.bias", Tensor::from_vector({2}, {1.0f, -2.0f})},
-      {"bn.weight", Tensor::from_vector({2}, {3.0f, 0.5f})},
-      {"bn.bias", Tensor::from_vector({2}, {0.25f, 1.0f})},
-      {"bn.running_mean", Tensor::from_vector({2}, {2.0f, -1.0f})},
-      {"bn.running_var", Tensor::from_vector({2}, {3.5f, 1.5f})}};
+  std::map<std::string, Tensor> w = {{"c.weight", Tensor::from_vector({2, 2, 1, 1}, {1, 0, 0, 1})},
+                                     {"c.bias", Tensor::from_vector({2}, {1.0f, -2.0f})},
+                                     {"bn.weight", Tensor::from_vector({2}, {3.0f, 0.5f})},
+                                     {"bn.bias", Tensor::from_vector({2}, {0.25f, 1.0f})},
+                                     {"bn.running_mean", Tensor::from_vector({2}, {2.0f, -1.0f})},
+                                     {"bn.running_var", Tensor::from_vector({2}, {3.5f, 1.5f})}};
   b.set_weights(w);
   Val x = b.input("x", {1, 2, 4, 4});
   Val c = b.conv2d(x, "c", ConvOpts(2, 1).bias());
@@ -152,8 +151,7 @@ TEST_CASE("fusion: mul(x, sigmoid(x)) is canonicalized to silu, then fused", "[f
   }
 }
 
-TEST_CASE("fusion: the YOLO-like model fuses all 45 conv -> batchnorm -> silu blocks",
-          "[fusion]") {
+TEST_CASE("fusion: the YOLO-like model fuses all 45 conv -> batchnorm -> silu blocks", "[fusion]") {
   Builder b(11);
   Graph g = yolo::yolo_like(b, 1, 64);
   REQUIRE(count(g, OpKind::Conv2d) == 45);
@@ -187,7 +185,8 @@ void check_untouched(const Graph& g, const std::string& reason, const KernelQuer
   }
   auto in = random_inputs(g, 9);
   auto want = run_cpu(g, in), got = run_cpu(f, in);
-  for (const std::string& out : g.outputs) CHECK(epilog::test::bit_equal(got.at(out), want.at(out)));
+  for (const std::string& out : g.outputs)
+    CHECK(epilog::test::bit_equal(got.at(out), want.at(out)));
 }
 
 }  // namespace

@@ -16,7 +16,9 @@ ConvShape shape(int64_t n, int64_t cin, int64_t hw, int64_t cout, int64_t k, int
   return ConvShape{n, cin, hw, hw, cout, k, k, out, out, stride, stride, p, p, 1, 1, groups};
 }
 
-DeviceProfile sms(int n) { return DeviceProfile{"test", n, false}; }
+DeviceProfile sms(int n) {
+  return DeviceProfile{"test", n, false};
+}
 
 }  // namespace
 
@@ -28,12 +30,14 @@ TEST_CASE("lowering: select_conv_kernel follows its ordered rules", "[lowering]"
   };
   const std::vector<Row> rows = {
       {shape(16, 96, 56, 96, 3, 1, 96), ConvKernel::Scalar, "groups"},  // depthwise
-      {shape(1, 64, 80, 64, 1), ConvKernel::Gemm, "1x1"},
-      {shape(16, 256, 40, 256, 1), ConvKernel::Gemm, "1x1"},
-      {shape(1, 64, 80, 16, 1), ConvKernel::Scalar, "Cout 16"},
-      {shape(1, 64, 80, 24, 1), ConvKernel::Tiled, "Cout 24"},
-      {shape(1, 32, 160, 64, 3, 2), ConvKernel::Tiled, "Cout 64"},
-      {shape(1, 3, 640, 16, 3, 2), ConvKernel::Scalar, "Cout 16"},
+      {shape(1, 8, 320, 8, 1), ConvKernel::Tiled, "reduction 8 < 32"},
+      {shape(1, 3, 640, 16, 3, 2), ConvKernel::Tiled, "reduction 27 < 32"},
+      {shape(1, 64, 80, 16, 1), ConvKernel::Tiled, "Cout 16 < 24"},
+      {shape(1, 16, 160, 16, 3), ConvKernel::Tiled, "Cout 16 < 24"},
+      {shape(1, 64, 80, 24, 1), ConvKernel::Gemm, "Cout 24 >= 24"},
+      {shape(1, 64, 80, 64, 1), ConvKernel::Gemm, "Cout 64"},
+      {shape(16, 64, 80, 64, 3), ConvKernel::Gemm, "Cout 64"},
+      {shape(32, 16, 320, 32, 3, 2), ConvKernel::Gemm, "Cout 32"},
   };
   for (const Row& r : rows) {
     ConvChoice c = select_conv_kernel(r.s, h200_profile());
@@ -70,8 +74,8 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
   };
   for (const Row& r : rows) {
     ConvTiles t = conv_tiles(r.kernel, r.s, sms(r.sm_count));
-    INFO(conv_kernel_name(r.kernel) << " Cout " << r.s.k << " pixels " << r.s.n * r.s.ho * r.s.wo
-                                    << " SMs " << r.sm_count);
+    INFO(conv_kernel_name(r.kernel)
+         << " Cout " << r.s.k << " pixels " << r.s.n * r.s.ho * r.s.wo << " SMs " << r.sm_count);
     CHECK(t.m == r.want.m);
     CHECK(t.n == r.want.n);
     CHECK(t.k == r.want.k);
@@ -82,7 +86,7 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
 TEST_CASE("lowering: plans every node, honours a forced kernel, explains the choice",
           "[lowering]") {
   Builder b(1);
-  Val x = b.input("x", {1, 8, 20, 20});
+  Val x = b.input("x", {1, 32, 20, 20});
   Val y = b.silu(b.batchnorm(b.conv2d(x, "c1", ConvOpts(64, 1)), "bn1"), "a1");
   y = b.silu(b.batchnorm(b.conv2d(y, "c2", ConvOpts(8, 3).padding(1)), "bn2"), "a2");
   b.output(b.maxpool2d(y, PoolOpts(2), "pool"));
@@ -97,11 +101,11 @@ TEST_CASE("lowering: plans every node, honours a forced kernel, explains the cho
   cuda.device = Device::CUDA;
   Plan p = lower(g, cuda);
   CHECK(p.nodes[0].kernel == "gemm");
-  CHECK(p.nodes[1].kernel == "scalar");
+  CHECK(p.nodes[1].kernel == "tiled");
   CHECK(p.nodes[2].kernel == "maxpool2d");
   std::string text = explain(p);
   CHECK_THAT(text, Catch::Contains("c1") && Catch::Contains("gemm") &&
-                       Catch::Contains("1x1 with Cout 64 >= 32") && Catch::Contains("stages=3"));
+                       Catch::Contains("Cout 64 >= 24: gemm") && Catch::Contains("stages=3"));
 
   cuda.force = ConvKernel::Tiled;
   Plan f = lower(g, cuda);
@@ -109,5 +113,16 @@ TEST_CASE("lowering: plans every node, honours a forced kernel, explains the cho
   CHECK(f.nodes[0].rule == "forced");
   CHECK(f.nodes[1].kernel == "tiled");
   CHECK(parse_conv_kernel("gemm") == ConvKernel::Gemm);
+
+  // A forced kernel that cannot run a layer leaves the selector's choice, and says why.
+  Builder d(1);
+  Val dx = d.input("x", {1, 16, 8, 8});
+  d.output(d.silu(d.batchnorm(d.conv2d(dx, "dw", ConvOpts(16, 3).padding(1).groups(16)), "bn")));
+  Graph dg = d.build();
+  optimize(dg);
+  cuda.force = ConvKernel::Gemm;
+  Plan dp = lower(dg, cuda);
+  CHECK(dp.nodes[0].kernel == "scalar");
+  CHECK_THAT(dp.nodes[0].rule, Catch::StartsWith("forced gemm cannot run groups=16"));
   CHECK_FALSE(parse_conv_kernel("fast"));
 }

@@ -53,9 +53,8 @@ inline double max_rel_err(const Tensor& a, const Tensor& b) {
 inline bool bit_equal(const Tensor& a, const Tensor& b) {
   Tensor ha = a.to(Device::CPU), hb = b.to(Device::CPU);
   return ha.shape() == hb.shape() &&
-         std::equal(ha.f32(), ha.f32() + ha.numel(), hb.f32(), [](float x, float y) {
-           return std::memcmp(&x, &y, sizeof x) == 0;
-         });
+         std::equal(ha.f32(), ha.f32() + ha.numel(), hb.f32(),
+                    [](float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; });
 }
 
 }  // namespace epilog::test

@@ -33,18 +33,18 @@ using nlohmann::json;
 constexpr int kReps = 20;
 constexpr int kReplays = 50;
 
-#define CUDNN_CHECK(call)                                                               \
-  do {                                                                                  \
-    cudnnStatus_t s_ = (call);                                                          \
-    if (s_ != CUDNN_STATUS_SUCCESS)                                                     \
+#define CUDNN_CHECK(call)                                                                   \
+  do {                                                                                      \
+    cudnnStatus_t s_ = (call);                                                              \
+    if (s_ != CUDNN_STATUS_SUCCESS)                                                         \
       fail("cuDNN error: {} failed: {} at {}:{}", #call, cudnnGetErrorString(s_), __FILE__, \
-           __LINE__);                                                                   \
+           __LINE__);                                                                       \
   } while (0)
 
 struct Options {
   std::string shapes = "tools/conv_shapes.json";
   std::string json_out;
-  double copy_gbps = 4250;   // ceilings of the card, PERF.md (measured on an H200)
+  double copy_gbps = 4250;  // ceilings of the card, PERF.md (measured on an H200)
   double tf32_tflops = 358;
   std::string only;  // run only shapes whose name contains this
 };
@@ -52,7 +52,9 @@ struct Options {
 // Device buffers that free themselves.
 struct DeviceBuffer {
   float* ptr = nullptr;
-  explicit DeviceBuffer(size_t n) { EPILOG_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * 4)); }
+  explicit DeviceBuffer(size_t n) {
+    EPILOG_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * 4));
+  }
   DeviceBuffer(const DeviceBuffer&) = delete;
   ~DeviceBuffer() { cudaFree(ptr); }
 };
@@ -128,7 +130,8 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   const std::string name = spec.at("name");
   const int64_t in_n = s.n * s.c * s.h * s.w, out_n = s.n * s.k * s.ho * s.wo;
   const int64_t w_n = s.k * (s.c / s.groups) * s.r * s.s;
-  const int nbuf = int(std::max<int64_t>(1, std::min<int64_t>(16, (256 << 20) / (4 * (in_n + out_n)))));
+  const int nbuf =
+      int(std::max<int64_t>(1, std::min<int64_t>(16, (256 << 20) / (4 * (in_n + out_n)))));
 
   // Inputs, weights and batchnorm as in bench/torch_conv_bn_silu.py.
   Tensor x0 = Tensor::randn({s.n, s.c, s.h, s.w}, 1);
@@ -203,7 +206,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   auto yb = [&](int r) { return ys[r % nbuf]->ptr; };
   std::vector<Variant> variants;
   for (ConvKernel kern : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm}) {
-    if (!cuda::conv_supports(kern, s)) continue;
+    if (!conv_supports(kern, s)) continue;
     ConvTiles t = conv_tiles(kern, s, profile);
     auto launch = [=, &dw, &dscale, &dshift](float* x, float* y) {
       if (kern == ConvKernel::Scalar)
@@ -219,37 +222,41 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   // Our unfused sequence: the selected kernel with an identity epilogue, batchnorm, silu.
   ConvChoice pick = select_conv_kernel(s, profile);
   ConvTiles pt = conv_tiles(pick.kernel, s, profile);
-  variants.push_back(
-      {"unfused3",
-       [&, pt, pick](int r) {
-         if (pick.kernel == ConvKernel::Scalar)
-           cuda::conv_scalar(s, xb(r), dw.ptr, nullptr, nullptr, Activation::None, tmp.ptr, stream);
-         else if (pick.kernel == ConvKernel::Tiled)
-           cuda::conv_tiled(s, pt, xb(r), dw.ptr, nullptr, nullptr, Activation::None, tmp.ptr,
-                            stream);
-         else
-           cuda::conv_gemm(s, pt, xb(r), dw.ptr, nullptr, nullptr, Activation::None, tmp.ptr,
-                           stream);
-         cuda::batchnorm(s.n, s.k, s.ho * s.wo, tmp.ptr, dgamma.ptr, dbeta.ptr, dmean.ptr, dvar.ptr,
-                         1e-5f, tmp.ptr, stream);
-         cuda::activation(Activation::Silu, out_n, tmp.ptr, yb(r), stream);
-       },
-       pick.kernel == ConvKernel::Gemm ? 2e-3 : 1e-5});
-  variants.push_back(
-      {"cudnn+bn_silu",
-       [&](int r) {
-         CUDNN_CHECK(cudnnConvolutionForward(cudnn, &one, xd, xb(r), wd, dw.ptr, cd, algo, ws.ptr,
-                                             ws_bytes, &zero, yd, tmp.ptr));
-         cuda::scale_shift_act(s.n, s.k, s.ho * s.wo, tmp.ptr, dscale.ptr, dshift.ptr,
-                               Activation::Silu, yb(r), stream);
-       },
-       2e-3});
+  variants.push_back({"unfused3",
+                      [&, pt, pick](int r) {
+                        if (pick.kernel == ConvKernel::Scalar)
+                          cuda::conv_scalar(s, xb(r), dw.ptr, nullptr, nullptr, Activation::None,
+                                            tmp.ptr, stream);
+                        else if (pick.kernel == ConvKernel::Tiled)
+                          cuda::conv_tiled(s, pt, xb(r), dw.ptr, nullptr, nullptr, Activation::None,
+                                           tmp.ptr, stream);
+                        else
+                          cuda::conv_gemm(s, pt, xb(r), dw.ptr, nullptr, nullptr, Activation::None,
+                                          tmp.ptr, stream);
+                        cuda::batchnorm(s.n, s.k, s.ho * s.wo, tmp.ptr, dgamma.ptr, dbeta.ptr,
+                                        dmean.ptr, dvar.ptr, 1e-5f, tmp.ptr, stream);
+                        cuda::activation(Activation::Silu, out_n, tmp.ptr, yb(r), stream);
+                      },
+                      pick.kernel == ConvKernel::Gemm ? 2e-3 : 1e-5});
+  variants.push_back({"cudnn+bn_silu",
+                      [&](int r) {
+                        CUDNN_CHECK(cudnnConvolutionForward(cudnn, &one, xd, xb(r), wd, dw.ptr, cd,
+                                                            algo, ws.ptr, ws_bytes, &zero, yd,
+                                                            tmp.ptr));
+                        cuda::scale_shift_act(s.n, s.k, s.ho * s.wo, tmp.ptr, dscale.ptr,
+                                              dshift.ptr, Activation::Silu, yb(r), stream);
+                      },
+                      2e-3});
 
   const double flops = double(s.flops()), bytes = double(s.min_bytes());
   const double floor_us = std::max(bytes / (opt.copy_gbps * 1e3), flops / (opt.tf32_tflops * 1e6));
-  json row = {{"shape", name},   {"gflop", flops / 1e9},          {"min_mbytes", bytes / 1e6},
-              {"floor_us", floor_us}, {"selected", conv_kernel_name(pick.kernel)},
-              {"rule", pick.rule}, {"cudnn_algo", int(algo)}};
+  json row = {{"shape", name},
+              {"gflop", flops / 1e9},
+              {"min_mbytes", bytes / 1e6},
+              {"floor_us", floor_us},
+              {"selected", conv_kernel_name(pick.kernel)},
+              {"rule", pick.rule},
+              {"cudnn_algo", int(algo)}};
   for (Variant& v : variants) {
     EPILOG_CUDA_CHECK(cudaMemset(ys[0]->ptr, 0xff, out_n * 4));  // NaN: unwritten outputs fail
     v.run(0);
@@ -304,12 +311,18 @@ int main(int argc, char** argv) {
     if (a == "-h" || a == "--help") return usage(stdout), 0;
     if (i + 1 >= argc) return usage(stderr), 2;
     std::string v = argv[++i];
-    if (a == "--shapes") opt.shapes = v;
-    else if (a == "--json") opt.json_out = v;
-    else if (a == "--only") opt.only = v;
-    else if (a == "--copy-gbps") opt.copy_gbps = std::stod(v);
-    else if (a == "--tf32-tflops") opt.tf32_tflops = std::stod(v);
-    else return usage(stderr), 2;
+    if (a == "--shapes")
+      opt.shapes = v;
+    else if (a == "--json")
+      opt.json_out = v;
+    else if (a == "--only")
+      opt.only = v;
+    else if (a == "--copy-gbps")
+      opt.copy_gbps = std::stod(v);
+    else if (a == "--tf32-tflops")
+      opt.tf32_tflops = std::stod(v);
+    else
+      return usage(stderr), 2;
   }
   try {
     auto backend = make_cuda_backend();  // registers the device allocator; checks for a GPU
@@ -335,7 +348,8 @@ int main(int argc, char** argv) {
                                               : std::string("-");
     };
     for (const json& spec : suite.at("shapes")) {
-      if (!opt.only.empty() && spec.at("name").get<std::string>().find(opt.only) == std::string::npos)
+      if (!opt.only.empty() &&
+          spec.at("name").get<std::string>().find(opt.only) == std::string::npos)
         continue;
       json r = bench_shape(spec, opt, profile, cudnn, stream);
       std::printf("%-22s %8.1f %8s %8s %8s %9s %9s %8s %7.0f %7.1f %6.1f  %s (%s)\n",
@@ -344,7 +358,8 @@ int main(int argc, char** argv) {
                   us(r, "unfused3_us").c_str(), us(r, "cudnn+bn_silu_us").c_str(),
                   us(r, "selected_us").c_str(), r["selected_gbps"].get<double>(),
                   r["selected_tflops"].get<double>(), r["selected_pct_floor"].get<double>(),
-                  r["selected"].get<std::string>().c_str(), r["selector_ok"].get<bool>() ? "yes" : "NO");
+                  r["selected"].get<std::string>().c_str(),
+                  r["selector_ok"].get<bool>() ? "yes" : "NO");
       std::fflush(stdout);
       if (jout) jout << r.dump() << "\n";
     }

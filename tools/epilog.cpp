@@ -28,7 +28,7 @@ double ms_since(Clock::time_point t0) {
 // -- a small option parser that also writes each subcommand's --help --
 
 struct Option {
-  std::string name;  // "--device"; flags take no value
+  std::string name;   // "--device"; flags take no value
   std::string value;  // metavar, empty for a flag
   std::string help;
   std::string fallback;
@@ -152,11 +152,10 @@ void print_fused_kernels(const Plan& plan) {
 
 std::map<std::string, Tensor> make_inputs(const Parsed& p, const Graph& g) {
   std::map<std::string, Tensor> inputs;
-  for (const std::string& spec : p.values.count("--input") ? p.values.at("--input")
-                                                           : std::vector<std::string>{}) {
+  for (const std::string& spec :
+       p.values.count("--input") ? p.values.at("--input") : std::vector<std::string>{}) {
     auto eq = spec.find('=');
-    if (eq == std::string::npos || eq == 0)
-      fail("--input '{}': expected NAME=FILE.npy", spec);
+    if (eq == std::string::npos || eq == 0) fail("--input '{}': expected NAME=FILE.npy", spec);
     std::string name = spec.substr(0, eq);
     if (!g.is_input(name))
       fail("--input {}: the model has no input '{}' (inputs: {})", spec, name,
@@ -165,7 +164,8 @@ std::map<std::string, Tensor> make_inputs(const Parsed& p, const Graph& g) {
   }
   uint64_t seed = p.flag("--seed") ? uint64_t(to_int("--seed", p.get("--seed"), 0)) : 0;
   for (const std::string& name : g.inputs)
-    if (!inputs.count(name)) inputs[name] = Tensor::randn(g.value(name).shape, hash_string(name, seed));
+    if (!inputs.count(name))
+      inputs[name] = Tensor::randn(g.value(name).shape, hash_string(name, seed));
   return inputs;
 }
 
@@ -212,8 +212,8 @@ int cmd_run(const Parsed& p) {
       hi = std::max<double>(hi, v[i]);
     }
     std::string bytes(static_cast<const char*>(t.raw()), t.nbytes());
-    std::printf("  %-24s %-18s min %10.5f max %10.5f mean %11.6f checksum %016llx\n",
-                name.c_str(), shape_str(t.shape()).c_str(), lo, hi, sum / double(t.numel()),
+    std::printf("  %-24s %-18s min %10.5f max %10.5f mean %11.6f checksum %016llx\n", name.c_str(),
+                shape_str(t.shape()).c_str(), lo, hi, sum / double(t.numel()),
                 static_cast<unsigned long long>(hash_string(bytes)));
     if (!out_dir.empty()) write_npy(out_dir + "/" + file_safe(name) + ".npy", t);
   }
@@ -268,8 +268,8 @@ int cmd_explain(const Parsed& p) {
   Device device = dev == "cpu" ? Device::CPU : Device::CUDA;
   if (dev != "cpu" && dev != "cuda") fail("--device '{}': expected cpu or cuda", dev);
   Compiled c = compile_for(p, std::move(g), device);
-  std::printf("target: %s, %s (%d SMs)\npasses: %s\n", device_name(device),
-              c.profile.name.c_str(), c.profile.sm_count, c.report.summary().c_str());
+  std::printf("target: %s, %s (%d SMs)\npasses: %s\n", device_name(device), c.profile.name.c_str(),
+              c.profile.sm_count, c.report.summary().c_str());
   for (const std::string& r : c.report.refusals) std::printf("not fused: %s\n", r.c_str());
   std::printf("%s", explain(c.plan).c_str());
   return 0;
@@ -349,7 +349,8 @@ void print_usage(FILE* to) {
 
 int main(int argc, char** argv) {
   const std::vector<Command> commands = {
-      {"run", "MODEL [options]", "Runs MODEL and prints each output's shape, statistics and checksum.",
+      {"run", "MODEL [options]",
+       "Runs MODEL and prints each output's shape, statistics and checksum.",
        with_model_options(
            {kDevice,
             {"--input", "NAME=FILE.npy", "an input (repeatable); others are seeded random", "",
@@ -365,10 +366,9 @@ int main(int argc, char** argv) {
       {"explain", "MODEL [options]",
        "For every node of the lowered graph: op, shapes, chosen kernel, the rule that chose it\n"
        "and the tile sizes. Works without a GPU (a default H200 profile is used).",
-       with_model_options(
-           {{"--device", "cpu|cuda", "target to lower for", "cuda", false},
-            {"--sm-count", "N", "SM count of the target (default: local GPU, else 132)", "",
-             false}})},
+       with_model_options({{"--device", "cpu|cuda", "target to lower for", "cuda", false},
+                           {"--sm-count", "N",
+                            "SM count of the target (default: local GPU, else 132)", "", false}})},
       {"bench", "MODEL [options]",
        "Times MODEL: warm-up, timed iterations (median/min/max), then a per-node breakdown.",
        with_model_options({kDevice,

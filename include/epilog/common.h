@@ -28,8 +28,8 @@ template <typename... Args>
 }  // namespace epilog
 
 // Internal invariants only: a failure here is a bug in epilog, not in the user's model.
-#define EPILOG_ASSERT(cond, ...)                                                     \
-  do {                                                                               \
+#define EPILOG_ASSERT(cond, ...)                                                                \
+  do {                                                                                          \
     if (!(cond)) ::epilog::assert_fail(#cond, __FILE__, __LINE__, fmt::format("" __VA_ARGS__)); \
   } while (0)
 

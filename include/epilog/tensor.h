@@ -67,6 +67,8 @@ class Tensor {
   Tensor slice(int64_t begin, int64_t end) const;
 
   Tensor clone() const;
+  // Copies the bytes of `src` (same shape and dtype, any device) into this tensor.
+  void copy_from(const Tensor& src);
   // Copies to another device; returns *this when already there unless a copy is forced.
   Tensor to(Device device, bool force_copy = false) const;
 

@@ -1,4 +1,5 @@
-// fused_conv2d, one output element per thread: the kernel that runs every shape.
+// fused_conv2d on the SIMT cores, one of two paths chosen per shape inside conv_scalar: the
+// kernel that runs every shape (the only one for groups > 1), and a depthwise path.
 //
 // Math: y[n, k, oh, ow] = act(acc * scale[k] + shift[k]) with
 //   acc = sum_{c < cg, i < r, j < s} x[n, g*cg + c, oh*sh - pad_t + i*dh, ow*sw - pad_l + j*dw]
@@ -7,21 +8,56 @@
 // scale == nullptr means 1, shift == nullptr means 0.
 // Layout: float32, contiguous NCHW x [n, C, h, w], weight [K, cg, r, s], y [n, K, ho, wo].
 //
+// General path, one output element per thread.
 // Grid: (K, ceil(ho*wo / 256), n) blocks of kThreads = 256 threads, channel fastest:
 //   k = blockIdx.x, img = blockIdx.z, p = blockIdx.y * 256 + threadIdx.x,
 //   (oh, ow) = (p / wo, p % wo)
 // (y and z stride by the grid past 65535). A block is one 256-pixel run of one output plane, so
 // consecutive threads step along ow (the loads and the store coalesce), the block's weights are
 // one row of w (staged in shared memory and read as broadcasts), and consecutive blocks are the
-// K channels over the same input pixels (they share them in L2).
+// K channels over the same input pixels (they share them in L2). r = s in {1, 3, 5, 7} get
+// unrolled instantiations, any other window the generic loop.
+//
+// Depthwise path (cg == 1, i.e. groups == C; channel multiplier m = K / C, output channel k
+// reads input channel k / m). Each output reads r*s inputs and a weight row of r*s floats, so
+// the layer is memory-bound: the path reads every input element about once from DRAM and
+// writes every output once, from shared memory rather than from r*s overlapping global loads.
+// Tile: th output rows x tw output columns (tw = 4 * ncg, ncg <= kDwMaxGroups) of one input
+// plane (img, c), for mb of the m output channels of that plane. The block stages the input
+// rows and columns the tile reads, halo and padding included (padding zero-filled by the copy):
+//   rows ih0 = oh0*sh - pad_t .. ih0 + (th-1)*sh + (r-1)*dh, columns iw0 = ow0*sw - pad_l ..
+// row-major in shared memory with row stride wp, with cp.async copies (4 bytes, consecutive
+// threads on consecutive columns, so coalesced and bank-conflict free; 16 bytes when iw0, w and
+// x are 16-byte aligned, i.e. pad_l % 4 == 0 and w % 4 == 0). A whole tile is one round of
+// copies in flight. Then each thread computes items of 4 consecutive outputs along ow
+// (item = (row, column group) of the tile, row-major, the thread's items strided by the block
+// size): smem column 0 is the first tap of the tile's first output, so an item's window row
+// starts 16-byte aligned and is read as float4s (no bank conflicts: wp / 4 = ncg*sw mod 8 makes
+// consecutive items hit consecutive 16-byte bank groups across row ends too); the window slides
+// in registers, the r*s weights of the channel are in registers, the epilogue is applied in
+// registers, and the 4 outputs go out as one float4 store when wo % 4 == 0 and y is aligned.
+// Grid: one-dimensional, grid-stride, blocks = n * C * mgroups * ctiles * rtiles, decoded
+//   rt = b % rtiles, ct = b / rtiles % ctiles, mg = .. % mgroups, c = .. % C, img = the rest
+// (row tile fastest, so the blocks that share halo rows run together and share them in L2).
+// Block size: about kDwItemsPerThread items a thread, 32 to 256 threads. th aims at
+// kDwTargetItems items a block and shrinks (as does mb, first) until the grid has
+// kDwMinWavesBlocks blocks per SM, so batch-1 layers still fill the GPU.
+// Unrolled instantiations: r = s in {3, 5, 7} with dil_w == 1 and stride_w in {1, 2} (stride_h,
+// dil_h and all padding are run-time: they only pick shared-memory rows). Any other window,
+// horizontal stride or dilation takes the generic instantiation: the same tiles and staging,
+// with run-time loops over scalar shared-memory reads and weights read as broadcasts. When
+// one row of tiles needs more than kDwMaxSmem bytes of staging (huge windows or dilations),
+// the shape takes the general path.
+//
 // Restrictions: none on stride, padding (bottom/right padding only shows in ho/wo), dilation or
-// groups (depthwise included). One input plane (h*w) and one output plane (ho*wo) must fit in
-// int32. tiles are not used: 256 threads a block.
-// The caller precomputes nothing: no workspace, no setup; r = s in {1, 3, 5, 7} get unrolled
-// instantiations, any other window the generic loop.
+// groups. One input plane (h*w) and one output plane (ho*wo) must fit in int32. tiles are not
+// used. The caller precomputes nothing: no workspace, no setup.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
+
+#include <cuda_runtime.h>
 
 #include "conv_common.cuh"
 #include "epilog/common.h"
@@ -166,6 +202,331 @@ __global__ void __launch_bounds__(kThreads, (scalar_min_blocks<R, S, kUnitDil>()
       conv_scalar_block<R, S, kUnitDil>(a, k, img, pb, ws);
 }
 
+
+// -- depthwise path (header comment) --
+
+constexpr int kDwMaxThreads = 256;
+constexpr int kDwV = 4;              // consecutive outputs along ow a thread item computes
+constexpr int kDwMaxGroups = 64;     // items across a tile row: tw <= 256 outputs
+constexpr int kDwTargetItems = 256;  // items a block aims at (th = kDwTargetItems / ncg)
+constexpr int kDwItemsPerThread = 2;
+// Blocks per SM below which th (and mb) shrink: fewer leaves SMs with too few bytes in flight.
+constexpr int kDwMinWavesBlocks = 4;
+constexpr int kDwMaxSmem = 48 * 1024;  // the default dynamic shared-memory limit
+
+struct DwArgs {
+  const float* x;
+  const float* wt;
+  const float* scale;
+  const float* shift;
+  float* y;
+  int c, h, w;  // channels (== groups) and input plane
+  int m, mb;    // output channels per input channel, and per block
+  int ho, wo;
+  int r, s;  // the window (read by the generic instantiation only)
+  int sh, sw, pt, pl, dh, dw;
+  int th, tw;              // tile: output rows, output columns (tw % 4 == 0)
+  int rtiles, ctiles, mgroups;
+  int cols, wp;            // staged columns of a row (% 4 == 0), and the shared-memory row stride
+  int sh4;                 // shared-memory column of a tile's first tap iw0 (see dw_stage)
+  int64_t blocks;          // n * c * mgroups * ctiles * rtiles
+  bool vec_in;   // 16-byte copies: w % 4 == 0, x aligned
+  bool vec_out;  // float4 stores: wo % 4 == 0, y aligned
+  Activation act;
+};
+
+// Asynchronous global -> shared copies; !valid writes zeros and reads nothing, though src must
+// still be a mapped address.
+__device__ __forceinline__ void dw_copy4(float* dst, const float* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void dw_copy16(float* dst, const float* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void dw_copy_wait() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// float4 reads per window row of an item (templated windows): its 4 outputs read
+// (4 - 1) * SW + S consecutive columns, starting sh4 columns into a 16-byte aligned float4.
+__host__ __device__ constexpr int dw_row_vecs(int s, int sw, int sh4) {
+  return (sh4 + (kDwV - 1) * sw + s + 3) / 4;
+}
+
+// Stages rows x a.cols input elements of plane xp into sm (row stride wp): row 0 is input row
+// ih0, column a.sh4 is input column iw0; outside the input writes 0. kUnit = 4 copies 16 bytes:
+// then w % 4 == 0 and sh4 = iw0 mod 4, so the first staged column iw0 - sh4 and every vector
+// are aligned, and a vector is wholly inside or outside the row. Element e of the flattened
+// rows x units tile goes to thread e % nt, and (row, col) steps incrementally, so there is no
+// division per copy.
+template <int kUnit>
+__device__ __forceinline__ void dw_stage(const DwArgs& a, const float* __restrict__ xp, int ih0,
+                                         int iw0, int rows, float* sm) {
+  const int units = a.cols / kUnit;
+  const int n = rows * units;
+  const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+  int row = tid / units, col = tid - row * units;
+  const int dr = nt / units, dc = nt - dr * units;
+  iw0 -= a.sh4;
+  for (int e = tid; e < n; e += nt) {
+    const int ih = ih0 + row, iw = iw0 + col * kUnit;
+    const bool in = unsigned(ih) < unsigned(a.h) && unsigned(iw) < unsigned(a.w);
+    const float* src = in ? xp + ih * a.w + iw : xp;
+    if constexpr (kUnit == 4)
+      dw_copy16(sm + row * a.wp + col * 4, src, in);
+    else
+      dw_copy4(sm + row * a.wp + col, src, in);
+    col += dc;
+    row += dr;
+    if (col >= units) col -= units, ++row;
+  }
+}
+
+// R = S = 0: generic window, horizontal stride and dilation (SW, SH4 not read). Otherwise R x S,
+// stride_w == SW, dil_w == 1, a.sh4 == SH4, unrolled.
+template <int R, int S, int SW, int SH4>
+__global__ void __launch_bounds__(kDwMaxThreads) conv_dw_kernel(const DwArgs a) {
+  extern __shared__ float4 dw_smem[];
+  float* sm = reinterpret_cast<float*>(dw_smem);
+  const int r = R > 0 ? R : a.r;
+  const int sw = R > 0 ? SW : a.sw;
+  const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
+  const int kout = a.c * a.m;
+
+  for (int64_t b = blockIdx.x; b < a.blocks; b += gridDim.x) {
+    // -- grid decode: row tile fastest, then column tile, channel group, channel, image --
+    int64_t t = b;
+    const int rt = static_cast<int>(t % a.rtiles);
+    t /= a.rtiles;
+    const int ct = static_cast<int>(t % a.ctiles);
+    t /= a.ctiles;
+    const int mg = static_cast<int>(t % a.mgroups);
+    t /= a.mgroups;
+    const int ch = static_cast<int>(t % a.c);
+    const int64_t img = t / a.c;
+
+    const int oh0 = rt * a.th, ow0 = ct * a.tw;
+    const int th = min(a.th, a.ho - oh0), tw = min(a.tw, a.wo - ow0);
+    const int ncg = (tw + kDwV - 1) / kDwV;  // item columns of this tile
+    const int items = th * ncg;
+    const int rows = (th - 1) * a.sh + (r - 1) * a.dh + 1;
+    const int ih0 = oh0 * a.sh - a.pt, iw0 = ow0 * sw - a.pl;
+
+    // -- stage the tile's input window, one round of copies --
+    const float* __restrict__ xp = a.x + (img * a.c + ch) * int64_t(a.h) * a.w;
+    if (a.vec_in)
+      dw_stage<4>(a, xp, ih0, iw0, rows, sm);
+    else
+      dw_stage<1>(a, xp, ih0, iw0, rows, sm);
+    dw_copy_wait();
+    __syncthreads();
+
+    // -- the block's output channels of this input channel, all from the staged window --
+    const int k1 = min(a.m, (mg + 1) * a.mb);
+    for (int kk = mg * a.mb; kk < k1; ++kk) {
+      const int k = ch * a.m + kk;
+      const detail::ChannelAffine f = detail::channel_affine(a.scale, a.shift, k);
+      float* __restrict__ yp = a.y + ((img * kout + k) * a.ho + oh0) * int64_t(a.wo) + ow0;
+
+      if constexpr (R > 0) {
+        constexpr int kQ = dw_row_vecs(S, SW, SH4);
+        float wr[R * S];
+        const float* __restrict__ wk = a.wt + int64_t(k) * (R * S);
+#pragma unroll
+        for (int i = 0; i < R * S; ++i) wr[i] = __ldg(wk + i);
+
+        int ohl = tid / ncg, cg = tid - ohl * ncg;
+        const int dr = nt / ncg, dc = nt - dr * ncg;
+        for (int it = tid; it < items; it += nt) {
+          float acc[kDwV];
+#pragma unroll
+          for (int o = 0; o < kDwV; ++o) acc[o] = 0.0f;
+          const float* sp = sm + ohl * a.sh * a.wp + cg * (kDwV * SW);
+#pragma unroll
+          for (int i = 0; i < R; ++i) {
+            const float4* rp = reinterpret_cast<const float4*>(sp + i * a.dh * a.wp);
+            float v[kQ * 4];
+#pragma unroll
+            for (int q = 0; q < kQ; ++q) {
+              const float4 u = rp[q];
+              v[4 * q] = u.x, v[4 * q + 1] = u.y, v[4 * q + 2] = u.z, v[4 * q + 3] = u.w;
+            }
+#pragma unroll
+            for (int o = 0; o < kDwV; ++o)
+#pragma unroll
+              for (int j = 0; j < S; ++j)
+                acc[o] = fmaf(v[SH4 + o * SW + j], wr[i * S + j], acc[o]);
+          }
+          // -- batchnorm + activation epilogue, 4 outputs --
+          float* out = yp + ohl * int64_t(a.wo) + cg * kDwV;
+          const int nv = tw - cg * kDwV;  // outputs of the item inside the tile
+          if (a.vec_out && nv >= kDwV) {
+            *reinterpret_cast<float4*>(out) =
+                make_float4(detail::apply(acc[0], f, a.act), detail::apply(acc[1], f, a.act),
+                            detail::apply(acc[2], f, a.act), detail::apply(acc[3], f, a.act));
+          } else {
+#pragma unroll
+            for (int o = 0; o < kDwV; ++o)
+              if (o < nv) out[o] = detail::apply(acc[o], f, a.act);
+          }
+          cg += dc;
+          ohl += dr;
+          if (cg >= ncg) cg -= ncg, ++ohl;
+        }
+      } else {
+        const int s = a.s, dw = a.dw;
+        const float* __restrict__ wk = a.wt + int64_t(k) * r * s;
+        int ohl = tid / ncg, cg = tid - ohl * ncg;
+        const int dr = nt / ncg, dc = nt - dr * ncg;
+        for (int it = tid; it < items; it += nt) {
+          float acc[kDwV];
+#pragma unroll
+          for (int o = 0; o < kDwV; ++o) acc[o] = 0.0f;
+          const float* sp = sm + ohl * a.sh * a.wp + cg * kDwV * sw + a.sh4;
+          for (int i = 0; i < r; ++i) {
+            const float* rp = sp + i * a.dh * a.wp;
+            for (int j = 0; j < s; ++j) {
+              const float wv = __ldg(wk + i * s + j);
+#pragma unroll
+              for (int o = 0; o < kDwV; ++o) acc[o] = fmaf(rp[o * sw + j * dw], wv, acc[o]);
+            }
+          }
+          float* out = yp + ohl * int64_t(a.wo) + cg * kDwV;
+          const int nv = tw - cg * kDwV;
+#pragma unroll
+          for (int o = 0; o < kDwV; ++o)
+            if (o < nv) out[o] = detail::apply(acc[o], f, a.act);
+          cg += dc;
+          ohl += dr;
+          if (cg >= ncg) cg -= ncg, ++ohl;
+        }
+      }
+    }
+    __syncthreads();  // the window is consumed before the next tile overwrites it
+  }
+}
+
+// Multiprocessors of the current device, read once (as data.cu does).
+int device_sms() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    EPILOG_CUDA_CHECK(cudaGetDevice(&device));
+    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return std::max(n, 1);
+  }();
+  return sms;
+}
+
+int64_t round_up(int64_t a, int64_t b) {
+  return detail::ceil_div(a, b) * b;
+}
+
+// Tiles, staging geometry and launch of the depthwise path; false when one tile row's staging
+// does not fit kDwMaxSmem (the caller then runs the general path).
+bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const float* scale,
+                      const float* shift, Activation act, float* y, Stream stream) {
+  // Unrolled instantiation, if any: its float4 window reads set the staged width.
+  const bool unit = s.dil_w == 1 && (s.stride_w == 1 || s.stride_w == 2) && s.r == s.s &&
+                    (s.r == 3 || s.r == 5 || s.r == 7);
+  const int64_t sw = s.stride_w;
+
+  DwArgs a;
+  a.x = x;
+  a.wt = w;
+  a.scale = scale;
+  a.shift = shift;
+  a.y = y;
+  a.c = int(s.c), a.h = int(s.h), a.w = int(s.w);
+  a.m = int(s.k / s.c);
+  a.ho = int(s.ho), a.wo = int(s.wo);
+  a.r = int(s.r), a.s = int(s.s);
+  a.sh = int(s.stride_h), a.sw = int(s.stride_w);
+  a.pt = int(s.pad_t), a.pl = int(s.pad_l);
+  a.dh = int(s.dil_h), a.dw = int(s.dil_w);
+  a.act = act;
+
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  a.vec_in = s.w % 4 == 0 && aligned16(x);
+  a.vec_out = s.wo % 4 == 0 && aligned16(y);
+  // A tile's first tap iw0 = ow0 * sw - pad_l with ow0 % 4 == 0, so iw0 mod 4 is the launch's.
+  a.sh4 = a.vec_in ? int(((-s.pad_l) % 4 + 4) % 4) : 0;
+
+  // Columns: ncg items of 4 outputs across a tile row, column tiles balanced.
+  const int64_t ncg_all = detail::ceil_div(s.wo, kDwV);
+  a.ctiles = int(detail::ceil_div(ncg_all, kDwMaxGroups));
+  const int64_t ncg = detail::ceil_div(ncg_all, a.ctiles);
+  a.tw = int(ncg * kDwV);
+  // Staged columns: every tap of the tile's outputs, and every float4 the unrolled reads touch.
+  int64_t cols = a.sh4 + (a.tw - 1) * sw + (s.s - 1) * s.dil_w + 1;
+  if (unit) cols = std::max(cols, 4 * ((ncg - 1) * sw + dw_row_vecs(int(s.s), int(sw), a.sh4)));
+  cols = round_up(cols, 4);
+  int64_t wp = cols;
+  while ((wp / 4 - ncg * sw) % 8 != 0) wp += 4;  // conflict-free float4 reads (header)
+  a.cols = int(cols), a.wp = int(wp);
+
+  // Rows: about kDwTargetItems items a block; then fill the GPU (channel groups first, since
+  // splitting them adds no halo), then fit the shared memory.
+  const auto staged_rows = [&](int64_t th) { return (th - 1) * s.stride_h + (s.r - 1) * s.dil_h + 1; };
+  int64_t th = std::clamp<int64_t>(detail::ceil_div(kDwTargetItems, ncg), 1, s.ho);
+  int64_t rtiles = 0, mb = a.m, mgroups = 0;
+  const auto balance = [&] {
+    rtiles = detail::ceil_div(s.ho, th);
+    th = detail::ceil_div(s.ho, rtiles);
+    mgroups = detail::ceil_div(a.m, mb);
+    mb = detail::ceil_div(a.m, mgroups);
+  };
+  balance();
+  const int64_t min_blocks = int64_t(kDwMinWavesBlocks) * device_sms();
+  const auto blocks = [&] { return s.n * s.c * mgroups * a.ctiles * rtiles; };
+  while (blocks() < min_blocks && mb > 1) mb = detail::ceil_div(mb, 2), balance();
+  while (blocks() < min_blocks && th > 1) th = detail::ceil_div(th, 2), balance();
+  while (staged_rows(th) * wp * 4 > kDwMaxSmem && th > 1) th = detail::ceil_div(th, 2), balance();
+  const int64_t smem = staged_rows(th) * wp * 4;
+  if (smem > kDwMaxSmem) return false;
+  a.th = int(th), a.rtiles = int(rtiles), a.mb = int(mb), a.mgroups = int(mgroups);
+  a.blocks = blocks();
+
+  const int64_t items = th * ncg;
+  const int threads = int(std::clamp<int64_t>(
+      round_up(detail::ceil_div(items, kDwItemsPerThread), 32), 32, kDwMaxThreads));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(a.blocks, INT_MAX));
+  const auto launch = [&](auto kernel) {
+    kernel<<<grid, threads, static_cast<size_t>(smem), stream>>>(a);
+  };
+  // The unrolled window, its horizontal stride, then sh4.
+  const auto launch_sh4 = [&](auto rr, auto ss) {
+    constexpr int R = decltype(rr)::value, SW = decltype(ss)::value;
+    switch (a.sh4) {
+      case 0: return launch(conv_dw_kernel<R, R, SW, 0>);
+      case 1: return launch(conv_dw_kernel<R, R, SW, 1>);
+      case 2: return launch(conv_dw_kernel<R, R, SW, 2>);
+      default: return launch(conv_dw_kernel<R, R, SW, 3>);
+    }
+  };
+  const auto launch_sw = [&](auto rr) {
+    if (s.stride_w == 1)
+      launch_sh4(rr, std::integral_constant<int, 1>{});
+    else
+      launch_sh4(rr, std::integral_constant<int, 2>{});
+  };
+  if (unit && s.r == 3)
+    launch_sw(std::integral_constant<int, 3>{});
+  else if (unit && s.r == 5)
+    launch_sw(std::integral_constant<int, 5>{});
+  else if (unit && s.r == 7)
+    launch_sw(std::integral_constant<int, 7>{});
+  else
+    launch(conv_dw_kernel<0, 0, 0, 0>);
+  check_launch("conv_scalar (depthwise)");
+  return true;
+}
+
 }  // namespace
 
 bool conv_supports(ConvKernel kernel, const ConvShape& s) {
@@ -191,6 +552,7 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
                 "conv_scalar planes {}x{} -> {}x{} exceed int32", s.h, s.w, s.ho, s.wo);
   EPILOG_ASSERT(x && w && y);
   EPILOG_ASSERT(s.n <= INT_MAX && s.k <= INT_MAX, "conv_scalar n {} k {}", s.n, s.k);
+  if (s.c == s.groups && launch_depthwise(s, x, w, scale, shift, act, y, stream)) return;
   const int64_t pix_blocks = detail::ceil_div(s.ho * s.wo, kThreads);
 
   ScalarArgs a;

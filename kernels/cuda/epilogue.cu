@@ -31,8 +31,7 @@ __global__ void scale_shift_act_vec4(int64_t rows, int64_t channels, int64_t inn
 }
 
 __global__ void scale_shift_act_scalar(int64_t rows, int64_t channels, int64_t inner,
-                                       const float* __restrict__ x,
-                                       const float* __restrict__ scale,
+                                       const float* __restrict__ x, const float* __restrict__ scale,
                                        const float* __restrict__ shift, Activation act,
                                        float* __restrict__ y) {
   const int64_t total = rows * inner;
@@ -56,9 +55,9 @@ void scale_shift_act(int64_t outer, int64_t channels, int64_t inner, const float
   const int64_t work = vec ? rows * inner / 4 : rows * inner;
   const int blocks = int(std::min<int64_t>((work + threads - 1) / threads, 1 << 20));
   if (vec)
-    scale_shift_act_vec4<<<blocks, threads, 0, stream>>>(
-        rows, channels, inner / 4, reinterpret_cast<const float4*>(x), scale, shift, act,
-        reinterpret_cast<float4*>(y));
+    scale_shift_act_vec4<<<blocks, threads, 0, stream>>>(rows, channels, inner / 4,
+                                                         reinterpret_cast<const float4*>(x), scale,
+                                                         shift, act, reinterpret_cast<float4*>(y));
   else
     scale_shift_act_scalar<<<blocks, threads, 0, stream>>>(rows, channels, inner, x, scale, shift,
                                                            act, y);

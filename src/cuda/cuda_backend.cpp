@@ -195,7 +195,7 @@ std::string conv_str(const ConvShape& s) {
 void conv(const Ctx& c, In in, Out out) {
   const ConvShape cs = conv_shape(c.node, in[0].shape(), in[1].shape(), out[0].shape());
   const ConvKernel k = c.plan.conv;
-  if (!cuda::conv_supports(k, cs))
+  if (!conv_supports(k, cs))
     fail("[{}] node '{}': the {} kernel cannot run {}", op_name(c.node.op), c.node.name,
          conv_name(k), conv_str(cs));
   const bool fused = c.node.op == OpKind::FusedConv2d;
@@ -361,6 +361,38 @@ class CudaBackend final : public Backend {
   }
 
   void synchronize() override { EPILOG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  // A CUDA graph of everything `body` launches on the stream: one launch replays a model.
+  class GraphRecording final : public Recording {
+   public:
+    GraphRecording(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+    ~GraphRecording() override { cudaGraphExecDestroy(exec_); }
+    void replay() override { EPILOG_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+   private:
+    cudaGraphExec_t exec_;
+    cudaStream_t stream_;
+  };
+
+  bool can_record() const override { return true; }
+  std::unique_ptr<Recording> record(const std::function<void()>& body) override {
+    EPILOG_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = nullptr;
+    try {
+      body();
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      cudaGetLastError();
+      throw;
+    }
+    EPILOG_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    EPILOG_CUDA_CHECK(err);
+    return std::make_unique<GraphRecording>(exec, stream_);
+  }
 
  private:
   cudaStream_t stream_ = nullptr;

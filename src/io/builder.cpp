@@ -9,7 +9,8 @@ namespace epilog {
 Val Builder::input(const std::string& name, const Shape& shape) {
   if (graph_.values.count(name)) fail("builder: input '{}' is already defined", name);
   for (int64_t d : shape)
-    if (d < 1) fail("builder: input '{}' has shape {}: every dim must be >= 1", name, shape_str(shape));
+    if (d < 1)
+      fail("builder: input '{}' has shape {}: every dim must be >= 1", name, shape_str(shape));
   graph_.inputs.push_back(name);
   graph_.values[name] = Value{shape, DType::F32};
   return {name};
@@ -94,9 +95,9 @@ Val Builder::conv2d(Val x, const std::string& name, const ConvOpts& o) {
   if (o.groups_ < 1 || xs[1] % o.groups_ != 0)
     fail("[conv2d] node '{}': groups={} does not divide the {} input channels", name, o.groups_,
          xs[1]);
-  std::vector<Val> ins{x, weight(name + ".weight",
-                                 {o.out_channels_, xs[1] / o.groups_, o.kernel_[0], o.kernel_[1]},
-                                 OpKind::Conv2d, "weight")};
+  std::vector<Val> ins{
+      x, weight(name + ".weight", {o.out_channels_, xs[1] / o.groups_, o.kernel_[0], o.kernel_[1]},
+                OpKind::Conv2d, "weight")};
   if (o.bias_) ins.push_back(weight(name + ".bias", {o.out_channels_}, OpKind::Conv2d, "bias"));
   Attrs a;
   a.set("stride", o.stride_);
@@ -109,8 +110,8 @@ Val Builder::conv2d(Val x, const std::string& name, const ConvOpts& o) {
 Val Builder::batchnorm(Val x, const std::string& name, double eps) {
   const Shape& xs = shape(x);
   if (xs.size() < 2)
-    fail("[batchnorm] node '{}': input '{}' has shape {}, expected at least 2 dims", name,
-         x.name, shape_str(xs));
+    fail("[batchnorm] node '{}': input '{}' has shape {}, expected at least 2 dims", name, x.name,
+         shape_str(xs));
   std::vector<Val> ins{x};
   for (const char* role : {"weight", "bias", "running_mean", "running_var"})
     ins.push_back(weight(name + "." + role, {xs[1]}, OpKind::BatchNorm, role));
@@ -124,13 +125,18 @@ Val Builder::linear(Val x, const std::string& name, int64_t out_features, bool b
   if (xs.size() != 2)
     fail("[linear] node '{}': input '{}' has shape {}, expected 2 dims", name, x.name,
          shape_str(xs));
-  std::vector<Val> ins{x, weight(name + ".weight", {out_features, xs[1]}, OpKind::Linear, "weight")};
+  std::vector<Val> ins{x,
+                       weight(name + ".weight", {out_features, xs[1]}, OpKind::Linear, "weight")};
   if (bias) ins.push_back(weight(name + ".bias", {out_features}, OpKind::Linear, "bias"));
   return single(OpKind::Linear, ins, {}, name);
 }
 
-Val Builder::silu(Val x, const std::string& name) { return single(OpKind::Silu, {x}, {}, name); }
-Val Builder::relu(Val x, const std::string& name) { return single(OpKind::Relu, {x}, {}, name); }
+Val Builder::silu(Val x, const std::string& name) {
+  return single(OpKind::Silu, {x}, {}, name);
+}
+Val Builder::relu(Val x, const std::string& name) {
+  return single(OpKind::Relu, {x}, {}, name);
+}
 Val Builder::sigmoid(Val x, const std::string& name) {
   return single(OpKind::Sigmoid, {x}, {}, name);
 }

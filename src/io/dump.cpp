@@ -22,10 +22,14 @@ std::string ints_str(const std::vector<int64_t>& v) {
 
 std::string attr_str(const AttrValue& v) {
   switch (v.index()) {
-    case 0: return std::to_string(std::get<int64_t>(v));
-    case 1: return fmt::format("{}", std::get<double>(v));
-    case 2: return ints_str(std::get<std::vector<int64_t>>(v));
-    default: return std::get<std::string>(v);
+    case 0:
+      return std::to_string(std::get<int64_t>(v));
+    case 1:
+      return fmt::format("{}", std::get<double>(v));
+    case 2:
+      return ints_str(std::get<std::vector<int64_t>>(v));
+    default:
+      return std::get<std::string>(v);
   }
 }
 
@@ -60,10 +64,14 @@ std::string dot_escape(const std::string& s) {
 
 nlohmann::ordered_json attr_json(const AttrValue& v) {
   switch (v.index()) {
-    case 0: return std::get<int64_t>(v);
-    case 1: return std::get<double>(v);
-    case 2: return std::get<std::vector<int64_t>>(v);
-    default: return std::get<std::string>(v);
+    case 0:
+      return std::get<int64_t>(v);
+    case 1:
+      return std::get<double>(v);
+    case 2:
+      return std::get<std::vector<int64_t>>(v);
+    default:
+      return std::get<std::string>(v);
   }
 }
 
@@ -124,7 +132,8 @@ std::string dump_text(const Graph& graph) {
 }
 
 std::string dump_dot(const Graph& graph) {
-  std::string out = "digraph epilog {\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10];\n";
+  std::string out =
+      "digraph epilog {\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10];\n";
   for (const std::string& in : graph.inputs)
     out += fmt::format("  \"v:{0}\" [shape=ellipse, label=\"{0}\\n{1}\"];\n", dot_escape(in),
                        shape_str(graph.value(in).shape));
@@ -132,11 +141,10 @@ std::string dump_dot(const Graph& graph) {
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     const Node& node = graph.nodes[i];
     bool fused = node.op == OpKind::FusedConv2d;
-    out += fmt::format("  \"n:{}\" [shape=box, label=\"{}\\n{}{}\"{}];\n", dot_escape(node.name),
-                       dot_escape(node.name), op_name(node.op),
-                       dot_escape(attrs_str(graph, node)),
-                       fused ? ", style=\"filled,bold\", fillcolor=\"#ffcc66\", penwidth=2"
-                             : ", style=rounded");
+    out += fmt::format(
+        "  \"n:{}\" [shape=box, label=\"{}\\n{}{}\"{}];\n", dot_escape(node.name),
+        dot_escape(node.name), op_name(node.op), dot_escape(attrs_str(graph, node)),
+        fused ? ", style=\"filled,bold\", fillcolor=\"#ffcc66\", penwidth=2" : ", style=rounded");
     for (const std::string& in : node.inputs) {
       if (graph.is_weight(in)) continue;
       int p = uses.producer(in);
@@ -146,9 +154,10 @@ std::string dump_dot(const Graph& graph) {
     }
   }
   for (const std::string& o : graph.outputs) {
-    out += fmt::format("  \"out:{0}\" [shape=ellipse, style=filled, fillcolor=\"#dddddd\", "
-                       "label=\"{0}\\n{1}\"];\n",
-                       dot_escape(o), shape_str(graph.value(o).shape));
+    out += fmt::format(
+        "  \"out:{0}\" [shape=ellipse, style=filled, fillcolor=\"#dddddd\", "
+        "label=\"{0}\\n{1}\"];\n",
+        dot_escape(o), shape_str(graph.value(o).shape));
     int p = uses.producer(o);
     std::string from = p < 0 ? "v:" + o : "n:" + graph.nodes[p].name;
     out += fmt::format("  \"{}\" -> \"out:{}\";\n", dot_escape(from), dot_escape(o));
@@ -208,9 +217,12 @@ DumpFormat parse_dump_format(const std::string& name) {
 
 std::string dump(const Graph& graph, DumpFormat format) {
   switch (format) {
-    case DumpFormat::Text: return dump_text(graph);
-    case DumpFormat::Dot: return dump_dot(graph);
-    case DumpFormat::Json: return dump_json(graph);
+    case DumpFormat::Text:
+      return dump_text(graph);
+    case DumpFormat::Dot:
+      return dump_dot(graph);
+    case DumpFormat::Json:
+      return dump_json(graph);
   }
   return "";
 }

@@ -4,8 +4,8 @@
 
 namespace epilog {
 
-Tensor init_weight(const std::string& name, const Shape& shape, OpKind op,
-                   const std::string& role, uint64_t seed) {
+Tensor init_weight(const std::string& name, const Shape& shape, OpKind op, const std::string& role,
+                   uint64_t seed) {
   Tensor t = Tensor::empty(shape);
   Rng rng(hash_string(name, seed));
   float* p = t.f32();

@@ -12,13 +12,14 @@ using In = const std::vector<Tensor>&;
 using Out = std::vector<Tensor>&;
 using CpuKernel = void (*)(const Node&, In, Out);
 
-const float* opt(In in, size_t i) { return i < in.size() ? in[i].f32() : nullptr; }
+const float* opt(In in, size_t i) {
+  return i < in.size() ? in[i].f32() : nullptr;
+}
 
 void conv(const Node& n, In in, Out out) {
   ConvShape cs = conv_shape(n, in[0].shape(), in[1].shape(), out[0].shape());
   if (n.op == OpKind::Conv2d)
-    cpu::conv2d(cs, in[0].f32(), in[1].f32(), nullptr, opt(in, 2), Activation::None,
-                out[0].f32());
+    cpu::conv2d(cs, in[0].f32(), in[1].f32(), nullptr, opt(in, 2), Activation::None, out[0].f32());
   else
     cpu::conv2d(cs, in[0].f32(), in[1].f32(), in[2].f32(), in[3].f32(), conv_activation(n),
                 out[0].f32());
@@ -95,6 +96,8 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
 
 }  // namespace epilog

@@ -12,8 +12,8 @@ ConvShape conv_shape(const Node& node, const Shape& x, const Shape& w, const Sha
   const auto& s = node.attrs.ints("stride");
   const auto& p = node.attrs.ints("padding");
   const auto& d = node.attrs.ints("dilation");
-  return ConvShape{x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2], y[3], s[0], s[1],
-                   p[0], p[1], d[0], d[1], node.attrs.i("groups")};
+  return ConvShape{x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2],
+                   y[3], s[0], s[1], p[0], p[1], d[0], d[1], node.attrs.i("groups")};
 }
 
 Activation parse_activation(const std::string& name) {
@@ -24,10 +24,14 @@ Activation parse_activation(const std::string& name) {
 
 const char* activation_name(Activation act) {
   switch (act) {
-    case Activation::None: return "none";
-    case Activation::Silu: return "silu";
-    case Activation::Relu: return "relu";
-    case Activation::Sigmoid: return "sigmoid";
+    case Activation::None:
+      return "none";
+    case Activation::Silu:
+      return "silu";
+    case Activation::Relu:
+      return "relu";
+    case Activation::Sigmoid:
+      return "sigmoid";
   }
   return "?";
 }
@@ -43,8 +47,8 @@ PoolShape pool_shape(const Node& node, const Shape& x, const Shape& y) {
   const auto& s = node.attrs.ints("stride");
   const auto& p = node.attrs.ints("padding");
   bool include_pad = node.op == OpKind::AvgPool2d && node.attrs.i("count_include_pad") != 0;
-  return PoolShape{x[0], x[1], x[2], x[3], y[2], y[3], k[0], k[1], s[0], s[1],
-                   p[0], p[1], p[2], p[3], include_pad};
+  return PoolShape{x[0], x[1], x[2], x[3], y[2], y[3], k[0],       k[1],
+                   s[0], s[1], p[0], p[1], p[2], p[3], include_pad};
 }
 
 }  // namespace epilog

@@ -235,7 +235,7 @@ void check_kernel(ConvKernel kernel) {
   int r = 0;
   for (const Geometry& g : kGeometries) {
     const ConvShape s = g.shape();
-    if (!cuda::conv_supports(kernel, s)) continue;
+    if (!conv_supports(kernel, s)) continue;
     const ConvTiles lowered = conv_tiles(kernel, s, profile);
     for (Activation act : kActivations) {
       check({kernel, lowered, s, r % 2 == 0, r / 2 % 2 == 0, act}, seed += 4,
@@ -257,9 +257,9 @@ TEST_CASE("gpu conv: conv_supports: scalar runs everything, tiled and gemm group
   for (const Geometry& g : kGeometries) {
     const ConvShape s = g.shape();
     INFO(g.name);
-    CHECK(cuda::conv_supports(ConvKernel::Scalar, s));
-    CHECK(cuda::conv_supports(ConvKernel::Tiled, s) == (s.groups == 1));
-    CHECK(cuda::conv_supports(ConvKernel::Gemm, s) == (s.groups == 1));
+    CHECK(conv_supports(ConvKernel::Scalar, s));
+    CHECK(conv_supports(ConvKernel::Tiled, s) == (s.groups == 1));
+    CHECK(conv_supports(ConvKernel::Gemm, s) == (s.groups == 1));
   }
 }
 
@@ -303,7 +303,7 @@ TEST_CASE("gpu conv: suite layers at full size, every kernel", "[gpu][conv][suit
                      l.stride, pad, pad, pad,  pad,  1,   1,     l.groups};
     const ConvShape s = g.shape();
     for (ConvKernel kernel : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm}) {
-      if (!cuda::conv_supports(kernel, s)) continue;
+      if (!conv_supports(kernel, s)) continue;
       check({kernel, conv_tiles(kernel, s, profile), s, true, true, Activation::Silu}, seed += 4,
             l.name);
     }

@@ -407,7 +407,7 @@ TEST_CASE("gpu ops: conv2d and fused_conv2d dispatch to each conv kernel", "[gpu
         plan.tiles = conv_tiles(kernel, cs, h200_profile());
         INFO(conv_kernel_name(kernel)
              << " variant " << variant << " x " << shape_str(c.x) << " groups " << c.groups);
-        if (!cuda::conv_supports(kernel, cs)) {
+        if (!conv_supports(kernel, cs)) {
           REQUIRE_THROWS_WITH(run_node(g, {}, {}, plan),
                               Catch::Contains("cannot run") && Catch::Contains("conv"));
           continue;

@@ -34,7 +34,7 @@ struct PassReport {
     int count;
   };
   std::vector<Hit> hits;
-  std::vector<std::string> refusals;               // rule, node and reason, for explanations
+  std::vector<std::string> refusals;  // rule, node and reason, for explanations
   int dead_nodes = 0;
   // "fused 45 conv2d->batchnorm->silu, removed 0 dead nodes"
   std::string summary() const;

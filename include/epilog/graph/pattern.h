@@ -30,13 +30,15 @@ struct Pat {
 inline Pat op(OpKind kind, std::vector<Pat> inputs = {}, std::string bind = "") {
   return Pat{kind, std::move(inputs), std::move(bind)};
 }
-inline Pat any(std::string bind = "") { return Pat{std::nullopt, {}, std::move(bind)}; }
+inline Pat any(std::string bind = "") {
+  return Pat{std::nullopt, {}, std::move(bind)};
+}
 
 struct Match {
   const Graph* graph = nullptr;
-  int root = -1;                        // index of the root node
-  std::vector<int> nodes;               // every matched node, root first
-  std::map<std::string, int> node_of;   // binding -> node index
+  int root = -1;                                // index of the root node
+  std::vector<int> nodes;                       // every matched node, root first
+  std::map<std::string, int> node_of;           // binding -> node index
   std::map<std::string, std::string> value_of;  // binding -> value name (nodes: first output)
 
   const Node& node(const std::string& bind) const;
@@ -71,8 +73,7 @@ struct Rule {
 };
 
 // Tries the pattern rooted at node `root`.
-std::optional<Match> match(const Graph& graph, const UseIndex& uses, const Pat& pattern,
-                           int root);
+std::optional<Match> match(const Graph& graph, const UseIndex& uses, const Pat& pattern, int root);
 
 struct RewriteStats {
   std::map<std::string, int> hits;     // rule name -> times applied
@@ -81,7 +82,6 @@ struct RewriteStats {
 
 // Applies rules (indexed by root op; earlier rules first) until no rule matches. Visits
 // consumers before producers so that the longest chain ending at a node wins.
-RewriteStats rewrite(Graph& graph, const std::vector<Rule>& rules,
-                     const KernelQuery& has_kernel);
+RewriteStats rewrite(Graph& graph, const std::vector<Rule>& rules, const KernelQuery& has_kernel);
 
 }  // namespace epilog

@@ -10,7 +10,7 @@ namespace epilog {
 // (seed, name) on every platform. Convolution and linear weights keep activations at unit scale
 // (He-uniform); batchnorm statistics are deliberately non-trivial (mean != 0, var != 1,
 // gamma != 1) so that a wrong fold shows in the numbers.
-Tensor init_weight(const std::string& name, const Shape& shape, OpKind op,
-                   const std::string& role, uint64_t seed);
+Tensor init_weight(const std::string& name, const Shape& shape, OpKind op, const std::string& role,
+                   uint64_t seed);
 
 }  // namespace epilog

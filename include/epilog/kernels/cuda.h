@@ -15,15 +15,15 @@ using Stream = CUstream_st*;
 
 // Throws epilog::Error with the call, file and line when a CUDA call fails.
 void check(int status, const char* call, const char* file, int line);
-#define EPILOG_CUDA_CHECK(call) ::epilog::cuda::check(static_cast<int>(call), #call, __FILE__, __LINE__)
+#define EPILOG_CUDA_CHECK(call) \
+  ::epilog::cuda::check(static_cast<int>(call), #call, __FILE__, __LINE__)
 // After a launch: reports configuration errors at once.
 void check_launch(const char* kernel);
 
 // -- fused_conv2d: y = act(conv(x, w) * scale[k] + shift[k]) --
 // scale == nullptr means 1 and shift == nullptr means 0, so conv2d with a bias is
 // (nullptr, bias, None). Each kernel's restrictions are in its file's header comment;
-// conv_supports says whether a kernel can run a shape at all.
-bool conv_supports(ConvKernel kernel, const ConvShape& s);
+// conv_supports (shapes.h) says whether a kernel can run a shape at all.
 void conv_scalar(const ConvShape& s, const float* x, const float* w, const float* scale,
                  const float* shift, Activation act, float* y, Stream stream);
 void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
@@ -63,8 +63,8 @@ void binary(Binary op, const BroadcastShape& s, const float* a, const float* b, 
 void copy_slab(int64_t outer, int64_t count, int64_t inner, const float* src, int64_t src_extent,
                int64_t src_offset, float* dst, int64_t dst_extent, int64_t dst_offset,
                Stream stream);
-void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_h,
-                      int64_t scale_w, const float* x, float* y, Stream stream);
+void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_h, int64_t scale_w,
+                      const float* x, float* y, Stream stream);
 
 // -- pooling --
 void maxpool2d(const PoolShape& p, const float* x, float* y, Stream stream);

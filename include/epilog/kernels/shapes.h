@@ -17,10 +17,14 @@ enum class Activation : uint8_t { None, Silu, Relu, Sigmoid };
 
 EPILOG_HD inline float activate(Activation act, float v) {
   switch (act) {
-    case Activation::Silu: return v / (1.0f + expf(-v));
-    case Activation::Relu: return v > 0.0f ? v : 0.0f;
-    case Activation::Sigmoid: return 1.0f / (1.0f + expf(-v));
-    case Activation::None: break;
+    case Activation::Silu:
+      return v / (1.0f + expf(-v));
+    case Activation::Relu:
+      return v > 0.0f ? v : 0.0f;
+    case Activation::Sigmoid:
+      return 1.0f / (1.0f + expf(-v));
+    case Activation::None:
+      break;
   }
   return v;
 }
@@ -53,6 +57,12 @@ struct ConvTiles {
   int k = 0;       // reduction slice (Cin*Kh*Kw) staged per step
   int stages = 0;  // shared-memory pipeline depth (gemm)
 };
+
+// Whether a conv kernel can run a shape at all: tiled and gemm need groups == 1; scalar runs
+// everything.
+inline bool conv_supports(ConvKernel kernel, const ConvShape& s) {
+  return kernel == ConvKernel::Scalar || s.groups == 1;
+}
 
 // NCHW pooling window geometry; padding is top, left, bottom, right.
 struct PoolShape {

@@ -23,6 +23,20 @@ class Backend {
                    std::vector<Tensor>& outputs) = 0;
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() {}
+
+  // A replayable recording of the launches some code made (a CUDA graph): one launch replays a
+  // whole model, without the host cost of each kernel.
+  class Recording {
+   public:
+    virtual ~Recording() = default;
+    virtual void replay() = 0;
+  };
+  virtual bool can_record() const { return false; }
+  // Records what `body` launches on this backend (only where can_record()).
+  virtual std::unique_ptr<Recording> record(const std::function<void()>& body) {
+    (void)body;
+    fail("{} backend cannot record launches", device_name(device()));
+  }
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
@@ -44,8 +58,13 @@ class Executor {
   Executor(Plan plan, Backend& backend);
 
   // Inputs by name (on any device; checked against the graph's shapes). Outputs come back on
-  // the backend's device.
+  // the backend's device. With recording on (the default) and a backend that can record, the
+  // first run keeps every intermediate and records the launches, and later runs replay the
+  // recording: then the returned outputs share the executor's buffers and hold until the next
+  // run(). Without recording, intermediates are freed after their last reader.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
+  void set_recording(bool on) { recording_on_ = on; }
+  bool replaying() const { return recording_ != nullptr; }
 
   // With profiling on, run() synchronizes after each node and records its time.
   void set_profile(bool on) { profile_ = on; }
@@ -58,11 +77,17 @@ class Executor {
   Plan plan_;
   const Graph& graph_ = plan_.graph;
   Backend& backend_;
-  std::map<std::string, Tensor> weights_;  // on the backend's device
+  std::map<std::string, Tensor> weights_;                // on the backend's device
   std::vector<std::vector<std::string>> release_after_;  // values dead after node i
   bool profile_ = false;
   std::vector<NodeTiming> timings_;
   std::function<void(size_t, size_t)> progress_;
+  bool recording_on_ = true;
+  std::map<std::string, Tensor> buffers_;  // every value, kept while recording
+  std::unique_ptr<Backend::Recording> recording_;
+
+  // Runs every node; `keep` keeps all values in env (and reuses the buffers found there).
+  void execute(std::map<std::string, Tensor>& env, bool keep);
 };
 
 }  // namespace epilog

@@ -1,0 +1,67 @@
+// The inline-PTX wrappers of conv_gemm.cu (cp.async, mma.sync TF32, TF32 rounding), kept apart
+// so that the kernels above them read as plain C++ (and a host emulator can stand in for them).
+#pragma once
+
+#include <cstdint>
+
+namespace epilog::cuda::conv_gemm_detail {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// -- cp.async --
+// src_bytes == 0 reads nothing and fills the destination with zeros (padding, tails); callers
+// still pass an in-bounds src for masked copies. 16-byte copies go through L2 only (.cg: the
+// data is read once per block); 4-byte copies may only use .ca, which also lets L1 serve the
+// neighbouring reads of a gather.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const float* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const float* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+// With `stages` buffers the oldest tile is complete once at most stages - 2 younger groups are
+// pending (one group is committed per tile, empty or not).
+__device__ __forceinline__ void cp_async_wait_stage(int stages) {
+  if (stages >= 4)
+    cp_async_wait<2>();
+  else if (stages == 3)
+    cp_async_wait<1>();
+  else
+    cp_async_wait<0>();
+}
+
+// -- TF32 --
+// Round to nearest (ties away from zero) as one integer add: the tensor core reads only the top
+// 19 bits of a .tf32 operand (sign, exponent, 10 mantissa bits) and ignores the low 13, so adding
+// half a TF32 ulp (0x1000) first turns its truncation into rounding. The carry runs into the
+// exponent exactly when rounding should (up to infinity past the largest TF32); infinities and
+// NaNs with a payload in the kept bits stay what they are. This is cvt.rna.tf32.f32 for every
+// finite input, in one instruction instead of the two that cvt takes on sm_90.
+__device__ __forceinline__ uint32_t to_tf32(float v) {
+  return __float_as_uint(v) + 0x1000u;
+}
+
+// D += A * B for one m16n8k8 tile, TF32 operands, float32 accumulators. Fragments (g = lane / 4,
+// t = lane % 4): a0 (row g, k t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4);
+// b0 (k t, col g), b1 (t + 4, g); d0 (g, 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+}  // namespace epilog::cuda::conv_gemm_detail
