@@ -77,6 +77,18 @@ int smallest_covering(const std::vector<int>& sizes, int64_t extent) {
   return sizes.back();
 }
 
+// Whether gemm runs a 3x3 layer on the halo kernel (k = 72), whose blocks hold 1, 2 or 4 squares
+// of 8x8 output pixels (a plane that 8 does not divide is padded up to whole squares). Measured
+// (conv_bench, H200, docs/perf.md): with 4 squares per block at stride 1 it beats the k = 32
+// gather kernel, b16_c64_64_3x3_80 84.8 vs 116 us; with 1 square per block it loses,
+// b1_c64_64_3x3_80 38.5 vs 16.4 and b16_c128_128_3x3_40 224 vs 108; at stride 2 it loses even
+// with 4, b32_c16_32_3x3s2_320 294 vs 196.
+bool halo_wins(const ConvShape& s, int n_tile, const DeviceProfile& device) {
+  if (!conv_gemm_halo_fits(s) || s.stride_h != 1) return false;
+  const int64_t squares = s.n * ceil_div(s.ho, 8) * ceil_div(s.wo, 8);
+  return ceil_div(squares, 4) * ceil_div(s.k, n_tile) >= 2 * int64_t(device.sm_count);
+}
+
 }  // namespace
 
 ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile& device) {
@@ -94,12 +106,34 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       break;
     case ConvKernel::Gemm:
       t.n = smallest_covering({32, 64, 128}, s.k);
-      t.m = largest_filling({128, 64, 32}, ceil_div(s.k, t.n), pixels, device.sm_count);
-      t.k = 32;
       t.stages = 3;
+      if (halo_wins(s, t.n, device)) {
+        t.m = 256;
+        t.k = 72;  // 8 input channels x 9 taps per stage
+      } else {
+        t.m = largest_filling({128, 64, 32}, ceil_div(s.k, t.n), pixels, device.sm_count);
+        t.k = 32;
+      }
       break;
   }
   return t;
+}
+
+std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel) {
+  std::vector<ConvTiles> out;
+  if (kernel == ConvKernel::Tiled) {
+    for (int m : {32, 64, 128})
+      for (int n : {8, 16, 32}) out.push_back({m, n, 8, 0});
+  } else if (kernel == ConvKernel::Gemm) {
+    for (int m : {32, 64, 128})
+      for (int n : {32, 64, 128})
+        for (int stages : {2, 3, 4}) out.push_back({m, n, 32, stages});
+    // The 3x3 halo kernel; on other shapes these tiles run the k = 32 kernel.
+    for (int m : {64, 128, 256})
+      for (int n : {32, 64, 128})
+        for (int stages : {2, 3, 4}) out.push_back({m, n, 72, stages});
+  }
+  return out;
 }
 
 Plan lower(Graph graph, const LowerOptions& options) {

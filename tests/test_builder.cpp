@@ -233,6 +233,12 @@ TEST_CASE("builder: set_weights data is used and checked", "[builder]") {
     REQUIRE_ERROR(b.batchnorm(x, "bn"), "[batchnorm]", "'bn.running_mean'",
                   "data has shape [8], expected [16]");
   }
+  SECTION("data given after its weight was made throws instead of being ignored") {
+    Builder b(1);
+    b.conv2d(b.input("images", {1, 3, 8, 8}), "b0.conv", ConvOpts(16, 3));
+    REQUIRE_ERROR(b.set_weights({{"b0.conv.weight", Tensor::from_vector({16, 3, 3, 3}, w)}}),
+                  "'b0.conv.weight'", "call set_weights before the ops that use it");
+  }
   SECTION("data that no op uses throws at build()") {
     Builder b(1);
     b.set_weights({{"b0.conv.wieght", Tensor::from_vector({16, 3, 3, 3}, w)}});
@@ -278,12 +284,15 @@ TEST_CASE("builder: shape errors are thrown at the call, naming node and shapes"
   REQUIRE_ERROR(b.linear(x, "fc1", 10), "[linear]", "node 'fc1'", "[1,4,8,8]");
   REQUIRE_ERROR(b.global_avgpool(flat, "gap1"), "[global_avgpool]", "node 'gap1'", "[4,8]");
 
-  // None of the failed calls left a node behind, and the builder still works.
-  Val ok = b.silu(x, "s");
+  // None of the failed calls left a node or a weight behind, and a retry under the same
+  // name works.
+  Val ok = b.silu(b.conv2d(x, "c4", ConvOpts(8, 3)), "s");
   b.output(ok);
   Graph g = b.build();
-  REQUIRE(g.nodes.size() == 1);
-  REQUIRE(g.nodes[0].name == "s");
+  REQUIRE(g.nodes.size() == 2);
+  REQUIRE(g.nodes[1].name == "s");
+  REQUIRE(g.weights.size() == 1);
+  REQUIRE(g.weights.count("c4.weight") == 1);
 }
 
 TEST_CASE("builder: naming errors", "[builder]") {

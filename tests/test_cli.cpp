@@ -36,9 +36,8 @@ fs::path scratch() {
 // Runs `epilog ARGS` with optional environment assignments in front (e.g. "X=1").
 Result cli(const std::string& args, const std::string& env = "") {
   std::string out = (scratch() / "stdout").string(), err = (scratch() / "stderr").string();
-  const char* cli = std::getenv("EPILOG_CLI");
   std::string cmd = fmt::format("cd '{}' && {} '{}' {} >'{}' 2>'{}'", epilog::test::source_dir(),
-                                env, cli && *cli ? cli : EPILOG_CLI, args, out, err);
+                                env, epilog::test::cli_path(), args, out, err);
   int raw = std::system(cmd.c_str());
   return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, slurp(out), slurp(err)};
 }

@@ -66,6 +66,17 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
       {ConvKernel::Gemm, shape(1, 256, 20, 256, 1), 132, {32, 128, 32, 3}},
       // Cout 16: the narrowest column block, 32 wide.
       {ConvKernel::Gemm, shape(1, 64, 80, 16, 1), 132, {32, 32, 32, 3}},
+      // 3x3 stride 1: the halo kernel (k = 72); 16 x 10 x 10 squares of 8x8, 4 per block: 400
+      // blocks >= 264.
+      {ConvKernel::Gemm, shape(16, 64, 80, 64, 3), 132, {256, 64, 72, 3}},
+      // 1 x 10 x 10 squares make 25 blocks of 4: the gather kernel, 200 blocks of 32.
+      {ConvKernel::Gemm, shape(1, 64, 80, 64, 3), 132, {32, 64, 32, 3}},
+      // 16 x 5 x 5 squares of a 40 plane: 100 blocks of 4 < 264.
+      {ConvKernel::Gemm, shape(16, 128, 40, 128, 3), 132, {64, 128, 32, 3}},
+      // 3x3 stride 2: always the gather kernel.
+      {ConvKernel::Gemm, shape(32, 16, 320, 32, 3, 2), 132, {128, 32, 32, 3}},
+      // 5x5 stays on the k = 32 gather kernel: 25600 pixels, 200 blocks of 128 < 264.
+      {ConvKernel::Gemm, shape(16, 64, 40, 64, 5), 132, {64, 64, 32, 3}},
       // tiled: Cout 16 -> 16 channels; 25600 pixels -> 400 blocks of 64 >= 264.
       {ConvKernel::Tiled, shape(1, 16, 160, 16, 3), 132, {64, 16, 8, 0}},
       // tiled: Cout 64 -> 32-channel blocks (2); 6400 pixels: 64 -> 100 x 2 = 200 < 264.

@@ -534,8 +534,9 @@ TEST_CASE("io: missing or corrupt weights file", "[io]") {
 }
 
 TEST_CASE("io: load_model checks the file type and that it exists", "[io]") {
-  check_error([] { load_model("model.onnx"); },
-              {"model.onnx", "unsupported model file type '.onnx'"});
+  check_error([] { load_model("model.pt"); },
+              {"model.pt", "unsupported model file type '.pt'", "reads .json and .onnx"});
+  check_error([] { load_model(tmp("absent.onnx")); }, {"absent.onnx", "cannot open"});
   check_error([] { load_model(tmp("absent.json")); }, {"absent.json", "cannot open"});
   write_text(tmp("bad.json"), "{\"format\": \"epilog\", \"version\": 1, \"inputs\": 3");
   check_error([] { load_model(tmp("bad.json")); }, {"bad.json", "invalid JSON at byte"});

@@ -20,6 +20,11 @@ inline std::string source_dir() {
   return dir && *dir ? dir : EPILOG_SOURCE_DIR;
 }
 
+inline std::string cli_path() {
+  const char* cli = std::getenv("EPILOG_CLI");
+  return cli && *cli ? cli : EPILOG_CLI;
+}
+
 inline std::map<std::string, Tensor> random_inputs(const Graph& g, uint64_t seed) {
   std::map<std::string, Tensor> in;
   for (const std::string& name : g.inputs)

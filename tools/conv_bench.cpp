@@ -47,6 +47,7 @@ struct Options {
   double copy_gbps = 4250;  // ceilings of the card, PERF.md (measured on an H200)
   double tf32_tflops = 358;
   std::string only;  // run only shapes whose name contains this
+  bool sweep = false;  // also time every built tile combination
 };
 
 // Device buffers that free themselves.
@@ -205,19 +206,29 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   auto xb = [&](int r) { return xs[r % nbuf]->ptr; };
   auto yb = [&](int r) { return ys[r % nbuf]->ptr; };
   std::vector<Variant> variants;
+  // One fused conv -> batchnorm -> silu with kernel `kern` and tiles `t` on rotation slot r.
+  auto fused = [&](ConvKernel kern, const ConvTiles& t, int r) {
+    if (kern == ConvKernel::Scalar)
+      cuda::conv_scalar(s, xb(r), dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, yb(r), stream);
+    else if (kern == ConvKernel::Tiled)
+      cuda::conv_tiled(s, t, xb(r), dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, yb(r),
+                       stream);
+    else
+      cuda::conv_gemm(s, t, xb(r), dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, yb(r),
+                      stream);
+  };
   for (ConvKernel kern : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm}) {
     if (!conv_supports(kern, s)) continue;
     ConvTiles t = conv_tiles(kern, s, profile);
-    auto launch = [=, &dw, &dscale, &dshift](float* x, float* y) {
-      if (kern == ConvKernel::Scalar)
-        cuda::conv_scalar(s, x, dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, y, stream);
-      else if (kern == ConvKernel::Tiled)
-        cuda::conv_tiled(s, t, x, dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, y, stream);
-      else
-        cuda::conv_gemm(s, t, x, dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, y, stream);
-    };
-    variants.push_back({conv_kernel_name(kern), [=](int r) { launch(xb(r), yb(r)); },
+    variants.push_back({conv_kernel_name(kern), [&fused, kern, t](int r) { fused(kern, t, r); },
                         kern == ConvKernel::Gemm ? 2e-3 : 1e-5});
+  }
+  // Where lowering gives gemm the 3x3 halo kernel, the k = 32 gather kernel too, so that the
+  // table shows what the halo tiles gain.
+  if (conv_gemm_halo_fits(s)) {
+    ConvTiles t = conv_tiles(ConvKernel::Gemm, s, profile);
+    t = {std::min(t.m, 128), t.n, 32, t.stages};
+    variants.push_back({"gemm_k32", [&fused, t](int r) { fused(ConvKernel::Gemm, t, r); }, 2e-3});
   }
   // Our unfused sequence: the selected kernel with an identity epilogue, batchnorm, silu.
   ConvChoice pick = select_conv_kernel(s, profile);
@@ -276,9 +287,35 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   cudnnDestroyFilterDescriptor(wd);
   cudnnDestroyConvolutionDescriptor(cd);
 
-  // The fastest of the three fused kernels, and whether the selector's pick is within 10%.
+  // --sweep: every tile combination of tiled and gemm (the GPU tests check them all), against
+  // the tiles lowering picks: what the tile rules of conv_tiles are checked with.
+  if (opt.sweep) {
+    json all = json::array();
+    for (ConvKernel kern : {ConvKernel::Tiled, ConvKernel::Gemm}) {
+      if (!conv_supports(kern, s)) continue;
+      const ConvTiles picked = conv_tiles(kern, s, profile);
+      ConvTiles best;
+      double best_us = INFINITY, picked_us = INFINITY;
+      for (const ConvTiles& t : conv_built_tiles(kern)) {
+        if (t.k == 72 && !conv_gemm_halo_fits(s)) continue;  // would run the k = 32 kernel
+        const double us = graph_time_us(stream, [&fused, kern, t](int r) { fused(kern, t, r); });
+        all.push_back({conv_kernel_name(kern), t.m, t.n, t.k, t.stages, us});
+        if (us < best_us) best_us = us, best = t;
+        if (t.m == picked.m && t.n == picked.n && t.k == picked.k && t.stages == picked.stages)
+          picked_us = us;
+      }
+      std::printf("  %s sweep: fastest m=%d n=%d k=%d stages=%d %.1f us; lowering's m=%d n=%d "
+                  "k=%d stages=%d %.1f us\n",
+                  conv_kernel_name(kern), best.m, best.n, best.k, best.stages, best_us, picked.m,
+                  picked.n, picked.k, picked.stages, picked_us);
+    }
+    row["sweep"] = all;
+  }
+
+  // The fastest of the fused kernels (and gemm tile shapes), and whether the selector's pick
+  // is within 10% of it.
   double fastest = INFINITY;
-  for (const char* k : {"scalar", "tiled", "gemm"})
+  for (const char* k : {"scalar", "tiled", "gemm", "gemm_k32"})
     if (row.contains(std::string(k) + "_us") && !row[std::string(k) + "_us"].is_null())
       fastest = std::min(fastest, row[std::string(k) + "_us"].get<double>());
   std::string sel = std::string(conv_kernel_name(pick.kernel)) + "_us";
@@ -294,12 +331,13 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
 
 void usage(FILE* to) {
   std::fprintf(to,
-               "usage: conv_bench [--shapes FILE] [--json FILE] [--only NAME]\n"
+               "usage: conv_bench [--shapes FILE] [--json FILE] [--only NAME] [--sweep]\n"
                "                  [--copy-gbps X] [--tf32-tflops X]\n"
                "Times conv2d -> batchnorm -> silu per shape: the scalar, tiled and gemm fused\n"
                "kernels, our unfused three-kernel sequence and cuDNN + our batchnorm/silu pass.\n"
                "Defaults: --shapes tools/conv_shapes.json, ceilings 4250 GB/s and 358 TFLOP/s\n"
-               "(TF32), measured on an H200 (docs/perf.md).\n");
+               "(TF32), measured on an H200 (docs/perf.md). --sweep also times every tile\n"
+               "combination of tiled and gemm against the tiles lowering picks.\n");
 }
 
 }  // namespace
@@ -309,6 +347,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") return usage(stdout), 0;
+    if (a == "--sweep") {
+      opt.sweep = true;
+      continue;
+    }
     if (i + 1 >= argc) return usage(stderr), 2;
     std::string v = argv[++i];
     if (a == "--shapes")

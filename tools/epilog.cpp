@@ -300,6 +300,18 @@ int cmd_bench(const Parsed& p) {
   std::printf("%s on %s, %s\n", p.model.c_str(), device_name(device), c.report.summary().c_str());
   std::printf("end to end: median %.3f ms, min %.3f ms, max %.3f ms over %lld iterations\n",
               times[times.size() / 2], times.front(), times.back(), (long long)iters);
+  if (ex.replaying()) {
+    // The model alone: one CUDA-graph launch, no input copy.
+    std::vector<double> replays;
+    for (int64_t i = 0; i < iters; ++i) {
+      auto t0 = Clock::now();
+      ex.replay();
+      replays.push_back(ms_since(t0));
+    }
+    std::sort(replays.begin(), replays.end());
+    std::printf("graph replay: median %.3f ms, min %.3f ms, max %.3f ms\n",
+                replays[replays.size() / 2], replays.front(), replays.back());
+  }
 
   // Per node: profiled runs synchronize after every node, so they add a little overhead.
   ex.set_profile(true);

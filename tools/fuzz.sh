@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of tests/fuzz (JSON model, safetensors, .npy) with ASan and UBSan,
-# seeds their corpora and runs the three at once for SECONDS each (default 60).
+# Builds the libFuzzer targets of tests/fuzz (JSON model, safetensors, .npy, and ONNX when
+# libonnx-dev is installed) with ASan and UBSan, seeds their corpora and runs them all at once
+# for SECONDS each (default 60).
 #
 #   tools/fuzz.sh [SECONDS]        env: CXX (default clang++), FUZZ_DIR (default build-fuzz)
 #
@@ -14,6 +15,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${FUZZ_DIR:-$root/build-fuzz}
 cxx=${CXX:-clang++}
 targets=(json_model safetensors npy)
+libs=(-lfmt)
+# The ONNX importer builds with Debian's libonnx-dev and libprotobuf-dev (as in CMakeLists.txt).
+if [[ -f /usr/include/onnx/onnx_pb.h ]]; then
+  targets+=(onnx)
+  libs+=(-lonnx_proto -lprotobuf)
+fi
 
 mkdir -p "$out"/{obj,bin,crashes,logs,seeds,tmp}
 for t in "${targets[@]}"; do mkdir -p "$out/corpus/$t" "$out/seeds/$t"; done
@@ -24,6 +31,7 @@ export TMPDIR=$out/tmp
 # The I/O layer and what it stands on: the graph, tensors and common code. Sources that reach
 # into the runtime (kernels, CUDA) are left out; the loaders do not need them.
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=all -I"$root/include")
+[[ ${targets[*]} == *onnx* ]] && flags+=(-DEPILOG_HAVE_ONNX=1 -DONNX_NAMESPACE=onnx -DONNX_ML=1)
 sources=("$root"/graph/*.cpp "$root/src/common.cpp" "$root/src/tensor.cpp")
 for f in "$root"/src/io/*.cpp; do
   grep -qE '#include .*(runtime|kernels|cuda)' "$f" || sources+=("$f")
@@ -43,7 +51,7 @@ ar rcs "$out/libepilog_fuzz.a" "${objects[@]}"
 for t in "${targets[@]}"; do
   echo "linking fuzz_$t"
   "$cxx" "${flags[@]}" -fsanitize=fuzzer,address,undefined "$root/tests/fuzz/fuzz_$t.cpp" \
-    "$out/libepilog_fuzz.a" -lfmt -o "$out/bin/fuzz_$t"
+    "$out/libepilog_fuzz.a" "${libs[@]}" -o "$out/bin/fuzz_$t"
 done
 
 # -- seeds --
@@ -124,6 +132,20 @@ cat >"$s/ops.json" <<'EOF'
            {"name": "fc", "op": "linear", "inputs": ["v", "fc.weight", "fc.bias"], "outputs": ["fc"]}]}
 EOF
 
+# Small models of the ONNX test data: the ops and attribute forms the importer reads.
+s=$out/seeds/onnx
+data=${ONNX_TESTDATA:-/usr/share/libonnx-testdata/data}
+for c in node/test_conv_with_strides_padding node/test_conv_with_autopad_same \
+  node/test_batchnorm_example node/test_split_equal_parts_2d node/test_concat_2d_axis_0 \
+  node/test_maxpool_2d_pads node/test_averagepool_2d_pads_count_include_pad \
+  node/test_resize_upsample_scales_nearest node/test_upsample_nearest node/test_gemm_transposeB \
+  node/test_flatten_axis1 node/test_slice node/test_reshape_reduced_dims node/test_identity \
+  node/test_constant node/test_cast_FLOAT16_to_FLOAT pytorch-operator/test_operator_chunk \
+  pytorch-operator/test_operator_view pytorch-converted/test_Linear_no_bias \
+  pytorch-converted/test_GLU pytorch-converted/test_BatchNorm2d_eval; do
+  if [[ -d $s && -f $data/$c/model.onnx ]]; then cp "$data/$c/model.onnx" "$s/${c##*/}.onnx"; fi
+done
+
 # A dictionary of the formats' words speeds up finding valid structure.
 dict=$out/fuzz.dict
 {
@@ -135,6 +157,11 @@ dict=$out/fuzz.dict
   grep -o '\(INTS\?\|FLOAT\|STRING\)\(_REQ\)\?("[a-z_]*"' "$root/include/epilog/graph/ops.def" |
     sed 's/.*("\(.*\)"/"\\"\1\\""/' | sort -u
   for w in "'descr'" "'<f4'" "'fortran_order'" "'shape'" True False "\\x93NUMPY" "(1, 3, 4, 4)"; do
+    echo "\"$w\""
+  done
+  for w in Conv BatchNormalization Relu Sigmoid Add Mul Concat Split Slice MaxPool AveragePool \
+    GlobalAveragePool Resize Upsample Flatten Gemm MatMul Identity Constant Shape Gather Div \
+    Unsqueeze Reshape Cast auto_pad SAME_UPPER pads strides kernel_shape nearest asymmetric; do
     echo "\"$w\""
   done
 } >"$dict"

@@ -2,19 +2,21 @@
 # The per-layer benchmark on a CUDA machine with PyTorch: our conv bench and PyTorch's
 # reference script in the same run, joined into the table of docs/perf.md.
 #
-#   tools/perf.sh [--bin DIR] [--out DIR] [--only NAME]
+#   tools/perf.sh [--bin DIR] [--out DIR] [--only NAME] [--sweep]
 #     --bin DIR   where conv_bench is (default build/bin)
 #     --out DIR   where ours.jsonl, torch.jsonl, perf_table.md go (default build/perf)
 #     --only NAME only the shapes whose name contains NAME
+#     --sweep     conv_bench also times every tile combination (slower)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=build/bin out=build/perf only=""
+bin=build/bin out=build/perf only="" sweep=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --bin) bin=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    -h | --help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --sweep) sweep=(--sweep); shift ;;
+    -h | --help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "perf.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -25,7 +27,7 @@ if [[ -n "$only" ]]; then
   shapes=$out/shapes.json
 fi
 echo "== conv_bench"
-"$bin/conv_bench" --shapes "$shapes" --json "$out/ours.jsonl" | tee "$out/ours.txt"
+"$bin/conv_bench" --shapes "$shapes" --json "$out/ours.jsonl" ${sweep[@]+"${sweep[@]}"} | tee "$out/ours.txt"
 echo "== PyTorch (tools/torch/torch_conv_bn_silu.py)"
 PYTHONUNBUFFERED=1 python3 tools/torch/torch_conv_bn_silu.py --shapes "$shapes" >"$out/torch.jsonl"
 echo "== joined"

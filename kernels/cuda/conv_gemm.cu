@@ -10,11 +10,31 @@
 //   C[m, n]  -> y[img, n, pixel]: for a fixed n, consecutive m of one image are contiguous.
 // Layout: float32, contiguous NCHW x [n, Cin, h, w], weight [Cout, Cin, r, s], y [n, Cout, ho, wo].
 //
-// Grid: one-dimensional, n tiles fastest: blockIdx.x = m_tile * n_tiles + n_tile; the block owns
-// pixels [m_tile*BM, +BM) and channels [n_tile*BN, +BN). Consecutive blocks share one A tile
-// (it stays hot in L2 while every channel tile reads it); the weights are small and stay in L2.
+// Three kernels; ConvTiles {m, n, k, stages} picks one:
+//   k = 72  halo   3x3, stride 1 or 2 (the same both ways), dilation 1, any padding
+//                  (conv_gemm_halo.cuh): m in {64, 128, 256} output pixels (1, 2 or 4 squares
+//                  of 8x8), n in {32, 64, 128}. On any other shape k = 72 runs the k = 32
+//                  kernels below with the same n and m capped at 128.
+//   k = 32  direct 1x1, stride 1, no padding, ho*wo % 4 == 0, x 16-byte aligned: persistent.
+//   k = 32  gather everything else.
+//   k = 32 takes m, n in {32, 64, 128}. stages in {2, 3, 4} is the depth of the cp.async pipeline
+//   (gather and halo use fewer when the reduction has fewer steps, halo when shared memory holds
+//   fewer; the direct kernel's pipeline runs on from one tile into the next).
+//
+// TF32 (all kernels): each operand is rounded to nearest as it leaves shared memory by adding
+// half a TF32 ulp to its bits (one integer add, see to_tf32), the tensor core then dropping the
+// low 13 bits; this is cvt.rna for finite values at half its cost. Error per operand <= 2^-11
+// relative, unbiased.
+//
+// == k = 32: gather and direct ==
 // Block: 128 threads (256 for 128x128); warps tile the block as kWarpsM x kWarpsN, each warp
 // owns a WM x WN sub-tile of m16n8k8 MMAs (WM in {32, 64}, WN in {8, 16, 32}, see Tile below).
+// Tile (m_tile, n_tile) owns pixels [m_tile*BM, +BM) and channels [n_tile*BN, +BN); tiles are
+// numbered n fastest (tile = m_tile * n_tiles + n_tile), so that blocks running together share
+// one A tile in L2 (the weights are small and stay in L2).
+// Grid: gather, one block per tile (blockIdx.x = tile); direct, persistent: as many blocks as fit
+// on the device at once (capped at the tile count), block b taking tiles b, b + gridDim.x, ...
+// through one pipeline, so that the next tile's copies fly while this one computes and stores.
 //
 // -- pipeline -- tiles.stages shared-memory stages of BK = 32 reduction steps each, filled with
 // cp.async (zero-fill through src-size for padding and every tail) and waited on with
@@ -22,10 +42,9 @@
 //   As[BK][BM + 4]: k rows, pixels contiguous (the order NCHW gives them), and
 //   Bs[BN][BK + 8]: channel rows, k contiguous (the order the weight gives it).
 // Two ways to fill As:
-//   direct  - 1x1, stride 1, no padding, ho*wo % 4 == 0, x 16-byte aligned: A is x viewed as
-//             [Cin, h*w] per image, copied 16 bytes (4 pixels) at a time;
-//   gather  - everything else: 4-byte copies; each lane owns fixed pixels (decoded once) and
-//             each warp a run of k rows (decoded per tile with a multiply-shift division).
+//   direct  - A is x viewed as [Cin, h*w] per image, copied 16 bytes (4 pixels) at a time;
+//   gather  - 4-byte copies; each lane owns fixed pixels (decoded once) and each warp a run of
+//             k rows (decoded per tile with a multiply-shift division).
 // Bs is copied 16 bytes at a time when Cin*r*s % 4 == 0 and w is 16-byte aligned, else 4.
 //
 // Fragments, without conflicts and with 8-byte shared loads: a sum over k does not care in
@@ -38,53 +57,87 @@
 // accumulator per k tile regrouping the halves). The pads (4 and 8 floats) put the 16 lanes of
 // each half-warp on distinct banks.
 //
-// -- batchnorm + activation epilogue -- in registers (acc * scale + shift, act; one copy of the
-// code per activation), then through shared memory (Cs[BN][BM + 4], reusing the pipeline's
-// space) so that the stores run along the pixels: float4 when ho*wo % 4 == 0 and y is 16-byte
-// aligned, else one float per thread. Every output is written exactly once.
+// -- batchnorm + activation epilogue -- acc * scale + shift, act (one copy of the code per
+// activation). Gather: through shared memory (Cs[BN][BM + 4], reusing the pipeline's space) so
+// that the stores run along the pixels: float4 when ho*wo % 4 == 0 and y is 16-byte aligned,
+// else one float per thread. Direct: straight from the accumulators, whose pixels 2g and 2g + 1
+// are adjacent (ho*wo is even): one float2 per pixel pair and channel (8 lanes store 64
+// contiguous bytes) when y is 8-byte aligned, else two floats.
 //
-// TF32: both operands are rounded to nearest (cvt.rna.tf32.f32) as they leave shared memory,
-// which keeps the error unbiased (at most 2^-11 relative per operand). The sm_90 cubin holds
-// two instructions per cvt (a finiteness test and a predicated add): 192 of the 584 in the
-// 128x64 1x1 mainloop. kRoundTf32 = false drops them and lets the tensor core truncate, which
-// biases every product toward zero by up to 2^-10 per operand (about 1e-3 relative overall).
-// Restrictions: groups == 1; tiles.m, tiles.n in {32, 64, 128}, tiles.k == 32, tiles.stages in
-// {2, 3, 4} (fewer are used when the reduction has fewer tiles); x, y and w must each have
-// fewer than 2^31 elements; h, w, ho*stride_h, wo*stride_w, the (non-negative) padding and the
-// dilated window stay under 2^28.
-// The caller precomputes nothing: no workspace, no setup beyond the pointers.
+// == k = 72: halo (3x3; stride S = 1 or 2) ==
+// A warp owns an 8x8 square of output pixels of one image and WN channels (64, or 32 when
+// n = 32); a block m/64 squares (consecutive in (image, square row, square column) order) by n
+// channels, warps (m/64) x (n/WN). Grid: one block per tile, n tiles fastest as above, a tile
+// being m/64 squares (past the last square a warp computes on zeros and stores nothing).
+// The reduction runs over stages of 8 input channels; a stage holds, per square, the input patch
+// under it, P[8 channels][kCS] with (8-1)*S + 3 rows and columns (100 or 289 slots; zero outside
+// the image; for S = 2 the even columns first, then the odd ones), and Bs[n][76]: the 72 weights
+// of the 8 channels in the weight's own order (c*9 + 3i + j). Each tap (i, j) is one k step of the
+// 8 channels. Copies: 4-byte cp.async for the patch (a lane owns slots lane + 32q of every
+// channel plane, their input offsets decoded once per block), 16-byte (4-byte) for the weights;
+// then one __syncthreads per stage, as above. A patch is read by 9 taps: the loads per output
+// pixel fall from 9 per channel (gather) to about 1.6 (S = 1) or 4.5 (S = 2).
+// MMA tile mi (0..3) of a square: rows g and g + 8 are its pixels (mi, g) and (mi + 4, g) (row,
+// column); k step (i, j), column t is channel t. So a0 = P[t][(mi*S + i)*kPW + slot(g*S + j)],
+// a1 = the same 4S rows lower, a2, a3 = the same for channel t + 4; b0 = Bs[g][9t + 3i + j],
+// b1 = channel t + 4. The A fragment of (mi, i) depends on mi*S + i only: a column of taps j
+// reads 3S + 3 distinct fragments (6 or 9), each loaded and rounded once instead of 12 times.
+// Shared loads are 4 bytes, conflict-free: kCS = 8 (mod 32) puts lanes (g, t) on banks 8t + g,
+// the row pad 76 on banks 12g + 9t. The epilogue stores straight from the accumulators: 8 lanes
+// store 8 consecutive floats of an output row (a full 32-byte sector).
+//
+// Restrictions: groups == 1; the tiles above; x, y and w must each have fewer than 2^31
+// elements; h, w, ho*stride_h, wo*stride_w, the (non-negative) padding and the dilated window
+// stay under 2^28.
+// The caller precomputes nothing: no workspace, no setup beyond the pointers (the direct kernel
+// asks the runtime once per device and depth how many blocks fit).
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
 #include <cuda_runtime.h>
 
+#include "conv_gemm_halo.cuh"
+#include "conv_gemm_ptx.cuh"
 #include "epilog/kernels/cuda.h"
 
 namespace epilog::cuda {
 namespace {
 
+using namespace conv_gemm_detail;
+
 constexpr int kBK = 32;
 constexpr int kPadA = 4;  // As row pad: k rows 2t land 8t banks apart, pixels 2g add 2g
 constexpr int kPadB = 8;  // Bs row pad: channel rows g land 8g banks apart
 constexpr int kPadC = 4;  // Cs row pad: as As, channel rows 2t land 8t banks apart
-constexpr bool kRoundTf32 = true;
 // A row offset that lands outside every image: k rows past K and pixels past M carry it, so the
 // input bounds test alone masks them.
 constexpr int kFar = 1 << 30;
 
-template <int BM, int BN>
+// kWide: warps of 64x64 (4 for 128x128) instead of 64x32 (8 for 128x128). The direct kernel
+// uses it at 128x128: per MMA a warp then reads 128 instead of 192 bytes of shared memory, which
+// with the 64 bytes of copies brings a fully fed tensor core from 100% to 75% of the shared
+// memory bandwidth (0.5 MMA per clock and SM, 128 bytes per clock).
+template <int BM_, int BN_, bool kWide = false>
 struct Tile {
-  static constexpr int kThreads = BM * BN >= 128 * 128 ? 256 : 128;
+  static constexpr int BM = BM_, BN = BN_;
+  static_assert(!kWide || (BM % 64 == 0 && BN % 64 == 0), "64x64 warps");
+  static constexpr int kThreads = kWide                  ? BM * BN / (64 * 64) * 32
+                                  : BM * BN >= 128 * 128 ? 256
+                                                         : 128;
   // Two 128x128 blocks fit an SM's shared memory at 3 stages; this holds registers to 128 so
-  // that they fit its register file too.
+  // that they fit its register file too (for 256 threads; 128 threads may take 255).
   static constexpr int kMinBlocks = kThreads == 256 ? 2 : 1;
   static constexpr int kWarps = kThreads / 32;
   // Warps along m: WM = 64 where the tile allows it with WN = 32 (most MMAs per fragment load),
-  // else WM = 32.
-  static constexpr int kWarpsM = BM == 32 ? 1 : BM == 64 ? (BN == 128 ? 1 : 2) : (BN == 32 ? 4 : 2);
+  // else WM = 32; kWide: WM = WN = 64.
+  static constexpr int kWarpsM = kWide      ? BM / 64
+                                 : BM == 32 ? 1
+                                 : BM == 64 ? (BN == 128 ? 1 : 2)
+                                            : (BN == 32 ? 4 : 2);
   static constexpr int kWarpsN = kWarps / kWarpsM;
   static constexpr int kWM = BM / kWarpsM, kWN = BN / kWarpsN;
   static constexpr int kMI = kWM / 16, kNI = kWN / 8;
@@ -129,70 +182,20 @@ struct GemmArgs {
   int m;        // n * ho * wo
   int kg;       // c * r * s
   int n_tiles;  // ceil(k / BN)
-  int stages;   // 2..4, never more than the k tiles + 1
+  int stages;   // 2..4; gather: never more than the k tiles + 1
   FastDiv div_rs, div_s;
-  bool vec_b;  // 16-byte weight copies
-  bool vec_y;  // float4 output stores
+  bool vec_b;   // 16-byte weight copies
+  bool vec_y;   // float4 output stores (k = 32 gather kernel)
+  bool vec2_y;  // float2 output stores (direct kernel)
   Activation act;
 };
-
-// -- cp.async and mma wrappers --
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// src_bytes == 0 reads nothing and fills the destination with zeros; src is kept in bounds
-// anyway by the callers (they pass offset 0 when masked).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const float* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const float* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-// Tile kt is complete once at most stages - 2 younger groups are pending.
-__device__ __forceinline__ void cp_async_wait_stage(int stages) {
-  if (stages >= 4)
-    cp_async_wait<2>();
-  else if (stages == 3)
-    cp_async_wait<1>();
-  else
-    cp_async_wait<0>();
-}
-
-__device__ __forceinline__ uint32_t to_tf32(float v) {
-  if constexpr (kRoundTf32) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
-    return r;
-  } else {
-    return __float_as_uint(v);  // the tensor core ignores the low 13 bits: truncation
-  }
-}
-
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
-                                         const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
 
 // -- A loaders: one k tile of As[kBK][kLdA] per call --
 
 // Direct: thread owns one 4-pixel chunk and every kRowStep-th k row.
-template <int BM, int BN>
+template <class T>
 struct DirectA {
-  using T = Tile<BM, BN>;
-  static constexpr int kChunks = BM / 4;
+  static constexpr int kChunks = T::BM / 4;
   static constexpr int kRowStep = T::kThreads / kChunks;
   static constexpr int kRows = kBK / kRowStep;
   int base;  // x offset of (img, channel 0, first pixel of the chunk); -1 past M
@@ -222,10 +225,9 @@ struct DirectA {
 };
 
 // Gather: lane owns pixels lane + 32p (decoded once); warp owns k rows [warp*kRows, +kRows).
-template <int BM, int BN>
+template <class T>
 struct GatherA {
-  using T = Tile<BM, BN>;
-  static constexpr int kPix = BM / 32;
+  static constexpr int kPix = T::BM / 32;
   static constexpr int kRows = kBK / T::kWarps;
   int base[kPix];  // x offset of (img, 0, ih0, iw0); may be negative, valid once a tap is added
   int ih0[kPix], iw0[kPix];
@@ -276,14 +278,13 @@ struct GatherA {
 };
 
 // -- B loader: Bs[BN][kLdB] --
-template <int BM, int BN>
+template <class T>
 __device__ __forceinline__ void load_b(const GemmArgs& a, uint32_t bs, int n0, int k0, int tid) {
-  using T = Tile<BM, BN>;
   if (a.vec_b) {
     constexpr int kRowStep = T::kThreads / (kBK / 4);
     const int kc = 4 * (tid % (kBK / 4)), nr0 = tid / (kBK / 4);
 #pragma unroll
-    for (int j = 0; j < BN / kRowStep; ++j) {
+    for (int j = 0; j < T::BN / kRowStep; ++j) {
       const int nr = nr0 + j * kRowStep;
       const int n = n0 + nr, kk = k0 + kc;
       const bool valid = n < a.k && kk < a.kg;  // kg % 4 == 0: chunks are all in or all out
@@ -292,7 +293,7 @@ __device__ __forceinline__ void load_b(const GemmArgs& a, uint32_t bs, int n0, i
   } else {
     const int kr = tid % 32, nr0 = tid / 32;
 #pragma unroll
-    for (int j = 0; j < BN / T::kWarps; ++j) {
+    for (int j = 0; j < T::BN / T::kWarps; ++j) {
       const int nr = nr0 + j * T::kWarps;
       const int n = n0 + nr, kk = k0 + kr;
       const bool valid = n < a.k && kk < a.kg;
@@ -301,7 +302,39 @@ __device__ __forceinline__ void load_b(const GemmArgs& a, uint32_t bs, int n0, i
   }
 }
 
-template <int BM, int BN, bool kDirect>
+// -- one k tile of MMAs (both k = 32 kernels) --
+// a_frag, b_frag: this lane's fragment offsets (see the file comment for the relabeling).
+template <class T>
+__device__ __forceinline__ void mma_ktile(float (&acc)[T::kMI][T::kNI][4], const float* as,
+                                          int a_frag, int b_frag) {
+  const float* bs = as + kBK * T::kLdA;
+#pragma unroll
+  for (int ks = 0; ks < kBK / 8; ++ks) {
+    uint32_t af[T::kMI][4], bf[T::kNI][2];
+#pragma unroll
+    for (int mi = 0; mi < T::kMI; ++mi) {
+      const float* p = as + a_frag + 8 * ks * T::kLdA + 16 * mi;
+      const float2 lo = *reinterpret_cast<const float2*>(p);            // MMA column t
+      const float2 hi = *reinterpret_cast<const float2*>(p + T::kLdA);  // MMA column t + 4
+      af[mi][0] = to_tf32(lo.x);
+      af[mi][1] = to_tf32(lo.y);
+      af[mi][2] = to_tf32(hi.x);
+      af[mi][3] = to_tf32(hi.y);
+    }
+#pragma unroll
+    for (int ni = 0; ni < T::kNI; ++ni) {
+      const float2 v = *reinterpret_cast<const float2*>(bs + b_frag + 8 * ni * T::kLdB + 8 * ks);
+      bf[ni][0] = to_tf32(v.x);
+      bf[ni][1] = to_tf32(v.y);
+    }
+#pragma unroll
+    for (int mi = 0; mi < T::kMI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < T::kNI; ++ni) mma_tf32(acc[mi][ni], af[mi], bf[ni]);
+  }
+}
+
+template <int BM, int BN>
 __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBlocks)
     conv_gemm_kernel(const GemmArgs a) {
   using T = Tile<BM, BN>;
@@ -313,12 +346,11 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
   const uint32_t smem0 = smem_addr(smem);
   constexpr uint32_t kStageBytes = 4 * T::kStageFloats, kBOffset = 4 * kBK * T::kLdA;
 
-  using ALoader = std::conditional_t<kDirect, DirectA<BM, BN>, GatherA<BM, BN>>;
-  const ALoader loader_a(a, m0, tid);
+  const GatherA<T> loader_a(a, m0, tid);
   auto load_tile = [&](int stage, int kt) {
     const uint32_t as = smem0 + stage * kStageBytes;
     loader_a.load(a, as, kt * kBK);
-    load_b<BM, BN>(a, as + kBOffset, n0, kt * kBK, tid);
+    load_b<T>(a, as + kBOffset, n0, kt * kBK, tid);
   };
 
   // Warp position and this lane's fragment offsets (see the file comment for the relabeling).
@@ -350,32 +382,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
     cp_async_commit();
     write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
 
-    const float* as = smem + read_stage * T::kStageFloats;
-    const float* bs = as + kBK * T::kLdA;
-#pragma unroll
-    for (int ks = 0; ks < kBK / 8; ++ks) {
-      uint32_t af[T::kMI][4], bf[T::kNI][2];
-#pragma unroll
-      for (int mi = 0; mi < T::kMI; ++mi) {
-        const float* p = as + a_frag + 8 * ks * T::kLdA + 16 * mi;
-        const float2 lo = *reinterpret_cast<const float2*>(p);            // MMA column t
-        const float2 hi = *reinterpret_cast<const float2*>(p + T::kLdA);  // MMA column t + 4
-        af[mi][0] = to_tf32(lo.x);
-        af[mi][1] = to_tf32(lo.y);
-        af[mi][2] = to_tf32(hi.x);
-        af[mi][3] = to_tf32(hi.y);
-      }
-#pragma unroll
-      for (int ni = 0; ni < T::kNI; ++ni) {
-        const float2 v = *reinterpret_cast<const float2*>(bs + b_frag + 8 * ni * T::kLdB + 8 * ks);
-        bf[ni][0] = to_tf32(v.x);
-        bf[ni][1] = to_tf32(v.y);
-      }
-#pragma unroll
-      for (int mi = 0; mi < T::kMI; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < T::kNI; ++ni) mma_tf32(acc[mi][ni], af[mi], bf[ni]);
-    }
+    mma_ktile<T>(acc, smem + read_stage * T::kStageFloats, a_frag, b_frag);
     read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
   }
 
@@ -404,20 +411,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
       }
     }
   };
-  switch (a.act) {
-    case Activation::Silu:
-      finish(std::integral_constant<Activation, Activation::Silu>{});
-      break;
-    case Activation::Relu:
-      finish(std::integral_constant<Activation, Activation::Relu>{});
-      break;
-    case Activation::Sigmoid:
-      finish(std::integral_constant<Activation, Activation::Sigmoid>{});
-      break;
-    case Activation::None:
-      finish(std::integral_constant<Activation, Activation::None>{});
-      break;
-  }
+  with_activation(a.act, finish);
   __syncthreads();
 
   const int hwo = a.ho * a.wo;
@@ -452,48 +446,251 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
   }
 }
 
+// -- the persistent direct kernel (1x1, stride 1, unpadded: A is x itself) --
+// Block b takes tiles b, b + gridDim.x, ... (n tiles fastest, so that the blocks resident
+// together share their A tiles in L2) and runs one pipeline through all of their k tiles: the
+// copies for the next tile are in flight while this one finishes and stores. The epilogue
+// stores straight from the accumulators (pixel pairs 2g, 2g + 1 are one float2), so it needs
+// neither shared memory nor a barrier.
+template <int BM, int BN>
+using DirectTile = Tile<BM, BN, BM == 128 && BN == 128>;
+
+template <int BM, int BN>
+__global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, BN>::kMinBlocks)
+    conv_direct_kernel(const GemmArgs a) {
+  using T = DirectTile<BM, BN>;
+  extern __shared__ __align__(16) float smem[];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int ktiles = (a.kg + kBK - 1) / kBK;
+  const int tiles = (a.m + BM - 1) / BM * a.n_tiles, step = int(gridDim.x);
+  const int total = (tiles - int(blockIdx.x) + step - 1) / step * ktiles;  // this block's k tiles
+  const uint32_t smem0 = smem_addr(smem);
+  constexpr uint32_t kStageBytes = 4 * T::kStageFloats, kBOffset = 4 * kBK * T::kLdA;
+  const int hw = a.h * a.w;
+
+  // Copy position: the tile and k tile that load_next copies.
+  int ld_tile = int(blockIdx.x), ld_kt = 0;
+  int ld_n0 = ld_tile % a.n_tiles * BN;
+  DirectA<T> ld_a(a, ld_tile / a.n_tiles * BM, tid);
+  auto load_next = [&](int stage) {
+    const uint32_t as = smem0 + stage * kStageBytes;
+    ld_a.load(a, as, ld_kt * kBK);
+    load_b<T>(a, as + kBOffset, ld_n0, ld_kt * kBK, tid);
+    if (++ld_kt == ktiles) {
+      ld_kt = 0;
+      ld_tile += step;
+      ld_n0 = ld_tile % a.n_tiles * BN;
+      ld_a = DirectA<T>(a, ld_tile / a.n_tiles * BM, tid);
+    }
+  };
+
+  const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
+  const int g = lane / 4, t = lane % 4;
+  const int a_frag = 2 * t * T::kLdA + wm * T::kWM + 2 * g;
+  const int b_frag = (wn * T::kWN + g) * T::kLdB + 2 * t;
+  float acc[T::kMI][T::kNI][4];
+  auto clear = [&] {
+#pragma unroll
+    for (int mi = 0; mi < T::kMI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < T::kNI; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+  };
+
+  // -- batchnorm + activation epilogue of one tile, from the accumulators --
+  // acc[mi][ni][e] and acc[mi][ni][2 + e]: pixels 2g and 2g + 1 of MMA tile mi (hw is even, so
+  // a pair never straddles two images), channel 2t + e of n8 tile ni.
+  auto store_tile = [&](int tile, auto act) {
+    const int m0 = tile / a.n_tiles * BM, n0 = tile % a.n_tiles * BN;
+    int pix[T::kMI];
+#pragma unroll
+    for (int mi = 0; mi < T::kMI; ++mi) {
+      const int m = m0 + wm * T::kWM + 16 * mi + 2 * g;
+      const int img = m / hw;
+      pix[mi] = m < a.m ? img * a.k * hw + (m - img * hw) : -1;
+    }
+#pragma unroll
+    for (int ni = 0; ni < T::kNI; ++ni) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = n0 + wn * T::kWN + 8 * ni + 2 * t + e;
+        if (n >= a.k) continue;
+        const float sc = a.scale ? __ldg(a.scale + n) : 1.0f;
+        const float sf = a.shift ? __ldg(a.shift + n) : 0.0f;
+        float* yn = a.y + size_t(n) * hw;
+#pragma unroll
+        for (int mi = 0; mi < T::kMI; ++mi) {
+          if (pix[mi] < 0) continue;
+          float2 v;
+          v.x = activate(act.value, fmaf(acc[mi][ni][e], sc, sf));
+          v.y = activate(act.value, fmaf(acc[mi][ni][2 + e], sc, sf));
+          if (a.vec2_y) {
+            *reinterpret_cast<float2*>(yn + pix[mi]) = v;
+          } else {
+            yn[pix[mi]] = v.x;
+            yn[pix[mi] + 1] = v.y;
+          }
+        }
+      }
+    }
+  };
+
+  // -- mainloop over this block's tiles --
+  const int stages = a.stages;
+  for (int st = 0; st < stages - 1; ++st) {
+    if (st < total) load_next(st);
+    cp_async_commit();
+  }
+  clear();
+  int read_stage = 0, write_stage = stages - 1, tile = int(blockIdx.x), kt = 0;
+  for (int it = 0; it < total; ++it) {
+    cp_async_wait_stage(stages);
+    __syncthreads();
+    if (it + stages - 1 < total) load_next(write_stage);
+    cp_async_commit();
+    write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
+    mma_ktile<T>(acc, smem + read_stage * T::kStageFloats, a_frag, b_frag);
+    read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
+    if (++kt == ktiles) {
+      with_activation(a.act, [&](auto act) { store_tile(tile, act); });
+      clear();
+      kt = 0;
+      tile += step;
+    }
+  }
+  cp_async_wait<0>();
+}
+
 [[noreturn]] void reject(const std::string& what) {
   throw std::invalid_argument("[conv_gemm] " + what);
 }
 
-template <int BM, int BN>
-void launch(const GemmArgs& a, bool direct, Stream stream) {
-  using T = Tile<BM, BN>;
-  auto kernel = direct ? conv_gemm_kernel<BM, BN, true> : conv_gemm_kernel<BM, BN, false>;
-  // Above 48 KB a block needs the opt-in, which is per device: set once per device (a bit each)
-  // for the deepest pipeline, so that any stages fits afterwards.
-  static std::atomic<uint64_t> opted_in{0};
+// Above 48 KB a block needs the opt-in, which is per device and kernel: set once per device (a
+// bit each) for the deepest pipeline, so that any stages fits afterwards.
+template <class... Kernel>
+void opt_in(std::atomic<uint64_t>& opted_in, size_t bytes, Kernel*... kernels) {
   int device = 0;
   EPILOG_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t(1) << (device % 64);
-  if (!(opted_in.load(std::memory_order_relaxed) & bit)) {
-    for (auto* f : {conv_gemm_kernel<BM, BN, true>, conv_gemm_kernel<BM, BN, false>})
-      EPILOG_CUDA_CHECK(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(T::smem_bytes(4))));
-    opted_in.fetch_or(bit, std::memory_order_relaxed);
-  }
-  const int64_t blocks = (int64_t(a.m) + BM - 1) / BM * a.n_tiles;
+  if (opted_in.load(std::memory_order_relaxed) & bit) return;
+  (EPILOG_CUDA_CHECK(
+       cudaFuncSetAttribute(kernels, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes))),
+   ...);
+  opted_in.fetch_or(bit, std::memory_order_relaxed);
+}
+
+void check_grid(int64_t blocks) {
   if (blocks > INT32_MAX) reject("grid of " + std::to_string(blocks) + " blocks is too large");
+}
+
+// Resident blocks per SM of a kernel at a given dynamic shared memory, times the SMs: the
+// persistent kernel's grid. Asked once per device and pipeline depth (stages 2..4).
+template <class Kernel>
+int resident_blocks(Kernel* kernel, int threads, size_t smem, int stages) {
+  static std::atomic<int> cache[64][3];
+  int device = 0;
+  EPILOG_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>& slot = cache[device % 64][stages - 2];
+  int blocks = slot.load(std::memory_order_relaxed);
+  if (blocks == 0) {
+    int per_sm = 0, sms = 0;
+    EPILOG_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    blocks = (per_sm > 0 ? per_sm : 1) * sms;
+    slot.store(blocks, std::memory_order_relaxed);
+  }
+  return blocks;
+}
+
+template <int BM, int BN>
+void launch(const GemmArgs& a, bool direct, Stream stream) {
+  const int64_t tiles = (int64_t(a.m) + BM - 1) / BM * a.n_tiles;
+  check_grid(tiles);
+  if (direct) {
+    using T = DirectTile<BM, BN>;
+    auto kernel = conv_direct_kernel<BM, BN>;
+    static std::atomic<uint64_t> opted_in{0};
+    opt_in(opted_in, T::smem_bytes(4), kernel);
+    const size_t smem = T::smem_bytes(a.stages);
+    const int64_t resident = resident_blocks(kernel, T::kThreads, smem, a.stages);
+    const unsigned blocks = unsigned(tiles < resident ? tiles : resident);
+    kernel<<<blocks, T::kThreads, smem, stream>>>(a);
+  } else {
+    using T = Tile<BM, BN>;
+    auto kernel = conv_gemm_kernel<BM, BN>;
+    static std::atomic<uint64_t> opted_in{0};
+    opt_in(opted_in, T::smem_bytes(4), kernel);
+    kernel<<<unsigned(tiles), T::kThreads, T::smem_bytes(a.stages), stream>>>(a);
+  }
+  check_launch("conv_gemm");
+}
+
+template <int BM, int BN, int S>
+void launch_halo(HaloArgs a, Stream stream) {
+  using T = HaloTile<BM, BN, S>;
+  static std::atomic<uint64_t> opted_in{0};
+  opt_in(opted_in, T::smem_bytes(T::kMaxStages), conv_halo_kernel<BM, BN, S>);
+  if (a.stages > T::kMaxStages) a.stages = T::kMaxStages;
+  const int64_t blocks = (int64_t(a.squares) + T::kSquares - 1) / T::kSquares * a.n_tiles;
+  check_grid(blocks);
+  auto kernel = conv_halo_kernel<BM, BN, S>;
   kernel<<<unsigned(blocks), T::kThreads, T::smem_bytes(a.stages), stream>>>(a);
   check_launch("conv_gemm");
+}
+
+template <int S>
+void dispatch_halo(const ConvTiles& t, const HaloArgs& a, Stream stream) {
+  switch (t.m * 1000 + t.n) {
+    case 64032:
+      return launch_halo<64, 32, S>(a, stream);
+    case 64064:
+      return launch_halo<64, 64, S>(a, stream);
+    case 64128:
+      return launch_halo<64, 128, S>(a, stream);
+    case 128032:
+      return launch_halo<128, 32, S>(a, stream);
+    case 128064:
+      return launch_halo<128, 64, S>(a, stream);
+    case 128128:
+      return launch_halo<128, 128, S>(a, stream);
+    case 256032:
+      return launch_halo<256, 32, S>(a, stream);
+    case 256064:
+      return launch_halo<256, 64, S>(a, stream);
+    case 256128:
+      return launch_halo<256, 128, S>(a, stream);
+  }
 }
 
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+std::string tiles_str(const ConvTiles& t) {
+  return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
+         " stages=" + std::to_string(t.stages);
+}
+
 }  // namespace
 
-void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
+void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const float* w,
                const float* scale, const float* shift, Activation act, float* y, Stream stream) {
   if (s.groups != 1) reject("groups must be 1, got " + std::to_string(s.groups));
-  const bool tile_ok = (t.m == 32 || t.m == 64 || t.m == 128) &&
-                       (t.n == 32 || t.n == 64 || t.n == 128) && t.k == kBK && t.stages >= 2 &&
-                       t.stages <= 4;
-  if (!tile_ok)
-    reject("unsupported tiles m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) +
-           " k=" + std::to_string(t.k) + " stages=" + std::to_string(t.stages) +
-           " (m, n in {32, 64, 128}, k = 32, stages in {2, 3, 4})");
+  const auto in = [](int v, std::initializer_list<int> set) {
+    for (int e : set)
+      if (v == e) return true;
+    return false;
+  };
+  const bool stages_ok = tiles.stages >= 2 && tiles.stages <= 4;
+  const bool gemm_ok = tiles.k == kBK && in(tiles.m, {32, 64, 128}) && in(tiles.n, {32, 64, 128});
+  const bool halo_ok =
+      tiles.k == kHaloK && in(tiles.m, {64, 128, 256}) && in(tiles.n, {32, 64, 128});
+  if (!stages_ok || !(gemm_ok || halo_ok))
+    reject("unsupported tiles " + tiles_str(tiles) +
+           " (k = 32 with m, n in {32, 64, 128}, or k = 72 with m in {64, 128, 256} and n in "
+           "{32, 64, 128}; stages in {2, 3, 4})");
   const int64_t m = s.n * s.ho * s.wo, kg = s.c * s.r * s.s;
   if (m == 0 || s.k == 0) return;
   constexpr int64_t kSmall = int64_t(1) << 28;
@@ -504,6 +701,37 @@ void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const flo
       s.wo * s.stride_w >= kSmall || s.pad_t < 0 || s.pad_l < 0 || s.pad_t >= kSmall ||
       s.pad_l >= kSmall || (s.r - 1) * s.dil_h >= kSmall || (s.s - 1) * s.dil_w >= kSmall)
     reject("plane, padding or window out of range");
+
+  // -- the 3x3 halo kernel --
+  if (halo_ok && conv_gemm_halo_fits(s)) {
+    HaloArgs a{};
+    a.x = x;
+    a.wt = w;
+    a.scale = scale;
+    a.shift = shift;
+    a.y = y;
+    a.c = int(s.c), a.h = int(s.h), a.w = int(s.w);
+    a.k = int(s.k), a.ho = int(s.ho), a.wo = int(s.wo);
+    a.pt = int(s.pad_t), a.pl = int(s.pad_l);
+    a.tiles_x = int((s.wo + kHaloSide - 1) / kHaloSide);
+    a.tiles_yx = int((s.ho + kHaloSide - 1) / kHaloSide) * a.tiles_x;
+    const int64_t squares = s.n * a.tiles_yx;
+    if (squares >= INT32_MAX) reject("too many output squares");
+    a.squares = int(squares);
+    a.n_tiles = int((s.k + tiles.n - 1) / tiles.n);
+    a.ctiles = int((s.c + kHaloC - 1) / kHaloC);
+    a.stages = a.ctiles + 1 < tiles.stages ? a.ctiles + 1 : tiles.stages;
+    a.vec_b = s.c % 4 == 0 && aligned16(w);
+    a.act = act;
+    return s.stride_h == 1 ? dispatch_halo<1>(tiles, a, stream)
+                           : dispatch_halo<2>(tiles, a, stream);
+  }
+  // k = 72 on a shape the halo kernel does not take runs the k = 32 kernel at the same n.
+  ConvTiles t = tiles;
+  if (t.k == kHaloK) {
+    t.k = kBK;
+    if (t.m > 128) t.m = 128;
+  }
 
   GemmArgs a{};
   a.x = x;
@@ -521,18 +749,19 @@ void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const flo
   a.m = int(m);
   a.kg = int(kg);
   a.n_tiles = int((s.k + t.n - 1) / t.n);
-  // More stages than k tiles + 1 would only hold nothing: the prologue already loads them all.
+  const bool direct = s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_t == 0 &&
+                      s.pad_l == 0 && s.ho == s.h && s.wo == s.w && (s.h * s.w) % 4 == 0 &&
+                      aligned16(x);
+  // More stages than k tiles + 1 would only hold nothing in the gather kernel: its prologue
+  // already loads them all. The persistent direct kernel's pipeline runs on into the next tile.
   const int ktiles = int((kg + kBK - 1) / kBK);
-  a.stages = ktiles + 1 < t.stages ? ktiles + 1 : t.stages;
+  a.stages = !direct && ktiles + 1 < t.stages ? ktiles + 1 : t.stages;
   a.div_rs = make_fastdiv(uint32_t(s.r * s.s));
   a.div_s = make_fastdiv(uint32_t(s.s));
   a.vec_b = kg % 4 == 0 && aligned16(w);
   a.vec_y = (s.ho * s.wo) % 4 == 0 && aligned16(y);
+  a.vec2_y = (s.ho * s.wo) % 2 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0;
   a.act = act;
-
-  const bool direct = s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_t == 0 &&
-                      s.pad_l == 0 && s.ho == s.h && s.wo == s.w && (s.h * s.w) % 4 == 0 &&
-                      aligned16(x);
 
   switch (t.m * 1000 + t.n) {
     case 32032:

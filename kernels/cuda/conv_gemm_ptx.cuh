@@ -1,10 +1,29 @@
 // The inline-PTX wrappers of conv_gemm.cu (cp.async, mma.sync TF32, TF32 rounding), kept apart
-// so that the kernels above them read as plain C++ (and a host emulator can stand in for them).
+// so that the kernels that use them read as plain C++.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include "epilog/kernels/shapes.h"
 
 namespace epilog::cuda::conv_gemm_detail {
+
+// Calls f(std::integral_constant<Activation, A>{}) for the run-time activation `act`, so that
+// an epilogue is compiled once per activation with its branch folded away.
+template <class F>
+__device__ __forceinline__ void with_activation(Activation act, F&& f) {
+  switch (act) {
+    case Activation::Silu:
+      return f(std::integral_constant<Activation, Activation::Silu>{});
+    case Activation::Relu:
+      return f(std::integral_constant<Activation, Activation::Relu>{});
+    case Activation::Sigmoid:
+      return f(std::integral_constant<Activation, Activation::Sigmoid>{});
+    case Activation::None:
+      return f(std::integral_constant<Activation, Activation::None>{});
+  }
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -22,6 +41,27 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const float* src, bool 
 __device__ __forceinline__ void cp_async4(uint32_t dst, const float* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 4 : 0));
+}
+// The byte count given directly (0 or 4), for callers that keep it in a register.
+__device__ __forceinline__ void cp_async4_n(uint32_t dst, const float* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+// Guarded forms: nothing at all happens when !guard (lanes that own no copy); src_bytes is 0 or
+// the full size as above.
+__device__ __forceinline__ void cp_async16_if(bool guard, uint32_t dst, const float* src,
+                                              int src_bytes) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n"
+      " @p cp.async.cg.shared.global [%0], [%1], 16, %2;\n}\n" ::"r"(dst),
+      "l"(src), "r"(src_bytes), "r"(int(guard)));
+}
+__device__ __forceinline__ void cp_async4_if(bool guard, uint32_t dst, const float* src,
+                                             int src_bytes) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n"
+      " @p cp.async.ca.shared.global [%0], [%1], 4, %2;\n}\n" ::"r"(dst),
+      "l"(src), "r"(src_bytes), "r"(int(guard)));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
@@ -50,6 +90,16 @@ __device__ __forceinline__ void cp_async_wait_stage(int stages) {
 // finite input, in one instruction instead of the two that cvt takes on sm_90.
 __device__ __forceinline__ uint32_t to_tf32(float v) {
   return __float_as_uint(v) + 0x1000u;
+}
+
+// A 4-byte shared load already rounded to TF32, through ld.volatile so that ptxas neither merges
+// nor deduplicates it: where one value belongs to two MMA fragments (the halo kernel's patch rows
+// shared by vertically adjacent taps), a deduplicated load leaves ptxas regrouping fragment and
+// accumulator registers, about 90 moves per 288 MMAs; two loads cost two instructions.
+__device__ __forceinline__ uint32_t lds_tf32(const float* p) {
+  uint32_t v;
+  asm volatile("ld.volatile.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr(p)));
+  return v + 0x1000u;
 }
 
 // D += A * B for one m16n8k8 tile, TF32 operands, float32 accumulators. Fragments (g = lane / 4,

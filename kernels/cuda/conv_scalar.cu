@@ -19,35 +19,41 @@
 // unrolled instantiations, any other window the generic loop.
 //
 // Depthwise path (cg == 1, i.e. groups == C; channel multiplier m = K / C, output channel k
-// reads input channel k / m). Each output reads r*s inputs and a weight row of r*s floats, so
-// the layer is memory-bound: the path reads every input element about once from DRAM and
-// writes every output once, from shared memory rather than from r*s overlapping global loads.
-// Tile: th output rows x tw output columns (tw = 4 * ncg, ncg <= kDwMaxGroups) of one input
-// plane (img, c), for mb of the m output channels of that plane. The block stages the input
-// rows and columns the tile reads, halo and padding included (padding zero-filled by the copy):
-//   rows ih0 = oh0*sh - pad_t .. ih0 + (th-1)*sh + (r-1)*dh, columns iw0 = ow0*sw - pad_l ..
-// row-major in shared memory with row stride wp, with cp.async copies (4 bytes, consecutive
-// threads on consecutive columns, so coalesced and bank-conflict free; 16 bytes when iw0, w and
-// x are 16-byte aligned, i.e. pad_l % 4 == 0 and w % 4 == 0). A whole tile is one round of
-// copies in flight. Then each thread computes items of 4 consecutive outputs along ow
-// (item = (row, column group) of the tile, row-major, the thread's items strided by the block
-// size): smem column 0 is the first tap of the tile's first output, so an item's window row
-// starts 16-byte aligned and is read as float4s (no bank conflicts: wp / 4 = ncg*sw mod 8 makes
-// consecutive items hit consecutive 16-byte bank groups across row ends too); the window slides
-// in registers, the r*s weights of the channel are in registers, the epilogue is applied in
-// registers, and the 4 outputs go out as one float4 store when wo % 4 == 0 and y is aligned.
-// Grid: one-dimensional, grid-stride, blocks = n * C * mgroups * ctiles * rtiles, decoded
+// reads input channel k / m). An output reads r*s inputs and r*s weights, so the layer is
+// memory-bound: the path reads every input element about once from DRAM (halo rows shared by
+// neighbouring tiles come from L2) and writes every output once, and the r*s overlapping reads
+// of an output come from shared memory.
+// Tile: th output rows x tw output columns (tw = 4 * ncg <= 4 * kDwMaxGroups) of one input
+// plane (img, c), for mb of the m output channels of that plane (mb = m unless the grid needs
+// more blocks). The block stages the input window of the tile in shared memory, halo and
+// padding included (padding is zero-filled by the copy): input rows ih0 = oh0*sh - pad_t and
+// the (th-1)*sh + (r-1)*dh that follow, columns from iw0 = ow0*sw - pad_l on, row-major with
+// row stride wp floats; smem column sh4 holds input column iw0. All the tile's copies are
+// cp.async, issued before the first wait (one DRAM round trip a tile), 16 bytes when w % 4 == 0
+// and x is 16-byte aligned (then sh4 = iw0 mod 4 = -pad_l mod 4, so the copies are aligned),
+// else 4 bytes (sh4 = 0); consecutive threads take consecutive vectors of a row, so the global
+// reads coalesce and the shared stores are conflict-free.
+// Per thread: items of 4 consecutive outputs along ow; item = (row, column group) of the tile,
+// row-major, and a thread's items stride by the block size. For the unrolled windows an item's
+// window row starts 16-byte aligned (+ sh4), so it is read as float4s (wp / 4 = ncg*sw mod 8
+// puts consecutive items on consecutive 16-byte bank groups, across row ends too: no
+// conflicts); the window slides in registers, the r*s weights of the channel are in registers,
+// the epilogue is applied in registers, and the 4 outputs go out as one float4 store when
+// wo % 4 == 0 and y is 16-byte aligned (else 4 predicated scalar stores).
+// Grid: one-dimensional, grid-stride over blocks = n * C * mgroups * ctiles * rtiles:
 //   rt = b % rtiles, ct = b / rtiles % ctiles, mg = .. % mgroups, c = .. % C, img = the rest
 // (row tile fastest, so the blocks that share halo rows run together and share them in L2).
-// Block size: about kDwItemsPerThread items a thread, 32 to 256 threads. th aims at
-// kDwTargetItems items a block and shrinks (as does mb, first) until the grid has
-// kDwMinWavesBlocks blocks per SM, so batch-1 layers still fill the GPU.
-// Unrolled instantiations: r = s in {3, 5, 7} with dil_w == 1 and stride_w in {1, 2} (stride_h,
-// dil_h and all padding are run-time: they only pick shared-memory rows). Any other window,
-// horizontal stride or dilation takes the generic instantiation: the same tiles and staging,
-// with run-time loops over scalar shared-memory reads and weights read as broadcasts. When
-// one row of tiles needs more than kDwMaxSmem bytes of staging (huge windows or dilations),
-// the shape takes the general path.
+// Sizes (launch_depthwise): th aims at kDwTargetItems items a block, about kDwItemsPerThread
+// items a thread (32 to 256 threads); when the grid has fewer than kDwMinBlocksPerSm blocks
+// per SM (batch 1, small planes), mb and then th shrink until it does; th also shrinks until
+// the window fits kDwMaxSmem.
+// Instantiations: r = s in {3, 5, 7} with dil_w == 1 and stride_w in {1, 2} are unrolled, per
+// sh4 (stride_h, dil_h and all padding are run-time: they only pick shared-memory rows). Any
+// other window, horizontal stride or horizontal dilation takes the generic instantiation: the
+// same tiles and staging, run-time loops over scalar shared-memory reads, weights read as
+// broadcasts. A shape whose window for a single output row exceeds kDwMaxSmem (huge
+// dilations or strides) takes the general path. Planes narrower than about 16 leave lanes idle
+// (a block is one plane): a multi-plane block would fill them.
 //
 // Restrictions: none on stride, padding (bottom/right padding only shows in ho/wo), dilation or
 // groups. One input plane (h*w) and one output plane (ho*wo) must fit in int32. tiles are not
@@ -202,8 +208,7 @@ __global__ void __launch_bounds__(kThreads, (scalar_min_blocks<R, S, kUnitDil>()
       conv_scalar_block<R, S, kUnitDil>(a, k, img, pb, ws);
 }
 
-
-// -- depthwise path (header comment) --
+// -- depthwise path (see the header comment) --
 
 constexpr int kDwMaxThreads = 256;
 constexpr int kDwV = 4;              // consecutive outputs along ow a thread item computes
@@ -211,7 +216,7 @@ constexpr int kDwMaxGroups = 64;     // items across a tile row: tw <= 256 outpu
 constexpr int kDwTargetItems = 256;  // items a block aims at (th = kDwTargetItems / ncg)
 constexpr int kDwItemsPerThread = 2;
 // Blocks per SM below which th (and mb) shrink: fewer leaves SMs with too few bytes in flight.
-constexpr int kDwMinWavesBlocks = 4;
+constexpr int kDwMinBlocksPerSm = 4;
 constexpr int kDwMaxSmem = 48 * 1024;  // the default dynamic shared-memory limit
 
 struct DwArgs {
@@ -225,13 +230,13 @@ struct DwArgs {
   int ho, wo;
   int r, s;  // the window (read by the generic instantiation only)
   int sh, sw, pt, pl, dh, dw;
-  int th, tw;              // tile: output rows, output columns (tw % 4 == 0)
+  int th, tw;  // tile: output rows, output columns (tw % 4 == 0)
   int rtiles, ctiles, mgroups;
-  int cols, wp;            // staged columns of a row (% 4 == 0), and the shared-memory row stride
-  int sh4;                 // shared-memory column of a tile's first tap iw0 (see dw_stage)
-  int64_t blocks;          // n * c * mgroups * ctiles * rtiles
-  bool vec_in;   // 16-byte copies: w % 4 == 0, x aligned
-  bool vec_out;  // float4 stores: wo % 4 == 0, y aligned
+  int cols, wp;    // staged columns of a row (% 4 == 0), and the shared-memory row stride
+  int sh4;         // shared-memory column of a tile's first tap iw0 (see dw_stage)
+  int64_t blocks;  // n * c * mgroups * ctiles * rtiles
+  bool vec_in;     // 16-byte copies: w % 4 == 0, x aligned
+  bool vec_out;    // float4 stores: wo % 4 == 0, y aligned
   Activation act;
 };
 
@@ -288,10 +293,22 @@ __device__ __forceinline__ void dw_stage(const DwArgs& a, const float* __restric
   }
 }
 
+// Blocks of kDwMaxThreads an SM must hold, i.e. a register cap of 65536 / (256 * blocks): the
+// highest occupancy at which ptxas (nvcc 13.0, sm_90) spills nothing. Blocks are usually
+// smaller, so more of them fit; what counts is the bytes in flight, i.e. resident threads.
+template <int R>
+constexpr int dw_min_blocks() {
+  if (R == 3) return 6;  // 40 registers
+  if (R == 5) return 4;  // 64 (5 blocks: 48 and a spill)
+  if (R == 7) return 3;  // 80
+  return 5;              // generic: 48
+}
+
 // R = S = 0: generic window, horizontal stride and dilation (SW, SH4 not read). Otherwise R x S,
 // stride_w == SW, dil_w == 1, a.sh4 == SH4, unrolled.
 template <int R, int S, int SW, int SH4>
-__global__ void __launch_bounds__(kDwMaxThreads) conv_dw_kernel(const DwArgs a) {
+__global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
+    conv_dw_kernel(const DwArgs a) {
   extern __shared__ float4 dw_smem[];
   float* sm = reinterpret_cast<float*>(dw_smem);
   const int r = R > 0 ? R : a.r;
@@ -360,8 +377,7 @@ __global__ void __launch_bounds__(kDwMaxThreads) conv_dw_kernel(const DwArgs a) 
 #pragma unroll
             for (int o = 0; o < kDwV; ++o)
 #pragma unroll
-              for (int j = 0; j < S; ++j)
-                acc[o] = fmaf(v[SH4 + o * SW + j], wr[i * S + j], acc[o]);
+              for (int j = 0; j < S; ++j) acc[o] = fmaf(v[SH4 + o * SW + j], wr[i * S + j], acc[o]);
           }
           // -- batchnorm + activation epilogue, 4 outputs --
           float* out = yp + ohl * int64_t(a.wo) + cg * kDwV;
@@ -472,7 +488,9 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
 
   // Rows: about kDwTargetItems items a block; then fill the GPU (channel groups first, since
   // splitting them adds no halo), then fit the shared memory.
-  const auto staged_rows = [&](int64_t th) { return (th - 1) * s.stride_h + (s.r - 1) * s.dil_h + 1; };
+  const auto staged_rows = [&](int64_t th) {
+    return (th - 1) * s.stride_h + (s.r - 1) * s.dil_h + 1;
+  };
   int64_t th = std::clamp<int64_t>(detail::ceil_div(kDwTargetItems, ncg), 1, s.ho);
   int64_t rtiles = 0, mb = a.m, mgroups = 0;
   const auto balance = [&] {
@@ -482,7 +500,7 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
     mb = detail::ceil_div(a.m, mgroups);
   };
   balance();
-  const int64_t min_blocks = int64_t(kDwMinWavesBlocks) * device_sms();
+  const int64_t min_blocks = int64_t(kDwMinBlocksPerSm) * device_sms();
   const auto blocks = [&] { return s.n * s.c * mgroups * a.ctiles * rtiles; };
   while (blocks() < min_blocks && mb > 1) mb = detail::ceil_div(mb, 2), balance();
   while (blocks() < min_blocks && th > 1) th = detail::ceil_div(th, 2), balance();
@@ -503,10 +521,14 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   const auto launch_sh4 = [&](auto rr, auto ss) {
     constexpr int R = decltype(rr)::value, SW = decltype(ss)::value;
     switch (a.sh4) {
-      case 0: return launch(conv_dw_kernel<R, R, SW, 0>);
-      case 1: return launch(conv_dw_kernel<R, R, SW, 1>);
-      case 2: return launch(conv_dw_kernel<R, R, SW, 2>);
-      default: return launch(conv_dw_kernel<R, R, SW, 3>);
+      case 0:
+        return launch(conv_dw_kernel<R, R, SW, 0>);
+      case 1:
+        return launch(conv_dw_kernel<R, R, SW, 1>);
+      case 2:
+        return launch(conv_dw_kernel<R, R, SW, 2>);
+      default:
+        return launch(conv_dw_kernel<R, R, SW, 3>);
     }
   };
   const auto launch_sw = [&](auto rr) {
@@ -528,18 +550,6 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
 }
 
 }  // namespace
-
-bool conv_supports(ConvKernel kernel, const ConvShape& s) {
-  switch (kernel) {
-    case ConvKernel::Scalar:
-      return true;
-    case ConvKernel::Tiled:
-      return s.groups == 1;  // a block's channels share one input patch
-    case ConvKernel::Gemm:
-      return s.groups == 1;
-  }
-  return false;
-}
 
 void conv_scalar(const ConvShape& s, const float* x, const float* w, const float* scale,
                  const float* shift, Activation act, float* y, Stream stream) {

@@ -1,10 +1,25 @@
 #include "epilog/io/builder.h"
 
+#include <algorithm>
 #include <set>
 
 #include "epilog/io/init.h"
 
 namespace epilog {
+
+void Builder::set_weights(std::map<std::string, Tensor> data) {
+  for (const auto& [name, t] : data) {
+    if (graph_.weights.count(name))
+      fail(
+          "builder: set_weights: weight '{}' was already made from the seed; call set_weights "
+          "before the ops that use it",
+          name);
+    if (t.dtype() != DType::F32 || t.device() != Device::CPU)
+      fail("builder: set_weights: weight '{}' is {} on {}, expected f32 on cpu", name,
+           dtype_name(t.dtype()), device_name(t.device()));
+  }
+  data_ = std::move(data);
+}
 
 Val Builder::input(const std::string& name, const Shape& shape) {
   if (graph_.values.count(name)) fail("builder: input '{}' is already defined", name);
@@ -82,53 +97,77 @@ std::vector<Val> Builder::node(OpKind op, const std::vector<Val>& inputs, const 
   return outs;
 }
 
+Val Builder::transactional(const std::function<Val()>& body) {
+  std::vector<std::string> before;
+  for (const auto& [name, w] : graph_.weights) before.push_back(name);
+  try {
+    return body();
+  } catch (...) {
+    for (auto it = graph_.weights.begin(); it != graph_.weights.end();) {
+      if (std::binary_search(before.begin(), before.end(), it->first)) {
+        ++it;
+      } else {
+        graph_.values.erase(it->first);
+        it = graph_.weights.erase(it);
+      }
+    }
+    throw;
+  }
+}
+
 Val Builder::single(OpKind op, const std::vector<Val>& inputs, const Attrs& attrs,
                     const std::string& name) {
   return node(op, inputs, attrs, name).front();
 }
 
 Val Builder::conv2d(Val x, const std::string& name, const ConvOpts& o) {
-  const Shape& xs = shape(x);
-  if (xs.size() != 4)
-    fail("[conv2d] node '{}': input '{}' has shape {}, expected 4 dims (NCHW)", name, x.name,
-         shape_str(xs));
-  if (o.groups_ < 1 || xs[1] % o.groups_ != 0)
-    fail("[conv2d] node '{}': groups={} does not divide the {} input channels", name, o.groups_,
-         xs[1]);
-  std::vector<Val> ins{
-      x, weight(name + ".weight", {o.out_channels_, xs[1] / o.groups_, o.kernel_[0], o.kernel_[1]},
-                OpKind::Conv2d, "weight")};
-  if (o.bias_) ins.push_back(weight(name + ".bias", {o.out_channels_}, OpKind::Conv2d, "bias"));
-  Attrs a;
-  a.set("stride", o.stride_);
-  a.set("padding", o.padding_);
-  a.set("dilation", o.dilation_);
-  a.set("groups", o.groups_);
-  return single(OpKind::Conv2d, ins, a, name);
+  return transactional([&] {
+    const Shape& xs = shape(x);
+    if (xs.size() != 4)
+      fail("[conv2d] node '{}': input '{}' has shape {}, expected 4 dims (NCHW)", name, x.name,
+           shape_str(xs));
+    if (o.groups_ < 1 || xs[1] % o.groups_ != 0)
+      fail("[conv2d] node '{}': groups={} does not divide the {} input channels", name, o.groups_,
+           xs[1]);
+    std::vector<Val> ins{x, weight(name + ".weight",
+                                   {o.out_channels_, xs[1] / o.groups_, o.kernel_[0], o.kernel_[1]},
+                                   OpKind::Conv2d, "weight")};
+    if (o.bias_) ins.push_back(weight(name + ".bias", {o.out_channels_}, OpKind::Conv2d, "bias"));
+    Attrs a;
+    a.set("stride", o.stride_);
+    a.set("padding", o.padding_);
+    a.set("dilation", o.dilation_);
+    a.set("groups", o.groups_);
+    return single(OpKind::Conv2d, ins, a, name);
+  });
 }
 
 Val Builder::batchnorm(Val x, const std::string& name, double eps) {
-  const Shape& xs = shape(x);
-  if (xs.size() < 2)
-    fail("[batchnorm] node '{}': input '{}' has shape {}, expected at least 2 dims", name, x.name,
-         shape_str(xs));
-  std::vector<Val> ins{x};
-  for (const char* role : {"weight", "bias", "running_mean", "running_var"})
-    ins.push_back(weight(name + "." + role, {xs[1]}, OpKind::BatchNorm, role));
-  Attrs a;
-  a.set("eps", eps);
-  return single(OpKind::BatchNorm, ins, a, name);
+  return transactional([&] {
+    const Shape& xs = shape(x);
+    if (xs.size() < 2)
+      fail("[batchnorm] node '{}': input '{}' has shape {}, expected at least 2 dims", name, x.name,
+           shape_str(xs));
+    std::vector<Val> ins{x};
+    for (const char* role : {"weight", "bias", "running_mean", "running_var"})
+      ins.push_back(weight(name + "." + role, {xs[1]}, OpKind::BatchNorm, role));
+    Attrs a;
+    a.set("eps", eps);
+    return single(OpKind::BatchNorm, ins, a, name);
+  });
 }
 
 Val Builder::linear(Val x, const std::string& name, int64_t out_features, bool bias) {
-  const Shape& xs = shape(x);
-  if (xs.size() != 2)
-    fail("[linear] node '{}': input '{}' has shape {}, expected 2 dims", name, x.name,
-         shape_str(xs));
-  std::vector<Val> ins{x,
-                       weight(name + ".weight", {out_features, xs[1]}, OpKind::Linear, "weight")};
-  if (bias) ins.push_back(weight(name + ".bias", {out_features}, OpKind::Linear, "bias"));
-  return single(OpKind::Linear, ins, {}, name);
+  return transactional([&] {
+    const Shape& xs = shape(x);
+    if (xs.size() != 2)
+      fail("[linear] node '{}': input '{}' has shape {}, expected 2 dims", name, x.name,
+           shape_str(xs));
+    std::vector<Val> ins{x,
+                         weight(name + ".weight", {out_features, xs[1]}, OpKind::Linear, "weight")};
+    if (bias) ins.push_back(weight(name + ".bias", {out_features}, OpKind::Linear, "bias"));
+    return single(OpKind::Linear, ins, {}, name);
+  });
 }
 
 Val Builder::silu(Val x, const std::string& name) {

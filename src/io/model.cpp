@@ -16,6 +16,7 @@
 
 #include "epilog/io/dump.h"
 #include "epilog/io/init.h"
+#include "epilog/io/onnx.h"
 #include "epilog/io/safetensors.h"
 
 namespace epilog {
@@ -499,8 +500,9 @@ Graph parse_json_model(const std::string& text, const std::string& source,
 
 Graph load_model(const std::string& path, const LoadOptions& options) {
   std::string ext = lower(fs::path(path).extension().string());
+  if (ext == ".onnx") return load_onnx(path, options);
   if (ext != ".json")
-    fail("{}: unsupported model file type '{}' (epilog reads .json models)", path, ext);
+    fail("{}: unsupported model file type '{}' (epilog reads .json and .onnx models)", path, ext);
   std::ifstream f(path, std::ios::binary);
   if (!f) fail("{}: cannot open ({})", path, std::strerror(errno));
   std::error_code ec;

@@ -81,6 +81,12 @@ std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>&
   return result;
 }
 
+void Executor::replay() {
+  if (!recording_) fail("replay: nothing recorded yet (run() first, on a backend that records)");
+  recording_->replay();
+  backend_.synchronize();
+}
+
 void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
   using Clock = std::chrono::steady_clock;
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {

@@ -65,6 +65,7 @@ const std::vector<Geometry> kGeometries = {
     {"3x3 pad wider than window",  1,  3,  6,  7,  9, 3, 3, 1, 1, 3, 2, 3, 2, 1, 1, 1},
     {"3x3 Cin 1",                  1,  1, 13, 11, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
     {"3x3 several tiles each way", 3, 20, 21, 19, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {"3x3 stride 2 many squares",  3, 24, 37, 35, 70, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
     {"5x5 pad 2",                  1,  9, 15, 19, 33, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1},
     {"5x5 stride 2 asymmetric",    3,  4, 17, 13, 13, 5, 5, 2, 2, 1, 2, 2, 1, 1, 1, 1},
     {"5x5 dilation 2",             1,  5, 10,  9,  7, 5, 5, 1, 1, 4, 4, 4, 4, 2, 2, 1},
@@ -95,20 +96,6 @@ const char* act_name(Activation act) {
       return "sigmoid";
   }
   return "?";
-}
-
-// Every tile combination each tiled kernel is built for (conv_tiled.cu, conv_gemm.cu headers).
-std::vector<ConvTiles> built_tiles(ConvKernel kernel) {
-  std::vector<ConvTiles> out;
-  if (kernel == ConvKernel::Tiled) {
-    for (int m : {32, 64, 128})
-      for (int n : {8, 16, 32}) out.push_back({m, n, 8, 0});
-  } else if (kernel == ConvKernel::Gemm) {
-    for (int m : {32, 64, 128})
-      for (int n : {32, 64, 128})
-        for (int stages : {2, 3, 4}) out.push_back({m, n, 32, stages});
-  }
-  return out;
 }
 
 std::string tiles_str(const ConvTiles& t) {
@@ -242,7 +229,7 @@ void check_kernel(ConvKernel kernel) {
             std::string(g.name) + " (lowering's tiles)");
       ++r;
     }
-    for (const ConvTiles& t : built_tiles(kernel)) {
+    for (const ConvTiles& t : conv_built_tiles(kernel)) {
       check({kernel, t, s, r % 2 == 0, r / 2 % 2 == 0, kActivations[(r + r / 4) % 4]}, seed += 4,
             g.name);
       ++r;

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "epilog/kernels/shapes.h"
 #include "epilog/runtime/plan.h"
@@ -29,6 +30,10 @@ ConvChoice select_conv_kernel(const ConvShape& shape, const DeviceProfile& devic
 // Tile sizes for a kernel on a layer: the largest tile whose grid still fills about two waves
 // of the SMs, smaller tiles for small layers. Pure.
 ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& shape, const DeviceProfile& device);
+
+// Every tile combination a kernel is compiled for (the headers of conv_tiled.cu and
+// conv_gemm.cu): what the GPU tests run each kernel with and what `conv_bench --sweep` times.
+std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel);
 
 struct LowerOptions {
   Device device = Device::CPU;

@@ -12,6 +12,7 @@
 // shapes at once and throws an Error naming the op, the node and the shapes.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -75,8 +76,9 @@ class Builder {
  public:
   explicit Builder(uint64_t seed = 0) : seed_(seed) {}
 
-  // Weight data by name; names not given here are generated from the seed.
-  void set_weights(std::map<std::string, Tensor> data) { data_ = std::move(data); }
+  // Weight data by name, for the ops added after this call; names not given here are
+  // generated from the seed.
+  void set_weights(std::map<std::string, Tensor> data);
 
   Val input(const std::string& name, const Shape& shape);
   void output(Val v);
@@ -121,6 +123,9 @@ class Builder {
  private:
   Val single(OpKind op, const std::vector<Val>& inputs, const Attrs& attrs,
              const std::string& name);
+  // Runs an op call that creates weights; if it throws, its weights are removed again so that
+  // a failed call leaves the graph as it was.
+  Val transactional(const std::function<Val()>& body);
   std::string fresh_name(OpKind op, const std::string& name);
 
   uint64_t seed_;

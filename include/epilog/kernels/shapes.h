@@ -58,10 +58,18 @@ struct ConvTiles {
   int stages = 0;  // shared-memory pipeline depth (gemm)
 };
 
-// Whether a conv kernel can run a shape at all: tiled and gemm need groups == 1; scalar runs
-// everything.
+// Whether a conv kernel can run a shape at all: scalar runs everything; tiled and gemm need
+// groups == 1 (a block's output channels share one input tile).
 inline bool conv_supports(ConvKernel kernel, const ConvShape& s) {
   return kernel == ConvKernel::Scalar || s.groups == 1;
+}
+
+// The shapes gemm's 3x3 "halo" kernel takes (ConvTiles::k == 72, conv_gemm.cu): a dense 3x3
+// window, dilation 1, the same stride 1 or 2 both ways. It stages the input patch under an 8x8
+// square of outputs once for all nine taps instead of gathering each tap.
+inline bool conv_gemm_halo_fits(const ConvShape& s) {
+  return s.groups == 1 && s.r == 3 && s.s == 3 && s.dil_h == 1 && s.dil_w == 1 &&
+         s.stride_h == s.stride_w && (s.stride_h == 1 || s.stride_h == 2);
 }
 
 // NCHW pooling window geometry; padding is top, left, bottom, right.

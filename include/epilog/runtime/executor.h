@@ -65,6 +65,9 @@ class Executor {
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
   void set_recording(bool on) { recording_on_ = on; }
   bool replaying() const { return recording_ != nullptr; }
+  // Replays the recording on the inputs of the last run and waits for it: the device time of
+  // the model alone, for benchmarks. Needs a recording (replaying()).
+  void replay();
 
   // With profiling on, run() synchronizes after each node and records its time.
   void set_profile(bool on) { profile_ = on; }

@@ -1,0 +1,291 @@
+// The 3x3 "halo" kernel of conv_gemm.cu (tiles.k == 72): stride 1 or 2, dilation 1, any padding.
+// conv_gemm.cu's header comment describes it; this file holds its tile geometry and its kernel.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "conv_gemm_ptx.cuh"
+#include "epilog/kernels/shapes.h"
+
+namespace epilog::cuda::conv_gemm_detail {
+
+constexpr int kHaloK = 72;    // reduction steps per stage: 8 input channels x 9 taps
+constexpr int kHaloC = 8;     // input channels per stage
+constexpr int kHaloSide = 8;  // a warp's output pixels: an 8 x 8 square of one image
+
+struct HaloArgs {
+  const float* x;
+  const float* wt;
+  const float* scale;
+  const float* shift;
+  float* y;
+  int c, h, w;            // input channels and plane
+  int k, ho, wo;          // output channels and plane
+  int pt, pl;             // top and left padding
+  int tiles_x, tiles_yx;  // 8x8 squares per row of squares, per image
+  int squares;            // n * tiles_yx
+  int n_tiles;            // ceil(k / BN)
+  int ctiles;             // ceil(c / 8): stages of the reduction
+  int stages;             // 2..4, never more than ctiles + 1 nor what shared memory holds
+  bool vec_b;             // 16-byte weight copies: c % 4 == 0 and w 16-byte aligned
+  Activation act;
+};
+
+template <int BM, int BN, int S>
+struct HaloTile {
+  static_assert(S == 1 || S == 2, "stride 1 or 2");
+  static_assert(BM == 64 || BM == 128 || BM == 256, "BM: 1, 2 or 4 squares");
+  static_assert(BN == 32 || BN == 64 || BN == 128, "BN");
+  static constexpr int kSquares = BM / 64;  // one warp row per square
+  static constexpr int kWN = BN >= 64 ? 64 : 32;
+  static constexpr int kWarpsM = kSquares, kWarpsN = BN / kWN;
+  static constexpr int kWarps = kWarpsM * kWarpsN, kThreads = 32 * kWarps;
+  static constexpr int kMI = 4, kNI = kWN / 8;  // a square is 4 MMA tiles of 2 rows x 8 columns
+  static constexpr int kQuads = 3 * S + 3;      // distinct A fragments of a column of taps
+  // The input patch under one square: (8 - 1) * S + 3 rows and columns.
+  static constexpr int kPH = (kHaloSide - 1) * S + 3, kPW = kPH, kPos = kPH * kPW;
+  // Channel planes of a patch kCS floats apart, kCS = 8 (mod 32): with the 8 pixels g of an MMA
+  // row on consecutive slots, lanes (g, t) reading channel t hit banks 8t + g, all distinct.
+  static constexpr int kCS = (kPos + 23) / 32 * 32 + 8;
+  static constexpr int kPatch = kHaloC * kCS;
+  // Weight rows of 72 floats (8 channels x 9 taps, the weight's own order) padded to 76: lanes
+  // (g, t) reading channel t of row g hit banks 12g + 9t (mod 32), all distinct.
+  static constexpr int kLdB = kHaloK + 4;
+  static constexpr int kStageFloats = kSquares * kPatch + BN * kLdB;
+  static constexpr int kQ = (kPos + 31) / 32;  // patch positions per lane (lane + 32q)
+  static constexpr int kChannelsPerWarp = kHaloC / kWarpsN;
+  static constexpr int kMaxSmem = 227 * 1024;
+  static constexpr int kMaxStages = 4 * kStageFloats * 4 <= kMaxSmem   ? 4
+                                    : 3 * kStageFloats * 4 <= kMaxSmem ? 3
+                                                                       : 2;
+  static_assert(2 * kStageFloats * 4 <= kMaxSmem, "two stages must fit");
+  static_assert(kPos <= kCS && kLdB % 4 == 0 && kStageFloats % 4 == 0, "16-byte aligned rows");
+
+  static constexpr size_t smem_bytes(int stages) {
+    return sizeof(float) * size_t(stages) * kStageFloats;
+  }
+
+  // Patch slot of input column px (of 0..kPW): for stride 2 the even columns come first, then
+  // the odd ones, so that the 8 pixels of an MMA row (columns 2g + j) sit on consecutive slots.
+  static constexpr __host__ __device__ int col_slot(int px) {
+    return S == 1 ? px : (px & 1) * (kPW / 2 + 1) + (px >> 1);
+  }
+  static constexpr __host__ __device__ int slot_col(int slot) {
+    return S == 1 ? slot : slot <= kPW / 2 ? 2 * slot : 2 * (slot - kPW / 2 - 1) + 1;
+  }
+};
+
+template <int BM, int BN, int S>
+__global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
+    conv_halo_kernel(const HaloArgs a) {
+  using T = HaloTile<BM, BN, S>;
+  extern __shared__ __align__(16) float smem[];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
+  const int g = lane / 4, t = lane % 4;
+  const int n_tile = int(blockIdx.x % unsigned(a.n_tiles));
+  const int m_tile = int(blockIdx.x / unsigned(a.n_tiles));
+  const int n0 = n_tile * BN;
+  const int hw = a.h * a.w, kg = a.c * 9;
+  const uint32_t smem0 = smem_addr(smem);
+  constexpr uint32_t kStageBytes = 4 * T::kStageFloats;
+
+  // -- this warp's square --
+  // Squares run over (image, row of squares, column of squares); a block takes kSquares
+  // consecutive ones, warp row wm the wm-th. Past the last square everything is masked.
+  const int sq = m_tile * T::kSquares + wm;
+  const bool sq_ok = sq < a.squares;
+  const int sqc = sq_ok ? sq : 0;
+  const int img = sqc / a.tiles_yx, sq_rem = sqc - img * a.tiles_yx;
+  const int sy = sq_rem / a.tiles_x, sx = sq_rem - sy * a.tiles_x;
+  const int oy0 = sy * kHaloSide, ox0 = sx * kHaloSide;
+
+  // -- copy state, fixed for the block --
+  // Patch: lane owns slots lane + 32q of each channel plane of its square. goff is the slot's
+  // offset in an input channel plane (0 when outside the image), pbytes 4 inside, 0 outside
+  // (zero fill: the padding).
+  uint32_t goff[T::kQ];
+  int pbytes[T::kQ];
+  {
+    const int iy0 = oy0 * S - a.pt, ix0 = ox0 * S - a.pl;
+#pragma unroll
+    for (int q = 0; q < T::kQ; ++q) {
+      const int p = lane + 32 * q;
+      const int py = p / T::kPW, px = T::slot_col(p - py * T::kPW);
+      const int iy = iy0 + py, ix = ix0 + px;
+      const bool ok = sq_ok && unsigned(iy) < unsigned(a.h) && unsigned(ix) < unsigned(a.w);
+      goff[q] = ok ? uint32_t(iy * a.w + ix) : 0u;
+      pbytes[q] = ok ? 4 : 0;
+    }
+  }
+  const bool last_q = lane + 32 * (T::kQ - 1) < T::kPos;  // the last slot group is partial
+  const float* const x_img = a.x + size_t(img) * a.c * hw;
+  const uint32_t patch_dst = smem0 + 4 * (wm * T::kPatch + lane);
+  // Weights: warp w copies rows w, w + kWarps, ... of the block's BN; lane l < 18 the l-th
+  // 16-byte chunk of the 72 floats (or, 4 bytes at a time, floats l, l + 32, l + 64). Rows past
+  // k are skipped (their products only reach columns that are never stored).
+  constexpr int kRowsPerWarp = BN / T::kWarps;
+  const int b_rows = a.k - n0 - warp;  // rows rr with rr * kWarps < b_rows exist
+  const int b_lane = a.vec_b ? 4 * (lane < kHaloK / 4 ? lane : 0) : lane;
+  const float* const b_row = a.wt + size_t(n0 + warp < a.k ? n0 + warp : 0) * kg;
+  const uint32_t b_dst = smem0 + 4 * (T::kSquares * T::kPatch + warp * T::kLdB + b_lane);
+
+  auto load_stage = [&](int stage, int kt) {
+    const uint32_t sbase = stage * kStageBytes;
+    const int c0 = kt * kHaloC;
+    // Patch: channels wn, wn + kWarpsN, ... of the stage's 8; a channel past c is all zeros.
+#pragma unroll
+    for (int cc = 0; cc < T::kChannelsPerWarp; ++cc) {
+      const int cl = wn + cc * T::kWarpsN, c = c0 + cl;
+      const uint32_t dst = patch_dst + sbase + 4 * cl * T::kCS;
+      if (c < a.c) {
+        const float* plane = x_img + c * hw;
+#pragma unroll
+        for (int q = 0; q + 1 < T::kQ; ++q)
+          cp_async4_n(dst + 4 * 32 * q, plane + goff[q], pbytes[q]);
+        cp_async4_if(last_q, dst + 4 * 32 * (T::kQ - 1), plane + goff[T::kQ - 1],
+                     pbytes[T::kQ - 1]);
+      } else {
+#pragma unroll
+        for (int q = 0; q + 1 < T::kQ; ++q) cp_async4_n(dst + 4 * 32 * q, a.x, 0);
+        cp_async4_if(last_q, dst + 4 * 32 * (T::kQ - 1), a.x, 0);
+      }
+    }
+    // Weights: columns c0 * 9 .. + 72 of each row. Past the row's end (c % 8 != 0) zeros, read
+    // from the stage's first column so that the (unread) source stays in bounds.
+    const int c9 = c0 * 9;
+    const uint32_t dst = b_dst + sbase;
+    if (a.vec_b) {
+      // kg % 4 == 0: a chunk is wholly inside the row or wholly past it.
+      const bool in_row = c9 + b_lane < kg, lane_ok = lane < kHaloK / 4;
+      const float* src = b_row + c9 + (in_row ? b_lane : 0);
+      // Unrolled by 4 only: fully unrolled (up to 64 rows for a one-warp block) ptxas keeps every
+      // row's address live at once.
+#pragma unroll 4
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        cp_async16_if(lane_ok && rr * T::kWarps < b_rows, dst + 4 * rr * T::kWarps * T::kLdB, src,
+                      in_row ? 16 : 0);
+        src += size_t(T::kWarps) * kg;
+      }
+    } else {
+      int off[3];
+      bool in_row[3];
+#pragma unroll
+      for (int p = 0; p < 3; ++p) {
+        in_row[p] = c9 + b_lane + 32 * p < kg;
+        off[p] = c9 + (in_row[p] ? b_lane + 32 * p : 0);
+      }
+      const float* src = b_row;
+#pragma unroll 4
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+#pragma unroll
+        for (int p = 0; p < 3; ++p)
+          cp_async4_if((p < 2 || lane + 64 < kHaloK) && rr * T::kWarps < b_rows,
+                       dst + 4 * (rr * T::kWarps * T::kLdB + 32 * p), src + off[p],
+                       in_row[p] ? 4 : 0);
+        src += size_t(T::kWarps) * kg;
+      }
+    }
+  };
+
+  float acc[T::kMI][T::kNI][4];
+#pragma unroll
+  for (int mi = 0; mi < T::kMI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < T::kNI; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+  // Fragment bases: A at channel t, pixel column g of the patch's first row; B at row g of the
+  // warp's columns, channel t.
+  const int a_frag = wm * T::kPatch + t * T::kCS + g;
+  const int b_frag = T::kSquares * T::kPatch + (wn * T::kWN + g) * T::kLdB + 9 * t;
+
+  // -- mainloop: one stage = 8 input channels, 9 k steps (one per tap) --
+  const int stages = a.stages, ktiles = a.ctiles;
+  for (int st = 0; st < stages - 1; ++st) {
+    if (st < ktiles) load_stage(st, st);
+    cp_async_commit();
+  }
+  int read_stage = 0, write_stage = stages - 1;
+  for (int kt = 0; kt < ktiles; ++kt) {
+    cp_async_wait_stage(stages);
+    // Stage kt is visible to all, and every warp is done with the stage the next copy overwrites.
+    __syncthreads();
+    if (kt + stages - 1 < ktiles) load_stage(write_stage, kt + stages - 1);
+    cp_async_commit();
+    write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
+
+    const float* sa = smem + read_stage * T::kStageFloats + a_frag;
+    const float* sb = smem + read_stage * T::kStageFloats + b_frag;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      // MMA rows g and g + 8 of tile mi are square rows mi and mi + 4 (column g), so tap (i, j)
+      // of tile mi reads patch rows mi * S + i and mi * S + i + 4S: the A fragment of tile mi,
+      // tap row i is the same registers as that of tile mi + 1, tap row i - S. One column of
+      // taps needs kQuads distinct fragments, loaded and rounded once.
+      uint32_t aq[T::kQuads][4];
+#pragma unroll
+      for (int b = 0; b < T::kQuads; ++b) {
+        const float* p = sa + b * T::kPW + T::col_slot(j);
+        aq[b][0] = lds_tf32(p);
+        aq[b][1] = lds_tf32(p + 4 * S * T::kPW);
+        aq[b][2] = lds_tf32(p + 4 * T::kCS);
+        aq[b][3] = lds_tf32(p + 4 * T::kCS + 4 * S * T::kPW);
+      }
+#pragma unroll
+      for (int i = 0; i < 3; ++i) {
+        const int tap = 3 * i + j;
+        uint32_t bf[T::kNI][2];
+#pragma unroll
+        for (int ni = 0; ni < T::kNI; ++ni) {
+          const float* p = sb + 8 * ni * T::kLdB + tap;
+          bf[ni][0] = to_tf32(p[0]);
+          bf[ni][1] = to_tf32(p[4 * 9]);
+        }
+#pragma unroll
+        for (int mi = 0; mi < T::kMI; ++mi)
+#pragma unroll
+          for (int ni = 0; ni < T::kNI; ++ni) mma_tf32(acc[mi][ni], aq[mi * S + i], bf[ni]);
+      }
+    }
+    read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
+  }
+  cp_async_wait<0>();
+
+  // -- batchnorm + activation epilogue, straight from the accumulators --
+  // acc[mi][ni][2h + e] is pixel (row mi + 4h, column g) of the square, channel 2t + e of n8
+  // tile ni: 8 lanes store 8 consecutive floats of one output row (a full 32-byte sector).
+  const int hwo = a.ho * a.wo;
+  int pix[T::kMI][2];
+#pragma unroll
+  for (int mi = 0; mi < T::kMI; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int oy = oy0 + mi + 4 * h, ox = ox0 + g;
+      pix[mi][h] = sq_ok && oy < a.ho && ox < a.wo ? img * a.k * hwo + oy * a.wo + ox : -1;
+    }
+  auto finish = [&](auto act) {
+#pragma unroll
+    for (int ni = 0; ni < T::kNI; ++ni) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = n0 + wn * T::kWN + 8 * ni + 2 * t + e;
+        if (n >= a.k) continue;
+        const float sc = a.scale ? __ldg(a.scale + n) : 1.0f;
+        const float sf = a.shift ? __ldg(a.shift + n) : 0.0f;
+        float* yn = a.y + size_t(n) * hwo;
+#pragma unroll
+        for (int mi = 0; mi < T::kMI; ++mi)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            if (pix[mi][h] >= 0)
+              yn[pix[mi][h]] = activate(act.value, fmaf(acc[mi][ni][2 * h + e], sc, sf));
+      }
+    }
+  };
+  with_activation(a.act, finish);
+}
+
+}  // namespace epilog::cuda::conv_gemm_detail
