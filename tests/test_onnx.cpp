@@ -763,7 +763,8 @@ TEST_CASE("onnx: the CLI runs and dumps an ONNX model", "[onnx][cli]") {
   std::map<std::string, Tensor> w;
   std::string path = conv_bn_model("Relu", w).save("cli.onnx");
   std::string out = (scratch() / "dump.txt").string();
-  std::string cmd = fmt::format("'{}' dump '{}' --stage source > '{}' 2>&1", test::cli_path(), path, out);
+  std::string cmd =
+      fmt::format("'{}' dump '{}' --stage source > '{}' 2>&1", test::cli_path(), path, out);
   CHECK(std::system(cmd.c_str()) == 0);
   std::ifstream f(out);
   std::string text((std::istreambuf_iterator<char>(f)), {});

@@ -46,7 +46,7 @@ struct Options {
   std::string json_out;
   double copy_gbps = 4250;  // ceilings of the card, PERF.md (measured on an H200)
   double tf32_tflops = 358;
-  std::string only;  // run only shapes whose name contains this
+  std::string only;    // run only shapes whose name contains this
   bool sweep = false;  // also time every built tile combination
 };
 
@@ -214,8 +214,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
       cuda::conv_tiled(s, t, xb(r), dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, yb(r),
                        stream);
     else
-      cuda::conv_gemm(s, t, xb(r), dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, yb(r),
-                      stream);
+      cuda::conv_gemm(s, t, xb(r), dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, yb(r), stream);
   };
   for (ConvKernel kern : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm}) {
     if (!conv_supports(kern, s)) continue;
@@ -304,10 +303,11 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
         if (t.m == picked.m && t.n == picked.n && t.k == picked.k && t.stages == picked.stages)
           picked_us = us;
       }
-      std::printf("  %s sweep: fastest m=%d n=%d k=%d stages=%d %.1f us; lowering's m=%d n=%d "
-                  "k=%d stages=%d %.1f us\n",
-                  conv_kernel_name(kern), best.m, best.n, best.k, best.stages, best_us, picked.m,
-                  picked.n, picked.k, picked.stages, picked_us);
+      std::printf(
+          "  %s sweep: fastest m=%d n=%d k=%d stages=%d %.1f us; lowering's m=%d n=%d "
+          "k=%d stages=%d %.1f us\n",
+          conv_kernel_name(kern), best.m, best.n, best.k, best.stages, best_us, picked.m, picked.n,
+          picked.k, picked.stages, picked_us);
     }
     row["sweep"] = all;
   }
