@@ -30,18 +30,33 @@ std::optional<ConvKernel> parse_conv_kernel(const std::string& name) {
 }
 
 // -- the thresholds --
-// Each number was chosen by tools/conv_bench on an NVIDIA H200 (2026-11-30, docs/perf.md;
-// microseconds per conv -> batchnorm -> silu layer, CUDA-graph replay, median).
+// Each number was chosen by tools/conv_bench --sweep on an NVIDIA H200 (2026-11-30,
+// docs/perf.md; microseconds per conv -> batchnorm -> silu layer, CUDA-graph replay, median;
+// every built tile combination of tiled and gemm timed on every suite shape).
 
 // Below this reduction depth (Cin/groups * Kh * Kw) gemm's 32-deep k tiles are mostly zero
-// padding: b1_c8_8_1x1_320 (K = 8) tiled 5.8 vs gemm 16.6; b1_c3_16_3x3s2_640 (K = 27) tiled
-// 17.0 vs gemm 17.4.
+// padding: b1_c8_8_1x1_320 (K = 8) tiled 4.9 vs gemm at its best tiles 8.1. At K = 27 they tie
+// (b1_c3_16_3x3s2_640: 17.0 both); from K = 64 up gemm wins every suite shape, even at 8 output
+// channels (b1_c64_8_1x1_80: 3.8 vs 4.5) and 16 (b1_c16_16_3x3_160: 8.8 vs 11.2).
 constexpr int64_t kGemmMinReduction = 32;
-// From this many output channels up gemm's tensor cores win: b1_c64_24_1x1_80 gemm 4.8 vs
-// tiled 6.0, and every suite shape with Cout >= 32 (b16_c64_64_3x3_80: gemm 121 vs tiled 308).
-// Below it tiled wins or ties: b1_c16_16_3x3_160 tiled 11.2 vs gemm 14.3, b1_c64_16_1x1_80
-// 4.5 vs 4.5.
-constexpr int64_t kGemmMinCout = 24;
+
+// A gemm grid should hold this many waves of blocks (times the SM count), with a 2-stage
+// pipeline...
+constexpr double kGemmWaves = 2.0;
+// ...unless the reduction is deeper than this: then a block's work hides its start-up and the
+// larger tile wins at under one wave: b1_c64_64_3x3_80 (K = 576) 64x64 tiles, 100 blocks, 16.2
+// vs 32x32, 400 blocks, over 18.5; whereas b1_c64_64_1x1_80 (K = 64) 32x32 5.4 vs 64x64 over 5.8.
+// A deep reduction also wants the third stage (b1_c64_64_3x3_80 64x64: 16.4 vs 17.6 with 2),
+// a shallow one does not (b16_c64_64_1x1_80 64x64: 31.4 with 2, 34.8 with 3;
+// b1_c32_32_1x1_160 64x32: 6.3 vs over 7.7; b32_c16_32_3x3s2_320 128x32: 190.9 vs 199.2).
+constexpr int64_t kGemmDeepReduction = 256;
+constexpr double kGemmDeepWaves = 0.75;
+
+// The 3x3 halo kernel (k = 72, 256 output pixels per block) at stride 1 from this many blocks
+// per SM: b16_c128_128_3x3_40, 100 blocks: 69.7 vs the gather kernel's best 107;
+// b1_c16_16_3x3_160, 100 blocks: 8.8 vs 13.6; but b1_c64_64_3x3_80, 25 blocks: over 18.5 vs
+// 16.2. At stride 2 it loses even with 6400 blocks: b32_c16_32_3x3s2_320 200.6 vs 190.9.
+constexpr double kHaloMinWaves = 0.5;
 
 ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile&) {
   const int64_t reduction = s.c / s.groups * s.r * s.s;
@@ -49,25 +64,16 @@ ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile&) {
   if (reduction < kGemmMinReduction)
     return {ConvKernel::Tiled,
             fmt::format("reduction {} < {}: tiled", reduction, kGemmMinReduction)};
-  if (s.k >= kGemmMinCout)
-    return {ConvKernel::Gemm, fmt::format("Cout {} >= {}: gemm", s.k, kGemmMinCout)};
   // Scalar wins no groups == 1 suite shape on the H200 (tiled is 1.2x to 4x faster even on the
-  // smallest, b1_c64_8_1x1_80: 4.5 vs 5.5), so it is left to grouped convolutions.
-  return {ConvKernel::Tiled, fmt::format("Cout {} < {}: tiled", s.k, kGemmMinCout)};
+  // smallest), so it is left to grouped convolutions.
+  return {ConvKernel::Gemm,
+          fmt::format("reduction {} >= {}: gemm", reduction, kGemmMinReduction)};
 }
 
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
-}
-
-// The largest of `sizes` (descending) whose grid has at least two waves of blocks.
-int largest_filling(const std::vector<int>& sizes, int64_t other_blocks, int64_t extent,
-                    int sm_count) {
-  for (int size : sizes)
-    if (ceil_div(extent, size) * other_blocks >= 2 * int64_t(sm_count)) return size;
-  return sizes.back();
 }
 
 // The smallest of `sizes` (ascending) that covers `extent`, else the largest.
@@ -77,22 +83,18 @@ int smallest_covering(const std::vector<int>& sizes, int64_t extent) {
   return sizes.back();
 }
 
-// Whether gemm runs a 3x3 layer on the halo kernel (k = 72), whose blocks hold 1, 2 or 4 squares
-// of 8x8 output pixels (a plane that 8 does not divide is padded up to whole squares). Measured
-// (conv_bench, H200, docs/perf.md): with 4 squares per block at stride 1 it beats the k = 32
-// gather kernel, b16_c64_64_3x3_80 84.8 vs 116 us; with 1 square per block it loses,
-// b1_c64_64_3x3_80 38.5 vs 16.4 and b16_c128_128_3x3_40 224 vs 108; at stride 2 it loses even
-// with 4, b32_c16_32_3x3s2_320 294 vs 196.
 bool halo_wins(const ConvShape& s, int n_tile, const DeviceProfile& device) {
   if (!conv_gemm_halo_fits(s) || s.stride_h != 1) return false;
+  // Blocks of 4 squares of 8x8 outputs; a plane that 8 does not divide is padded up.
   const int64_t squares = s.n * ceil_div(s.ho, 8) * ceil_div(s.wo, 8);
-  return ceil_div(squares, 4) * ceil_div(s.k, n_tile) >= 2 * int64_t(device.sm_count);
+  return double(ceil_div(squares, 4) * ceil_div(s.k, n_tile)) >= kHaloMinWaves * device.sm_count;
 }
 
 }  // namespace
 
 ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile& device) {
   const int64_t pixels = s.n * s.ho * s.wo;
+  const int sms = device.sm_count;
   ConvTiles t;
   switch (kernel) {
     case ConvKernel::Scalar:
@@ -100,21 +102,40 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       t.n = 1;
       break;
     case ConvKernel::Tiled:
+      // 64 pixels, or 32 where 64 makes under two waves: m = 128 is never faster on the suite
+      // (b1_c8_8_1x1_320: 64 -> 4.9, 128 -> 5.8; the batch-16 shapes 2% to 6% slower).
       t.n = smallest_covering({8, 16, 32}, s.k);
-      t.m = largest_filling({128, 64, 32}, ceil_div(s.k, t.n), pixels, device.sm_count);
+      t.m = ceil_div(pixels, 64) * ceil_div(s.k, t.n) >= 2 * int64_t(sms) ? 64 : 32;
       t.k = 8;  // input channels staged per step
       break;
-    case ConvKernel::Gemm:
-      t.n = smallest_covering({32, 64, 128}, s.k);
+    case ConvKernel::Gemm: {
+      const int cover = smallest_covering({32, 64, 128}, s.k);
       t.stages = 3;
-      if (halo_wins(s, t.n, device)) {
+      if (halo_wins(s, cover, device)) {
         t.m = 256;
+        t.n = cover;
         t.k = 72;  // 8 input channels x 9 taps per stage
-      } else {
-        t.m = largest_filling({128, 64, 32}, ceil_div(s.k, t.n), pixels, device.sm_count);
-        t.k = 32;
+        break;
       }
+      // The largest tile (m x n, then the wider n) whose grid has the waves it needs, else the
+      // smallest: b1_c128_128_1x1_40 32x32 4.8 vs the 32x128 that covers Cout 7.5.
+      const bool deep = s.c * s.r * s.s > kGemmDeepReduction;
+      const double waves = deep ? kGemmDeepWaves : kGemmWaves;
+      t.k = 32;
+      t.stages = deep ? 3 : 2;
+      t.m = t.n = 32;
+      int best_area = 0;
+      for (int n : {128, 64, 32})
+        for (int m : {128, 64, 32}) {
+          const bool fills = double(ceil_div(pixels, m) * ceil_div(s.k, n)) >= waves * sms;
+          if (n <= cover && fills && m * n > best_area) {
+            best_area = m * n;
+            t.m = m;
+            t.n = n;
+          }
+        }
       break;
+    }
   }
   return t;
 }
@@ -169,7 +190,7 @@ Plan lower(Graph graph, const LowerOptions& options) {
 
 std::string explain(const Plan& plan) {
   const Graph& g = plan.graph;
-  std::string out = fmt::format("{:<24} {:<16} {:<36} {:<8} {:<40} {}\n", "node", "op",
+  std::string out = fmt::format("{:<24} {:<16} {:<36} {:<16} {:<40} {}\n", "node", "op",
                                 "input -> output", "kernel", "rule", "tiles");
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
@@ -182,7 +203,7 @@ std::string explain(const Plan& plan) {
       if (np.tiles.k) tiles += fmt::format(" k={}", np.tiles.k);
       if (np.tiles.stages) tiles += fmt::format(" stages={}", np.tiles.stages);
     }
-    out += fmt::format("{:<24} {:<16} {:<36} {:<8} {:<40} {}\n", n.name, op_name(n.op), io,
+    out += fmt::format("{:<24} {:<16} {:<36} {:<16} {:<40} {}\n", n.name, op_name(n.op), io,
                        np.kernel, np.rule, tiles);
   }
   return out;

@@ -153,7 +153,7 @@ TEST_CASE("cli: explain shows kernel, rule and tiles without a GPU", "[cli]") {
   Result r = cli("explain models/yolo_like.json");
   REQUIRE(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("132 SMs") && Catch::Contains("fused 45"));
-  CHECK_THAT(r.out, Catch::Contains("gemm") && Catch::Contains("Cout 64 >= 24") &&
+  CHECK_THAT(r.out, Catch::Contains("gemm") && Catch::Contains("reduction 144 >= 32") &&
                         Catch::Contains("stages="));
   Result small = cli("explain models/yolo_like.json --sm-count 8");
   REQUIRE(small.status == 0);

@@ -32,12 +32,11 @@ TEST_CASE("lowering: select_conv_kernel follows its ordered rules", "[lowering]"
       {shape(16, 96, 56, 96, 3, 1, 96), ConvKernel::Scalar, "groups"},  // depthwise
       {shape(1, 8, 320, 8, 1), ConvKernel::Tiled, "reduction 8 < 32"},
       {shape(1, 3, 640, 16, 3, 2), ConvKernel::Tiled, "reduction 27 < 32"},
-      {shape(1, 64, 80, 16, 1), ConvKernel::Tiled, "Cout 16 < 24"},
-      {shape(1, 16, 160, 16, 3), ConvKernel::Tiled, "Cout 16 < 24"},
-      {shape(1, 64, 80, 24, 1), ConvKernel::Gemm, "Cout 24 >= 24"},
-      {shape(1, 64, 80, 64, 1), ConvKernel::Gemm, "Cout 64"},
-      {shape(16, 64, 80, 64, 3), ConvKernel::Gemm, "Cout 64"},
-      {shape(32, 16, 320, 32, 3, 2), ConvKernel::Gemm, "Cout 32"},
+      {shape(1, 64, 80, 8, 1), ConvKernel::Gemm, "reduction 64 >= 32"},
+      {shape(1, 16, 160, 16, 3), ConvKernel::Gemm, "reduction 144 >= 32"},
+      {shape(1, 32, 80, 64, 1), ConvKernel::Gemm, "reduction 32 >= 32"},
+      {shape(16, 64, 80, 64, 3), ConvKernel::Gemm, "reduction 576"},
+      {shape(32, 16, 320, 32, 3, 2), ConvKernel::Gemm, "reduction 144"},
   };
   for (const Row& r : rows) {
     ConvChoice c = select_conv_kernel(r.s, h200_profile());
@@ -56,31 +55,34 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
     ConvTiles want;
   };
   const std::vector<Row> rows = {
-      // 16*80*80 = 102400 pixels: 800 blocks of 128 pixels already fill 2 x 132 SMs.
-      {ConvKernel::Gemm, shape(16, 64, 80, 64, 1), 132, {128, 64, 32, 3}},
-      // 6400 pixels: 200 blocks of 32 is the most there is, fewer than 264.
-      {ConvKernel::Gemm, shape(1, 64, 80, 64, 1), 132, {32, 64, 32, 3}},
-      // The same layer on a 16-SM part: 100 blocks of 64 pixels fill 2 x 16.
-      {ConvKernel::Gemm, shape(1, 64, 80, 64, 1), 16, {128, 64, 32, 3}},
-      // Cout 256 > 128: two column blocks; 400 pixels -> 13 x 2 blocks of 32.
-      {ConvKernel::Gemm, shape(1, 256, 20, 256, 1), 132, {32, 128, 32, 3}},
+      // 16*80*80 = 102400 pixels: 800 blocks of 128 x 64 already fill 2 x 132 SMs.
+      {ConvKernel::Gemm, shape(16, 64, 80, 64, 1), 132, {128, 64, 32, 2}},
+      // 6400 pixels: only 32 x 32 tiles make 2 waves (200 x 2 = 400 blocks).
+      {ConvKernel::Gemm, shape(1, 64, 80, 64, 1), 132, {32, 32, 32, 2}},
+      // The same layer on a 16-SM part: 50 blocks of 128 x 64 fill 2 x 16.
+      {ConvKernel::Gemm, shape(1, 64, 80, 64, 1), 16, {128, 64, 32, 2}},
+      // 400 pixels: nothing fills two waves; the smallest tile, not the 128 covering Cout 256.
+      {ConvKernel::Gemm, shape(1, 256, 20, 256, 1), 132, {32, 32, 32, 2}},
       // Cout 16: the narrowest column block, 32 wide.
-      {ConvKernel::Gemm, shape(1, 64, 80, 16, 1), 132, {32, 32, 32, 3}},
+      {ConvKernel::Gemm, shape(1, 64, 80, 16, 1), 132, {32, 32, 32, 2}},
+      // A deep reduction (K = 576) needs 0.75 waves, 64 x 64 makes 100 blocks >= 99; and 3
+      // pipeline stages where a shallow one has 2.
+      {ConvKernel::Gemm, shape(1, 64, 80, 64, 3), 132, {64, 64, 32, 3}},
+      // K = 1600 (5x5, no halo kernel): 128 x 64 makes 200 blocks.
+      {ConvKernel::Gemm, shape(16, 64, 40, 64, 5), 132, {128, 64, 32, 3}},
       // 3x3 stride 1: the halo kernel (k = 72); 16 x 10 x 10 squares of 8x8, 4 per block: 400
-      // blocks >= 264.
+      // blocks >= 66 (half the SMs).
       {ConvKernel::Gemm, shape(16, 64, 80, 64, 3), 132, {256, 64, 72, 3}},
-      // 1 x 10 x 10 squares make 25 blocks of 4: the gather kernel, 200 blocks of 32.
-      {ConvKernel::Gemm, shape(1, 64, 80, 64, 3), 132, {32, 64, 32, 3}},
-      // 16 x 5 x 5 squares of a 40 plane: 100 blocks of 4 < 264.
-      {ConvKernel::Gemm, shape(16, 128, 40, 128, 3), 132, {64, 128, 32, 3}},
-      // 3x3 stride 2: always the gather kernel.
-      {ConvKernel::Gemm, shape(32, 16, 320, 32, 3, 2), 132, {128, 32, 32, 3}},
-      // 5x5 stays on the k = 32 gather kernel: 25600 pixels, 200 blocks of 128 < 264.
-      {ConvKernel::Gemm, shape(16, 64, 40, 64, 5), 132, {64, 64, 32, 3}},
+      // 16 x 5 x 5 squares of a 40 plane: 100 blocks of 4 >= 66.
+      {ConvKernel::Gemm, shape(16, 128, 40, 128, 3), 132, {256, 128, 72, 3}},
+      // 3x3 stride 2: always the gather kernel; 819200 pixels fill any tile.
+      {ConvKernel::Gemm, shape(32, 16, 320, 32, 3, 2), 132, {128, 32, 32, 2}},
       // tiled: Cout 16 -> 16 channels; 25600 pixels -> 400 blocks of 64 >= 264.
       {ConvKernel::Tiled, shape(1, 16, 160, 16, 3), 132, {64, 16, 8, 0}},
       // tiled: Cout 64 -> 32-channel blocks (2); 6400 pixels: 64 -> 100 x 2 = 200 < 264.
       {ConvKernel::Tiled, shape(1, 64, 80, 64, 3), 132, {32, 32, 8, 0}},
+      // tiled never takes 128 pixels: 102400 pixels, 1600 blocks of 64.
+      {ConvKernel::Tiled, shape(1, 8, 320, 8, 1), 132, {64, 8, 8, 0}},
       {ConvKernel::Scalar, shape(1, 3, 640, 16, 3, 2), 132, {256, 1, 0, 0}},
   };
   for (const Row& r : rows) {
@@ -99,30 +101,34 @@ TEST_CASE("lowering: plans every node, honours a forced kernel, explains the cho
   Builder b(1);
   Val x = b.input("x", {1, 32, 20, 20});
   Val y = b.silu(b.batchnorm(b.conv2d(x, "c1", ConvOpts(64, 1)), "bn1"), "a1");
-  y = b.silu(b.batchnorm(b.conv2d(y, "c2", ConvOpts(8, 3).padding(1)), "bn2"), "a2");
+  y = b.silu(b.batchnorm(b.conv2d(y, "c2", ConvOpts(8, 1)), "bn2"), "a2");
+  y = b.silu(b.batchnorm(b.conv2d(y, "c3", ConvOpts(8, 1)), "bn3"), "a3");
   b.output(b.maxpool2d(y, PoolOpts(2), "pool"));
   Graph g = b.build();
   optimize(g);
 
   Plan cpu = lower(g, LowerOptions{});
-  REQUIRE(cpu.nodes.size() == 3);
+  REQUIRE(cpu.nodes.size() == 4);
   CHECK(cpu.nodes[0].kernel == "cpu");
 
   LowerOptions cuda;
   cuda.device = Device::CUDA;
   Plan p = lower(g, cuda);
   CHECK(p.nodes[0].kernel == "gemm");
-  CHECK(p.nodes[1].kernel == "tiled");
-  CHECK(p.nodes[2].kernel == "maxpool2d");
+  CHECK(p.nodes[1].kernel == "gemm");
+  CHECK(p.nodes[2].kernel == "tiled");  // a reduction of 8
+  CHECK(p.nodes[3].kernel == "maxpool2d");
   std::string text = explain(p);
   CHECK_THAT(text, Catch::Contains("c1") && Catch::Contains("gemm") &&
-                       Catch::Contains("Cout 64 >= 24: gemm") && Catch::Contains("stages=3"));
+                       Catch::Contains("reduction 32 >= 32: gemm") &&
+                       Catch::Contains("reduction 8 < 32: tiled") && Catch::Contains("stages=2"));
 
   cuda.force = ConvKernel::Tiled;
   Plan f = lower(g, cuda);
   CHECK(f.nodes[0].kernel == "tiled");
   CHECK(f.nodes[0].rule == "forced");
   CHECK(f.nodes[1].kernel == "tiled");
+  CHECK(f.nodes[2].rule == "forced");
   CHECK(parse_conv_kernel("gemm") == ConvKernel::Gemm);
 
   // A forced kernel that cannot run a layer leaves the selector's choice, and says why.
