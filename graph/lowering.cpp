@@ -66,8 +66,7 @@ ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile&) {
             fmt::format("reduction {} < {}: tiled", reduction, kGemmMinReduction)};
   // Scalar wins no groups == 1 suite shape on the H200 (tiled is 1.2x to 4x faster even on the
   // smallest), so it is left to grouped convolutions.
-  return {ConvKernel::Gemm,
-          fmt::format("reduction {} >= {}: gemm", reduction, kGemmMinReduction)};
+  return {ConvKernel::Gemm, fmt::format("reduction {} >= {}: gemm", reduction, kGemmMinReduction)};
 }
 
 namespace {

@@ -280,8 +280,7 @@ void split(const Ctx& c, In in, Out out) {
       // view, no copy. Nothing writes into an op's inputs, so the parts may share x's storage.
       y = x.reshape({extent, v.inner}).slice(offset, offset + count).reshape(y.shape());
     } else {
-      cuda::copy_slab(v.outer, count, v.inner, dev(x), extent, offset, dev(y), count, 0,
-                      c.stream);
+      cuda::copy_slab(v.outer, count, v.inner, dev(x), extent, offset, dev(y), count, 0, c.stream);
     }
     offset += count;
   }
