@@ -8,7 +8,8 @@ usage: tools/gpu-check.sh [options]
 
 On a machine with a CUDA device, from any directory of the repository:
   1. configure and build (cmake -B build-gpu -G Ninja, Release)      [skipped with --prebuilt]
-  2. the GPU tests, then the CPU tests (ctest; the binaries directly with --prebuilt)
+  2. the GPU tests, then the CPU tests (ctest; the binaries directly with --prebuilt), then
+     the ONNX conformance cases on the GPU
   3. compute-sanitizer --tool memcheck on the GPU tests
 Logs go to ${OUT:-build-gpu/logs} (one file per step). Exits non-zero if any step fails,
 including when no CUDA device is visible (the GPU tests would only report themselves skipped).
@@ -132,6 +133,12 @@ else
   step gpu-tests ctest --test-dir "$build_dir" --output-on-failure -R '^gpu '
   step cpu-tests ctest --test-dir "$build_dir" --output-on-failure -E '^gpu ' -j "$(nproc)"
 fi
+
+# The ONNX conformance cases again, on the GPU. The conv kernels are held to float32 (tiled, and
+# scalar where tiled cannot run) so that the cases' 1e-4 tolerance applies; gemm's TF32 has its
+# own tolerance in the GPU conv tests.
+(cd "$work" && step onnx-gpu env EPILOG_ONNX_DEVICE=cuda EPILOG_FORCE_CONV_KERNEL=tiled \
+   "$bin/epilog_tests" "onnx conformance*" -s) || failed+=("onnx-gpu")
 
 # -- compute-sanitizer --
 if [[ $sanitize -eq 1 ]]; then
