@@ -72,6 +72,9 @@ TEST_CASE("cli: run prints fusion, kernels, output statistics and time", "[cli]"
   REQUIRE(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("fused 1 conv2d->batchnorm->silu"));
   CHECK_THAT(r.out, Catch::Contains("block.conv") && Catch::Contains("act=silu"));
+  // On the CPU it also says what a GPU would run.
+  CHECK_THAT(r.out, Catch::Contains("kernels on a CUDA GPU") &&
+                        Catch::Contains("kernel gemm    (reduction 144 >= 32: gemm)"));
   CHECK_THAT(r.out, Catch::Contains("block.act") && Catch::Contains("[1,16,160,160]") &&
                         Catch::Contains("checksum") && Catch::Contains("time:"));
   // The seed decides the inputs: same seed, same checksum; another seed, another one.

@@ -192,6 +192,14 @@ int cmd_run(const Parsed& p) {
 
   std::printf("kernels on %s:\n", device_name(device));
   print_fused_kernels(c.plan);
+  if (device == Device::CPU) {
+    // What the same graph would run on a GPU, so that the choice shows on any machine.
+    LowerOptions gpu;
+    gpu.device = Device::CUDA;
+    gpu.profile = h200_profile();
+    std::printf("kernels on a CUDA GPU (%s; tiles: epilog explain):\n", gpu.profile.name.c_str());
+    print_fused_kernels(lower(c.plan.graph, gpu));
+  }
   auto backend = make_backend(device);
   Executor ex(c.plan, *backend);
   ex.set_progress([](size_t done, size_t total) { progress("running node", done, total); });
