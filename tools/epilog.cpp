@@ -141,13 +141,16 @@ void progress(const char* what, size_t done, size_t total) {
 }
 
 void print_fused_kernels(const Plan& plan) {
+  bool any = false;
   for (size_t i = 0; i < plan.graph.nodes.size(); ++i) {
     const Node& n = plan.graph.nodes[i];
     if (n.op != OpKind::FusedConv2d) continue;
+    any = true;
     std::printf("  %-28s act=%-8s kernel %-7s (%s)\n", n.name.c_str(),
                 n.attrs.s("activation").c_str(), plan.nodes[i].kernel.c_str(),
                 plan.nodes[i].rule.c_str());
   }
+  if (!any) std::printf("  (no fused_conv2d nodes)\n");
 }
 
 std::map<std::string, Tensor> make_inputs(const Parsed& p, const Graph& g) {
