@@ -275,13 +275,7 @@ void split(const Ctx& c, In in, Out out) {
   int64_t offset = 0;
   for (Tensor& y : out) {
     const int64_t count = y.shape()[axis];
-    if (v.outer == 1) {
-      // Each part is a contiguous run of x (a chunk of a batch-1 tensor on the channels): a
-      // view, no copy. Nothing writes into an op's inputs, so the parts may share x's storage.
-      y = x.reshape({extent, v.inner}).slice(offset, offset + count).reshape(y.shape());
-    } else {
-      cuda::copy_slab(v.outer, count, v.inner, dev(x), extent, offset, dev(y), count, 0, c.stream);
-    }
+    cuda::copy_slab(v.outer, count, v.inner, dev(x), extent, offset, dev(y), count, 0, c.stream);
     offset += count;
   }
 }

@@ -1,5 +1,6 @@
 #include "epilog/runtime/executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
@@ -33,6 +34,104 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
   for (const auto& [value, i] : last_use)
     if (!graph_.is_output(value) && !graph_.is_weight(value) && !graph_.is_input(value))
       release_after_[i].push_back(value);
+  plan_in_place();
+}
+
+namespace {
+
+int64_t count_of(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Whether every dimension before `axis` is 1: then a slab along the axis is contiguous.
+bool outermost(const Shape& shape, int64_t axis) {
+  for (int64_t i = 0; i < axis; ++i)
+    if (shape[i] != 1) return false;
+  return true;
+}
+
+int64_t node_axis(const Node& node, size_t rank) {
+  const int64_t axis = node.attrs.i("axis");
+  return axis < 0 ? axis + int64_t(rank) : axis;
+}
+
+// Elements [offset, offset + count of shape) of t's storage as a tensor of `shape`.
+Tensor flat_view(const Tensor& t, int64_t offset, const Shape& shape) {
+  return t.reshape({t.numel()}).slice(offset, offset + count_of(shape)).reshape(shape);
+}
+
+}  // namespace
+
+void Executor::plan_in_place() {
+  const size_t n = graph_.nodes.size();
+  view_node_.assign(n, false);
+  in_place_node_.assign(n, false);
+  std::map<std::string, size_t> producer;
+  for (size_t i = 0; i < n; ++i)
+    for (const std::string& out : graph_.nodes[i].outputs) producer[out] = i;
+
+  // Split parts that are runs of their input: value -> (the value that owns the storage, offset).
+  std::map<std::string, std::pair<std::string, int64_t>> alias;
+  auto owner = [&alias](const std::string& v) {
+    auto a = alias.find(v);
+    return a == alias.end() ? std::make_pair(v, int64_t(0)) : a->second;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const Node& node = graph_.nodes[i];
+    if (node.op != OpKind::Split) continue;
+    const Shape& x = graph_.value(node.inputs[0]).shape;
+    if (!outermost(x, node_axis(node, x.size()))) continue;
+    view_node_[i] = true;
+    auto [base, offset] = owner(node.inputs[0]);
+    for (const std::string& out : node.outputs) {
+      alias[out] = {base, offset};
+      offset += count_of(graph_.value(out).shape);
+    }
+  }
+
+  // Concats whose inputs can all be written in place: each input is (a run of) a value made by
+  // a kernel (not a view, not a concat, not a graph input, weight or output), placed in no other
+  // concat, and the places tile the output exactly.
+  for (size_t i = 0; i < n; ++i) {
+    const Node& node = graph_.nodes[i];
+    if (node.op != OpKind::Concat) continue;
+    const Shape& y = graph_.value(node.outputs[0]).shape;
+    if (!outermost(y, node_axis(node, y.size()))) continue;
+    std::map<std::string, int64_t> at;  // owner -> its offset in the concat
+    bool ok = true;
+    int64_t offset = 0;
+    for (const std::string& in : node.inputs) {
+      const auto [base, within] = owner(in);
+      auto p = producer.find(base);
+      ok = ok && p != producer.end() && !graph_.is_output(base) && !slots_.count(base) &&
+           !view_node_[p->second] && graph_.nodes[p->second].op != OpKind::Concat &&
+           graph_.nodes[p->second].op != OpKind::Flatten;
+      auto [it, fresh] = at.emplace(base, offset - within);
+      ok = ok && (fresh || it->second == offset - within);
+      offset += count_of(graph_.value(in).shape);
+    }
+    std::vector<std::pair<int64_t, int64_t>> spans;  // (begin, end) of each owner
+    for (const auto& [base, begin] : at)
+      spans.push_back({begin, begin + count_of(graph_.value(base).shape)});
+    std::sort(spans.begin(), spans.end());
+    int64_t end = 0;
+    for (const auto& [b, e] : spans) {
+      ok = ok && b == end;
+      end = e;
+    }
+    if (!ok || end != count_of(y)) continue;
+    in_place_node_[i] = true;
+    for (const auto& [base, begin] : at) slots_[base] = {node.outputs[0], begin};
+  }
+}
+
+std::vector<std::string> Executor::in_place_nodes() const {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < graph_.nodes.size(); ++i)
+    if (view_node_[i] || in_place_node_[i]) out.push_back(graph_.nodes[i].name);
+  return out;
 }
 
 std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>& inputs) {
@@ -96,15 +195,41 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
       auto w = weights_.find(in);
       ins.push_back(w != weights_.end() ? w->second : env.at(in));
     }
+    const bool view = in_place_on_ && view_node_[i];
+    const bool in_place = in_place_on_ && in_place_node_[i];
     std::vector<Tensor> outs;
     for (const std::string& out : node.outputs) {
+      const Shape& shape = graph_.value(out).shape;
       auto kept = env.find(out);
-      outs.push_back(keep && kept != env.end()
-                         ? kept->second
-                         : Tensor::empty(graph_.value(out).shape, DType::F32, backend_.device()));
+      auto slot = slots_.find(out);
+      if (keep && kept != env.end()) {
+        outs.push_back(kept->second);
+      } else if (in_place) {
+        outs.push_back(env.at(out));  // every input is already in this buffer
+      } else if (view) {
+        outs.emplace_back();  // made below
+      } else if (in_place_on_ && slot != slots_.end()) {
+        // The first value made for a concat allocates its buffer.
+        Tensor& buffer = env[slot->second.buffer];
+        if (!buffer.defined())
+          buffer =
+              Tensor::empty(graph_.value(slot->second.buffer).shape, DType::F32, backend_.device());
+        outs.push_back(flat_view(buffer, slot->second.offset, shape));
+      } else {
+        outs.push_back(Tensor::empty(shape, DType::F32, backend_.device()));
+      }
     }
     auto t0 = Clock::now();
-    backend_.run(node, plan_.nodes[i], ins, outs);
+    if (view) {
+      int64_t offset = 0;
+      for (size_t j = 0; j < outs.size(); ++j) {
+        const Shape& shape = graph_.value(node.outputs[j]).shape;
+        outs[j] = flat_view(ins[0], offset, shape);
+        offset += count_of(shape);
+      }
+    } else if (!in_place) {
+      backend_.run(node, plan_.nodes[i], ins, outs);
+    }
     if (profile_) {
       backend_.synchronize();
       double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();

@@ -76,6 +76,14 @@ class Executor {
   void set_progress(std::function<void(size_t, size_t)> fn) { progress_ = std::move(fn); }
   const Graph& graph() const { return plan_.graph; }
 
+  // Copies the executor avoids (on by default; off for A/B comparisons, before the first run):
+  // a split whose parts are contiguous runs of its input (nothing before the axis but ones, as
+  // a chunk of a batch-1 tensor on the channels) returns views; a concat of such runs has the
+  // producers of its inputs write straight into its output buffer and then costs nothing.
+  void set_in_place(bool on) { in_place_on_ = on; }
+  // The nodes that run as views or in place (node order).
+  std::vector<std::string> in_place_nodes() const;
+
  private:
   Plan plan_;
   const Graph& graph_ = plan_.graph;
@@ -88,6 +96,16 @@ class Executor {
   bool recording_on_ = true;
   std::map<std::string, Tensor> buffers_;  // every value, kept while recording
   std::unique_ptr<Backend::Recording> recording_;
+  bool in_place_on_ = true;
+  std::vector<bool> view_node_;      // split i returns views of its input
+  std::vector<bool> in_place_node_;  // concat i finds its inputs already in its buffer
+  struct Slot {
+    std::string buffer;  // the concat output whose buffer holds the value
+    int64_t offset;      // in elements
+  };
+  std::map<std::string, Slot> slots_;  // values produced straight into a concat's buffer
+
+  void plan_in_place();
 
   // Runs every node; `keep` keeps all values in env (and reuses the buffers found there).
   void execute(std::map<std::string, Tensor>& env, bool keep);

@@ -1,0 +1,88 @@
+// The executor's copy avoidance: batch-1 splits as views, concats whose inputs are produced in
+// place. Each case runs with it on and off; the outputs must be bit-equal (the same kernels on
+// the same numbers), and the nodes it claims are checked by name.
+#include <catch2/catch.hpp>
+
+#include "epilog/epilog.h"
+#include "epilog/io/builder.h"
+#include "test_util.h"
+#include "yolo_like.h"
+
+using namespace epilog;
+
+namespace {
+
+struct Runs {
+  std::vector<std::string> in_place;
+  std::map<std::string, Tensor> on, off;
+};
+
+Runs run_both(const Graph& g, bool fuse = true) {
+  CompileOptions o;
+  o.fuse = fuse;
+  Compiled c = compile(g, o);
+  const std::map<std::string, Tensor> inputs = test::random_inputs(c.plan.graph, 7);
+  auto backend = make_cpu_backend();
+  Runs r;
+  Executor on(c.plan, *backend);
+  r.in_place = on.in_place_nodes();
+  r.on = on.run(inputs);
+  Executor off(c.plan, *backend);
+  off.set_in_place(false);
+  r.off = off.run(inputs);
+  return r;
+}
+
+void check_equal(const Runs& r) {
+  REQUIRE(r.on.size() == r.off.size());
+  for (const auto& [name, t] : r.off) {
+    INFO("output " << name);
+    CHECK(test::bit_equal(r.on.at(name), t));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("executor: the YOLO-like model at batch 1 runs its concats and chunks in place",
+          "[executor]") {
+  Builder b(3);
+  const Graph g = yolo::yolo_like(b, /*batch=*/1, /*size=*/64);
+  Runs r = run_both(g);
+  check_equal(r);
+  // 13 concats (C2f, SPPF, neck) and the 8 C2f chunks.
+  CHECK(r.in_place.size() == 21);
+  CHECK(std::count(r.in_place.begin(), r.in_place.end(), "b2.cat") == 1);
+  CHECK(std::count(r.in_place.begin(), r.in_place.end(), "b2.chunk") == 1);
+  CHECK(std::count(r.in_place.begin(), r.in_place.end(), "b9.cat") == 1);  // SPPF
+
+  // Unfused too: the concat inputs are then silu outputs.
+  Runs u = run_both(g, /*fuse=*/false);
+  check_equal(u);
+  CHECK(u.in_place.size() == 21);
+
+  // At batch 2 a channel slab is not contiguous: everything is copied.
+  Builder b2(3);
+  Runs two = run_both(yolo::yolo_like(b2, /*batch=*/2, /*size=*/64));
+  check_equal(two);
+  CHECK(two.in_place.empty());
+}
+
+TEST_CASE("executor: what cannot be produced in place is copied", "[executor]") {
+  Builder b(5);
+  Val x = b.input("x", {1, 4, 6, 6});
+  Val c1 = b.relu(b.conv2d(x, "c1", ConvOpts(4, 3).padding(1)), "r1");
+  Val c2 = b.relu(b.conv2d(x, "c2", ConvOpts(4, 1)), "r2");
+  Val c3 = b.relu(b.conv2d(x, "c3", ConvOpts(4, 1)), "r3");
+  b.output(b.concat({c1, x}, 1, "with_input"));    // x is a graph input
+  b.output(b.concat({c1, c2}, 1, "first"));        // in place
+  b.output(b.concat({c1, c3}, 1, "second"));       // c1 already lives in "first"
+  b.output(c3);                                    // c3 is a graph output ...
+  b.output(b.concat({c3, c2}, 1, "with_output"));  // ... so this one copies
+  Val whole = b.relu(b.conv2d(x, "c4", ConvOpts(6, 1)), "r4");
+  std::vector<Val> parts = b.split(whole, 1, {2, 4}, "parts");
+  b.output(b.concat({parts[1], parts[0]}, 1, "swapped"));  // the runs in the wrong order
+  b.output(b.concat({b.concat({c2, c2}, 1, "inner"), c3}, 1, "of_concat"));
+  Runs r = run_both(b.build(), /*fuse=*/false);
+  check_equal(r);
+  CHECK(r.in_place == std::vector<std::string>{"first", "parts"});
+}
