@@ -11,18 +11,6 @@ DeviceProfile h200_profile() {
   return {"NVIDIA H200 (default profile)", 132, false};
 }
 
-const char* conv_kernel_name(ConvKernel kernel) {
-  switch (kernel) {
-    case ConvKernel::Scalar:
-      return "scalar";
-    case ConvKernel::Tiled:
-      return "tiled";
-    case ConvKernel::Gemm:
-      return "gemm";
-  }
-  return "?";
-}
-
 std::optional<ConvKernel> parse_conv_kernel(const std::string& name) {
   for (ConvKernel k : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm})
     if (name == conv_kernel_name(k)) return k;

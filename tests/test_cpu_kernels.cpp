@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "epilog/kernels/cpu.h"
+#include "epilog/runtime/params.h"
 
 using epilog::Activation;
 using epilog::ConvShape;
@@ -36,20 +37,6 @@ constexpr double kU = 6e-8;  // float32 unit roundoff 2^-24, rounded up
 const Shape kThreaded{2, 8, 128, 128};
 constexpr Activation kActs[] = {Activation::None, Activation::Silu, Activation::Relu,
                                 Activation::Sigmoid};
-
-const char* act_name(Activation a) {
-  switch (a) {
-    case Activation::None:
-      return "none";
-    case Activation::Silu:
-      return "silu";
-    case Activation::Relu:
-      return "relu";
-    case Activation::Sigmoid:
-      return "sigmoid";
-  }
-  return "?";
-}
 
 double act_ref(Activation a, double v) {
   switch (a) {
@@ -205,7 +192,7 @@ void check_conv_case(const ConvCase& t, uint64_t seed) {
       INFO("epilogue " << (epi == 0   ? "none"
                            : epi == 1 ? "shift"
                                       : "scale+shift")
-                       << ", " << act_name(act));
+                       << ", " << activation_name(act));
       Tensor y = run_conv(cs, x, w, sc, sh, act);
       std::vector<double> ref(sum.size()), tol(sum.size());
       for (size_t o = 0; o < sum.size(); ++o) {
@@ -520,7 +507,7 @@ TEST_CASE("cpu kernels: activation random against float64", "[cpu][activation]")
   uint64_t seed = 3000;
   for (const Shape& s : shapes)
     for (Activation act : kActs) {
-      INFO("shape " << epilog::shape_str(s) << " " << act_name(act));
+      INFO("shape " << epilog::shape_str(s) << " " << activation_name(act));
       Tensor x = Tensor::randn(s, ++seed, 4.0f);
       std::vector<double> ref(x.numel()), tol(x.numel());
       for (int64_t i = 0; i < x.numel(); ++i) {

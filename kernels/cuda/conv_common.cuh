@@ -5,12 +5,9 @@
 #include <cstdint>
 
 #include "epilog/kernels/shapes.h"
+#include "launch.cuh"
 
 namespace epilog::cuda::detail {
-
-__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
 
 // -- batchnorm + activation epilogue --
 // y = act(acc * scale[k] + shift[k]); scale == nullptr means 1, shift == nullptr means 0, so the

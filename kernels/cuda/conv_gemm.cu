@@ -664,10 +664,6 @@ void dispatch_halo(const ConvTiles& t, const HaloArgs& a, Stream stream) {
   }
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 std::string tiles_str(const ConvTiles& t) {
   return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
          " stages=" + std::to_string(t.stages);

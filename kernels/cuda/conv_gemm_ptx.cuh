@@ -5,25 +5,12 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "epilog/kernels/shapes.h"
+#include "launch.cuh"
 
 namespace epilog::cuda::conv_gemm_detail {
 
-// Calls f(std::integral_constant<Activation, A>{}) for the run-time activation `act`, so that
-// an epilogue is compiled once per activation with its branch folded away.
-template <class F>
-__device__ __forceinline__ void with_activation(Activation act, F&& f) {
-  switch (act) {
-    case Activation::Silu:
-      return f(std::integral_constant<Activation, Activation::Silu>{});
-    case Activation::Relu:
-      return f(std::integral_constant<Activation, Activation::Relu>{});
-    case Activation::Sigmoid:
-      return f(std::integral_constant<Activation, Activation::Sigmoid>{});
-    case Activation::None:
-      return f(std::integral_constant<Activation, Activation::None>{});
-  }
-}
+using detail::aligned16;
+using detail::with_activation;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

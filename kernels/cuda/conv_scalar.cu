@@ -467,9 +467,8 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   a.dh = int(s.dil_h), a.dw = int(s.dil_w);
   a.act = act;
 
-  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  a.vec_in = s.w % 4 == 0 && aligned16(x);
-  a.vec_out = s.wo % 4 == 0 && aligned16(y);
+  a.vec_in = s.w % 4 == 0 && detail::aligned16(x);
+  a.vec_out = s.wo % 4 == 0 && detail::aligned16(y);
   // A tile's first tap iw0 = ow0 * sw - pad_l with ow0 % 4 == 0, so iw0 mod 4 is the launch's.
   a.sh4 = a.vec_in ? int(((-s.pad_l) % 4 + 4) % 4) : 0;
 

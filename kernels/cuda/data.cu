@@ -22,51 +22,13 @@
 #include <type_traits>
 
 #include "epilog/kernels/cuda.h"
+#include "launch.cuh"
 
 namespace epilog::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 8;  // 8 x 256 = 2048 threads, the most an sm_90 SM holds
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
-// Enough blocks for one item per thread, capped at one full wave: past that the grid-stride
-// loop does the rest without paying for block launches.
-int grid_for(int64_t items) {
-  static const int max_blocks = [] {
-    int device = 0, sms = 0;
-    EPILOG_CUDA_CHECK(cudaGetDevice(&device));
-    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return std::max(sms, 1) * kBlocksPerSm;
-  }();
-  return static_cast<int>(std::min<int64_t>(ceil_div(items, kThreads), max_blocks));
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-bool fits32(int64_t n) {
-  return n < (int64_t(1) << 31);
-}
-
-// Calls f(V, I{}) with V an integral_constant of 4 (float4 items) or 1 and I the index type:
-// uint32_t when every index fits, else int64_t.
-template <class F>
-void dispatch(bool vec, bool small, F&& f) {
-  using Four = std::integral_constant<int, 4>;
-  using One = std::integral_constant<int, 1>;
-  if (vec && small)
-    f(Four{}, uint32_t{});
-  else if (vec)
-    f(Four{}, int64_t{});
-  else if (small)
-    f(One{}, uint32_t{});
-  else
-    f(One{}, int64_t{});
-}
+using namespace detail;
 
 // -- copy_slab --
 
@@ -121,7 +83,7 @@ void copy_slab(int64_t outer, int64_t count, int64_t inner, const float* src, in
   // Every index is below the larger tensor's element count.
   dispatch(vec, fits32(outer * std::max(src_row, dst_row)), [&](auto v, auto i) {
     using I = decltype(i);
-    copy_slab_kernel<decltype(v)::value, I><<<grid_for(items), kThreads, 0, stream>>>(
+    copy_slab_kernel<decltype(v)::value, I><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
         I(chunks), I(items), src, I(src_row), I(src_start), dst, I(dst_row), I(dst_start));
   });
   check_launch("copy_slab");
@@ -136,7 +98,7 @@ void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_
   const int64_t items = rows * chunks;
   dispatch(vec, fits32(rows * wo), [&](auto v, auto i) {
     using I = decltype(i);
-    upsample_kernel<decltype(v)::value, I><<<grid_for(items), kThreads, 0, stream>>>(
+    upsample_kernel<decltype(v)::value, I><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
         I(chunks), I(items), I(h), I(w), I(ho), I(wo), I(scale_h), I(scale_w), x, y);
   });
   check_launch("upsample_nearest");

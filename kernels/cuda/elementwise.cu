@@ -26,60 +26,14 @@
 #include <type_traits>
 
 #include "epilog/kernels/cuda.h"
-
-// Preconditions the host side checked already; a failure here is an epilog bug.
-#define EPILOG_CUDA_REQUIRE(cond)                                                             \
-  do {                                                                                        \
-    if (!(cond))                                                                              \
-      ::epilog::cuda::check(cudaErrorInvalidValue, "requirement " #cond, __FILE__, __LINE__); \
-  } while (0)
+#include "launch.cuh"
 
 namespace epilog::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
-constexpr int kBlocksPerSm = 8;  // 8 x 256 = 2048 threads, the most an sm_90 SM holds
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
-// Enough blocks for `items` work items at kUnroll per thread, capped at one full wave: past
-// that the grid-stride loop does the rest without paying for block launches.
-int grid_for(int64_t items, int per_thread = kUnroll) {
-  static const int max_blocks = [] {
-    int device = 0, sms = 0;
-    EPILOG_CUDA_CHECK(cudaGetDevice(&device));
-    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return std::max(sms, 1) * kBlocksPerSm;
-  }();
-  return static_cast<int>(
-      std::min<int64_t>(ceil_div(items, int64_t(kThreads) * per_thread), max_blocks));
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-bool fits32(int64_t n) {
-  return n < (int64_t(1) << 31);
-}
-
-// Calls f(V, I{}) with V an integral_constant of 4 (float4 items) or 1 and I the index type:
-// uint32_t when every index fits, else int64_t.
-template <class F>
-void dispatch(bool vec, bool small, F&& f) {
-  using Four = std::integral_constant<int, 4>;
-  using One = std::integral_constant<int, 1>;
-  if (vec && small)
-    f(Four{}, uint32_t{});
-  else if (vec)
-    f(Four{}, int64_t{});
-  else if (small)
-    f(One{}, uint32_t{});
-  else
-    f(One{}, int64_t{});
-}
+using namespace detail;
 
 template <int V>
 struct Vec {
@@ -172,7 +126,7 @@ void launch_map(const char* name, F f, int64_t n, bool vec, const float* x, floa
   dispatch(vec, fits32(n), [&](auto v, auto i) {
     using I = decltype(i);
     map_kernel<F, decltype(v)::value, I>
-        <<<grid_for(items), kThreads, 0, stream>>>(f, I(items), x, y);
+        <<<grid_for(items, kThreads * kUnroll), kThreads, 0, stream>>>(f, I(items), x, y);
   });
   check_launch(name);
 }
@@ -289,7 +243,8 @@ void binary_impl(const BroadcastShape& s, const float* a, const float* b, float*
     dispatch(vec, fits32(total), [&](auto v, auto i) {
       using I = decltype(i);
       zip_kernel<BinaryOp<Op>, decltype(v)::value, I>
-          <<<grid_for(items), kThreads, 0, stream>>>(BinaryOp<Op>{}, I(items), a, b, y);
+          <<<grid_for(items, kThreads * kUnroll), kThreads, 0, stream>>>(BinaryOp<Op>{}, I(items),
+                                                                         a, b, y);
     });
     check_launch("binary (flat)");
     return;
@@ -310,7 +265,7 @@ void binary_impl(const BroadcastShape& s, const float* a, const float* b, float*
   const int64_t items = total / inner.size * chunks;
   dispatch(vec, fits32(total), [&](auto v, auto i) {
     using I = decltype(i);
-    broadcast_kernel<Op, decltype(v)::value, I><<<grid_for(items, 1), kThreads, 0, stream>>>(
+    broadcast_kernel<Op, decltype(v)::value, I><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
         o, I(inner.size), I(chunks), I(items), a_steps, b_steps, a, b, y);
   });
   check_launch("binary (broadcast)");
@@ -326,16 +281,9 @@ void batchnorm(int64_t outer, int64_t channels, int64_t inner, const float* x, c
 }
 
 void activation(Activation act, int64_t n, const float* x, float* y, Stream stream) {
-  switch (act) {
-    case Activation::None:
-      return launch_map("activation", ActivationOp<Activation::None>{}, n, true, x, y, stream);
-    case Activation::Silu:
-      return launch_map("activation", ActivationOp<Activation::Silu>{}, n, true, x, y, stream);
-    case Activation::Relu:
-      return launch_map("activation", ActivationOp<Activation::Relu>{}, n, true, x, y, stream);
-    case Activation::Sigmoid:
-      return launch_map("activation", ActivationOp<Activation::Sigmoid>{}, n, true, x, y, stream);
-  }
+  with_activation(act, [&](auto a) {
+    launch_map("activation", ActivationOp<decltype(a)::value>{}, n, true, x, y, stream);
+  });
 }
 
 void binary(Binary op, const BroadcastShape& s, const float* a, const float* b, float* y,

@@ -17,13 +17,7 @@
 #include <cstdint>
 
 #include "epilog/kernels/cuda.h"
-
-// Preconditions the host side checked already; a failure here is an epilog bug.
-#define EPILOG_CUDA_REQUIRE(cond)                                                             \
-  do {                                                                                        \
-    if (!(cond))                                                                              \
-      ::epilog::cuda::check(cudaErrorInvalidValue, "requirement " #cond, __FILE__, __LINE__); \
-  } while (0)
+#include "launch.cuh"
 
 namespace epilog::cuda {
 namespace {

@@ -26,66 +26,18 @@
 #include <type_traits>
 
 #include "epilog/kernels/cuda.h"
-
-// Preconditions the host side checked already; a failure here is an epilog bug.
-#define EPILOG_CUDA_REQUIRE(cond)                                                             \
-  do {                                                                                        \
-    if (!(cond))                                                                              \
-      ::epilog::cuda::check(cudaErrorInvalidValue, "requirement " #cond, __FILE__, __LINE__); \
-  } while (0)
+#include "launch.cuh"
 
 namespace epilog::cuda {
 namespace {
 
+using namespace detail;
+
 constexpr int kThreads = 256;
-constexpr int kBlocksPerSm = 8;  // 8 x 256 = 2048 threads, the most an sm_90 SM holds
 constexpr int kWarps = kThreads / 32;
 // Up to 32 floats per lane a warp per row keeps enough loads in flight; longer rows (large
 // feature maps, few rows) would leave too few warps busy.
 constexpr int64_t kWarpRowMax = 1024;
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
-int max_blocks() {
-  static const int blocks = [] {
-    int device = 0, sms = 0;
-    EPILOG_CUDA_CHECK(cudaGetDevice(&device));
-    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return std::max(sms, 1) * kBlocksPerSm;
-  }();
-  return blocks;
-}
-
-// Enough blocks for `items` items at `per_block` items per block, capped at one full wave:
-// past that the grid-stride loop does the rest without paying for block launches.
-int grid_for(int64_t items, int64_t per_block = kThreads) {
-  return static_cast<int>(std::min<int64_t>(ceil_div(items, per_block), max_blocks()));
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-bool fits32(int64_t n) {
-  return n < (int64_t(1) << 31);
-}
-
-// Calls f(V, I{}) with V an integral_constant of 4 (float4 items) or 1 and I the index type:
-// uint32_t when every index fits, else int64_t.
-template <class F>
-void dispatch(bool vec, bool small, F&& f) {
-  using Four = std::integral_constant<int, 4>;
-  using One = std::integral_constant<int, 1>;
-  if (vec && small)
-    f(Four{}, uint32_t{});
-  else if (vec)
-    f(Four{}, int64_t{});
-  else if (small)
-    f(One{}, uint32_t{});
-  else
-    f(One{}, int64_t{});
-}
 
 // Geometry in 32-bit: the per-window math is the hot part of a pool.
 struct Geometry {
@@ -149,7 +101,7 @@ void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream
   const Geometry g{int(p.h),     int(p.w),     int(p.ho),       int(p.wo),
                    int(p.kh),    int(p.kw),    int(p.stride_h), int(p.stride_w),
                    int(p.pad_t), int(p.pad_l), int(p.pad_b),    int(p.pad_r)};
-  const int grid = grid_for(items);
+  const int grid = grid_for(items, kThreads);
   if (fits32(std::max(items, p.n * p.c * p.h * p.w)))
     pool_kernel<Max, uint32_t>
         <<<grid, kThreads, 0, stream>>>(g, p.count_include_pad, uint32_t(items), x, y);

@@ -171,19 +171,6 @@ const float* opt(In in, size_t i) {
   return i < in.size() ? dev(in[i]) : nullptr;
 }
 
-// Not lowering's conv_kernel_name: the runtime does not reach up into the lowering layer.
-const char* conv_name(ConvKernel k) {
-  switch (k) {
-    case ConvKernel::Scalar:
-      return "scalar";
-    case ConvKernel::Tiled:
-      return "tiled";
-    case ConvKernel::Gemm:
-      return "gemm";
-  }
-  return "?";
-}
-
 std::string conv_str(const ConvShape& s) {
   return fmt::format(
       "x [{},{},{},{}] w [{},{},{},{}] -> [{},{},{},{}], stride {}x{}, pad {},{}, dilation "
@@ -197,7 +184,7 @@ void conv(const Ctx& c, In in, Out out) {
   const ConvKernel k = c.plan.conv;
   if (!conv_supports(k, cs))
     fail("[{}] node '{}': the {} kernel cannot run {}", op_name(c.node.op), c.node.name,
-         conv_name(k), conv_str(cs));
+         conv_kernel_name(k), conv_str(cs));
   const bool fused = c.node.op == OpKind::FusedConv2d;
   const float* scale = fused ? dev(in[2]) : nullptr;
   const float* shift = fused ? dev(in[3]) : opt(in, 2);
@@ -206,7 +193,7 @@ void conv(const Ctx& c, In in, Out out) {
   float* y = dev(out[0]);
   if (k != ConvKernel::Scalar && (c.plan.tiles.m <= 0 || c.plan.tiles.n <= 0))
     fail("[{}] node '{}': the plan picks the {} kernel but gives no tile sizes", op_name(c.node.op),
-         c.node.name, conv_name(k));
+         c.node.name, conv_kernel_name(k));
   switch (k) {
     case ConvKernel::Scalar:
       return cuda::conv_scalar(cs, x, w, scale, shift, act, y, c.stream);

@@ -24,6 +24,7 @@
 #include "epilog/kernels/cpu.h"
 #include "epilog/kernels/cuda.h"
 #include "epilog/runtime/executor.h"
+#include "epilog/runtime/params.h"
 
 using namespace epilog;
 
@@ -83,20 +84,6 @@ const std::vector<Geometry> kGeometries = {
 
 const Activation kActivations[] = {Activation::None, Activation::Silu, Activation::Relu,
                                    Activation::Sigmoid};
-
-const char* act_name(Activation act) {
-  switch (act) {
-    case Activation::None:
-      return "none";
-    case Activation::Silu:
-      return "silu";
-    case Activation::Relu:
-      return "relu";
-    case Activation::Sigmoid:
-      return "sigmoid";
-  }
-  return "?";
-}
 
 std::string tiles_str(const ConvTiles& t) {
   return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
@@ -205,7 +192,7 @@ void check(const Case& cc, uint64_t seed, const std::string& what) {
   const Outcome o = run(cc, seed);
   INFO(conv_kernel_name(cc.kernel)
        << " " << what << ": " << shape_desc(cc.shape) << ", tiles " << tiles_str(cc.tiles)
-       << ", scale " << cc.scale << " shift " << cc.shift << " act " << act_name(cc.act)
+       << ", scale " << cc.scale << " shift " << cc.shift << " act " << activation_name(cc.act)
        << "; max rel error " << o.rel << " (element " << o.worst << ": gpu " << o.gpu << " cpu "
        << o.cpu << "), " << o.nans << " NaN");
   CHECK(o.nans == 0);

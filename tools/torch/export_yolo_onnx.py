@@ -28,7 +28,8 @@ def yolo_module():
     try:
         import triton.testing  # noqa: F401  (torch_yolo_like imports do_bench for its timings)
     except ImportError:
-        # Only the timings need triton; a stub lets the model classes import on a CPU machine.
+        # Only the timings need triton; without it, an empty triton.testing module lets the model
+        # classes import (on a CPU machine, say).
         triton, testing = types.ModuleType("triton"), types.ModuleType("triton.testing")
         testing.do_bench = None
         triton.testing = testing

@@ -16,7 +16,6 @@ namespace epilog {
 // on a machine without a GPU.
 DeviceProfile h200_profile();
 
-const char* conv_kernel_name(ConvKernel kernel);
 std::optional<ConvKernel> parse_conv_kernel(const std::string& name);
 
 struct ConvChoice {

@@ -58,6 +58,18 @@ struct ConvTiles {
   int stages = 0;  // shared-memory pipeline depth (gemm)
 };
 
+inline const char* conv_kernel_name(ConvKernel kernel) {
+  switch (kernel) {
+    case ConvKernel::Scalar:
+      return "scalar";
+    case ConvKernel::Tiled:
+      return "tiled";
+    case ConvKernel::Gemm:
+      return "gemm";
+  }
+  return "?";
+}
+
 // Whether a conv kernel can run a shape at all: scalar runs everything; tiled and gemm need
 // groups == 1 (a block's output channels share one input tile).
 inline bool conv_supports(ConvKernel kernel, const ConvShape& s) {
