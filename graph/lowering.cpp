@@ -23,10 +23,11 @@ std::optional<ConvKernel> parse_conv_kernel(const std::string& name) {
 // every built tile combination of tiled and gemm timed on every suite shape).
 
 // Below this reduction depth (Cin/groups * Kh * Kw) gemm's 32-deep k tiles are mostly zero
-// padding: b1_c8_8_1x1_320 (K = 8) tiled 4.9 vs gemm at its best tiles 8.1. At K = 27 they tie
-// (b1_c3_16_3x3s2_640: 17.0 both); from K = 64 up gemm wins every suite shape, even at 8 output
-// channels (b1_c64_8_1x1_80: 3.8 vs 4.5) and 16 (b1_c16_16_3x3_160: 8.8 vs 11.2).
-constexpr int64_t kGemmMinReduction = 32;
+// padding: b1_c8_8_1x1_320 (K = 8) tiled 4.5 vs gemm 7.2. At K = 27 gemm wins since the
+// epilogue's activation got cheap (b1_c3_16_3x3s2_640: 10.4 vs 15.9; 17.0 both before), and
+// from K = 64 up on every suite shape, even at 8 output channels (b1_c64_8_1x1_80: 3.8 vs 4.4)
+// and 16 (b1_c16_16_3x3_160: 7.9 vs 10.8). 16 is the middle of 8 and 27 on a log scale.
+constexpr int64_t kGemmMinReduction = 16;
 
 // A gemm grid should hold this many waves of blocks (times the SM count), with a 2-stage
 // pipeline...

@@ -1,5 +1,6 @@
 #include "epilog/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -99,6 +100,9 @@ const float* Tensor::f32() const {
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
+  if (!contiguous())
+    fail("tensor: cannot view a strided {} tensor (a part of a batch) as {}; clone() it first",
+         shape_str(shape_), shape_str(shape));
   if (shape_numel(shape) != numel())
     fail("tensor: cannot view {} as {}", shape_str(shape_), shape_str(shape));
   Tensor t = *this;
@@ -110,16 +114,51 @@ Tensor Tensor::slice(int64_t begin, int64_t end) const {
   EPILOG_ASSERT(rank() >= 1 && 0 <= begin && begin <= end && end <= shape_[0]);
   Tensor t = *this;
   t.shape_[0] = end - begin;
-  if (shape_[0] > 0)
-    t.offset_ += static_cast<size_t>(begin) * (nbytes() / static_cast<size_t>(shape_[0]));
+  if (shape_[0] > 0) t.offset_ += static_cast<size_t>(begin * item_stride()) * dtype_size(dtype_);
+  if (t.shape_[0] <= 1) t.item_stride_ = 0;
   return t;
 }
+
+int64_t Tensor::item_stride() const {
+  if (item_stride_ != 0) return item_stride_;
+  return rank() == 0 || shape_[0] == 0 ? 0 : numel() / shape_[0];
+}
+
+Tensor Tensor::part(int64_t offset, const Shape& shape) const {
+  const int64_t items = rank() == 0 ? 1 : shape_[0];
+  const int64_t stride = item_stride(), count = items == 0 ? 0 : shape_numel(shape) / items;
+  if (rank() < 1 || shape.empty() || shape[0] != items || offset < 0 ||
+      offset + count > numel() / std::max<int64_t>(items, 1))
+    fail("tensor: no part {} at offset {} in each item of a {} tensor", shape_str(shape), offset,
+         shape_str(shape_));
+  Tensor t = *this;
+  t.shape_ = shape;
+  t.offset_ += static_cast<size_t>(offset) * dtype_size(dtype_);
+  t.item_stride_ = items > 1 && count != stride ? stride : 0;
+  return t;
+}
+
+namespace {
+// Copies src into dst item by item along dim 0 when either is strided, else in one piece.
+void copy_items(Tensor& dst, const Tensor& src) {
+  if (dst.contiguous() && src.contiguous()) {
+    g_copy(dst.raw(), dst.device(), src.raw(), src.device(), dst.nbytes());
+    return;
+  }
+  const int64_t items = dst.dim(0);
+  const size_t item_bytes = dst.nbytes() / static_cast<size_t>(items), es = dtype_size(dst.dtype());
+  for (int64_t i = 0; i < items; ++i)
+    g_copy(static_cast<char*>(dst.raw()) + i * dst.item_stride() * es, dst.device(),
+           static_cast<const char*>(src.raw()) + i * src.item_stride() * es, src.device(),
+           item_bytes);
+}
+}  // namespace
 
 void Tensor::copy_from(const Tensor& src) {
   if (src.shape() != shape_ || src.dtype() != dtype_)
     fail("tensor: cannot copy a {} {} tensor into a {} {} one", dtype_name(src.dtype()),
          shape_str(src.shape()), dtype_name(dtype_), shape_str(shape_));
-  g_copy(raw(), device(), src.raw(), src.device(), nbytes());
+  copy_items(*this, src);
 }
 
 Tensor Tensor::clone() const {
@@ -129,7 +168,7 @@ Tensor Tensor::clone() const {
 Tensor Tensor::to(Device device, bool force_copy) const {
   if (!force_copy && device == this->device()) return *this;
   Tensor t = empty(shape_, dtype_, device);
-  g_copy(t.raw(), device, raw(), this->device(), nbytes());
+  copy_items(t, *this);
   return t;
 }
 

@@ -74,7 +74,7 @@ TEST_CASE("cli: run prints fusion, kernels, output statistics and time", "[cli]"
   CHECK_THAT(r.out, Catch::Contains("block.conv") && Catch::Contains("act=silu"));
   // On the CPU it also says what a GPU would run.
   CHECK_THAT(r.out, Catch::Contains("kernels on a CUDA GPU") &&
-                        Catch::Contains("kernel gemm    (reduction 144 >= 32: gemm)"));
+                        Catch::Contains("kernel gemm    (reduction 144 >= 16: gemm)"));
   CHECK_THAT(r.out, Catch::Contains("block.act") && Catch::Contains("[1,16,160,160]") &&
                         Catch::Contains("checksum") && Catch::Contains("time:"));
   // The seed decides the inputs: same seed, same checksum; another seed, another one.
@@ -156,7 +156,7 @@ TEST_CASE("cli: explain shows kernel, rule and tiles without a GPU", "[cli]") {
   Result r = cli("explain models/yolo_like.json");
   REQUIRE(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("132 SMs") && Catch::Contains("fused 45"));
-  CHECK_THAT(r.out, Catch::Contains("gemm") && Catch::Contains("reduction 144 >= 32") &&
+  CHECK_THAT(r.out, Catch::Contains("gemm") && Catch::Contains("reduction 144 >= 16") &&
                         Catch::Contains("stages="));
   Result small = cli("explain models/yolo_like.json --sm-count 8");
   REQUIRE(small.status == 0);

@@ -30,11 +30,13 @@ TEST_CASE("lowering: select_conv_kernel follows its ordered rules", "[lowering]"
   };
   const std::vector<Row> rows = {
       {shape(16, 96, 56, 96, 3, 1, 96), ConvKernel::Scalar, "groups"},  // depthwise
-      {shape(1, 8, 320, 8, 1), ConvKernel::Tiled, "reduction 8 < 32"},
-      {shape(1, 3, 640, 16, 3, 2), ConvKernel::Tiled, "reduction 27 < 32"},
-      {shape(1, 64, 80, 8, 1), ConvKernel::Gemm, "reduction 64 >= 32"},
-      {shape(1, 16, 160, 16, 3), ConvKernel::Gemm, "reduction 144 >= 32"},
-      {shape(1, 32, 80, 64, 1), ConvKernel::Gemm, "reduction 32 >= 32"},
+      {shape(1, 8, 320, 8, 1), ConvKernel::Tiled, "reduction 8 < 16"},
+      {shape(1, 3, 640, 16, 3, 2), ConvKernel::Gemm, "reduction 27 >= 16"},
+      {shape(1, 15, 80, 16, 1), ConvKernel::Tiled, "reduction 15 < 16"},
+      {shape(1, 16, 80, 16, 1), ConvKernel::Gemm, "reduction 16 >= 16"},
+      {shape(1, 64, 80, 8, 1), ConvKernel::Gemm, "reduction 64 >= 16"},
+      {shape(1, 16, 160, 16, 3), ConvKernel::Gemm, "reduction 144 >= 16"},
+      {shape(1, 32, 80, 64, 1), ConvKernel::Gemm, "reduction 32 >= 16"},
       {shape(16, 64, 80, 64, 3), ConvKernel::Gemm, "reduction 576"},
       {shape(32, 16, 320, 32, 3, 2), ConvKernel::Gemm, "reduction 144"},
   };
@@ -120,8 +122,8 @@ TEST_CASE("lowering: plans every node, honours a forced kernel, explains the cho
   CHECK(p.nodes[3].kernel == "maxpool2d");
   std::string text = explain(p);
   CHECK_THAT(text, Catch::Contains("c1") && Catch::Contains("gemm") &&
-                       Catch::Contains("reduction 32 >= 32: gemm") &&
-                       Catch::Contains("reduction 8 < 32: tiled") && Catch::Contains("stages=2"));
+                       Catch::Contains("reduction 32 >= 16: gemm") &&
+                       Catch::Contains("reduction 8 < 16: tiled") && Catch::Contains("stages=2"));
 
   cuda.force = ConvKernel::Tiled;
   Plan f = lower(g, cuda);

@@ -66,6 +66,17 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;
   Tensor slice(int64_t begin, int64_t end) const;
 
+  // The items of dim 0 lie item_stride() elements apart: numel() / dim(0) for a contiguous
+  // tensor, more for a part of a larger tensor's items (a channel slab of an NCHW batch).
+  // Such a tensor goes only to the kernels that take a stride (fused_conv2d, add, max-pooling,
+  // upsampling, concat, split); copies and to() handle it, reshape() refuses it.
+  bool contiguous() const { return item_stride_ == 0; }
+  int64_t item_stride() const;
+  // Elements [offset, offset + numel(shape) / shape[0]) of every item along dim 0, as a
+  // tensor of `shape` (shape[0] == dim(0)) sharing storage; contiguous when dim(0) == 1 or the
+  // part is the whole item.
+  Tensor part(int64_t offset, const Shape& shape) const;
+
   Tensor clone() const;
   // Copies the bytes of `src` (same shape and dtype, any device) into this tensor.
   void copy_from(const Tensor& src);
@@ -77,7 +88,8 @@ class Tensor {
 
  private:
   std::shared_ptr<Storage> storage_;
-  size_t offset_ = 0;  // bytes
+  size_t offset_ = 0;        // bytes
+  int64_t item_stride_ = 0;  // elements between items of dim 0; 0: contiguous
   Shape shape_;
   DType dtype_ = DType::F32;
 };

@@ -65,9 +65,9 @@ void conv_depthwise(const ConvShape& cs, const float* x, const float* w, const E
 #pragma omp parallel for schedule(static) if (detail::worth_threads(work))
   for (int64_t plane = 0; plane < cs.n * cs.k; ++plane) {
     const int64_t b = plane / cs.k, ko = plane % cs.k;
-    const float* in = x + (b * cs.c + ko / kg) * cs.h * cs.w;
+    const float* in = x + b * cs.x_image() + ko / kg * cs.h * cs.w;
     const float* wk = w + ko * cs.r * cs.s;
-    float* out = y + plane * cs.ho * cs.wo;
+    float* out = y + b * cs.y_image() + ko * cs.ho * cs.wo;
     for (int64_t oh = 0; oh < cs.ho; ++oh) {
       float* orow = out + oh * cs.wo;
       std::fill(orow, orow + cs.wo, 0.0f);
@@ -113,7 +113,7 @@ void conv2d(const ConvShape& cs, const float* x, const float* w, const float* sc
                       cs.pad_t == 0 && cs.pad_l == 0 && cs.ho == cs.h && cs.wo == cs.w;
   for (int64_t b = 0; b < cs.n; ++b) {
     for (int64_t g = 0; g < cs.groups; ++g) {
-      const float* xg = x + (b * cs.c + g * cg) * cs.h * cs.w;
+      const float* xg = x + b * cs.x_image() + g * cg * cs.h * cs.w;
       detail::BSource src;
       if (direct) {
         src.b = xg;
@@ -124,8 +124,8 @@ void conv2d(const ConvShape& cs, const float* x, const float* w, const float* sc
         };
       }
       const Epilogue epg{scale ? scale + g * kg : nullptr, shift ? shift + g * kg : nullptr, act};
-      detail::gemm(kg, npix, depth, w + g * kg * depth, depth, src, y + (b * cs.k + g * kg) * npix,
-                   npix, false, epg);
+      detail::gemm(kg, npix, depth, w + g * kg * depth, depth, src,
+                   y + b * cs.y_image() + g * kg * npix, npix, false, epg);
     }
   }
 }

@@ -135,6 +135,17 @@ void activation(Activation act, const Tensor& x, Tensor& y) {
 }
 
 void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& y) {
+  if (!a.contiguous() || !b.contiguous() || !y.contiguous()) {
+    // Channel slabs of a batch (Tensor::part): same shapes only, one item of dim 0 at a time.
+    EPILOG_ASSERT(a.shape() == y.shape() && b.shape() == y.shape(),
+                  "binary on strided tensors needs equal shapes: {} and {} into {}",
+                  shape_str(a.shape()), shape_str(b.shape()), shape_str(y.shape()));
+    for (int64_t i = 0; i < y.dim(0); ++i) {
+      Tensor yi = y.slice(i, i + 1);
+      binary(op, a.slice(i, i + 1), b.slice(i, i + 1), yi);
+    }
+    return;
+  }
   const std::vector<BroadcastDim> dims = broadcast_dims(a.shape(), b.shape(), y.shape());
   if (y.numel() == 0) return;
   switch (op) {

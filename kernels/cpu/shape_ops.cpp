@@ -27,6 +27,15 @@ void check_part(const char* op, const Shape& part, const Shape& whole, int64_t a
                 shape_str(whole), axis);
 }
 
+// Start of row o of t viewed as [outer, row]: a strided t (Tensor::part) keeps each item of
+// dim 0 item_stride() elements apart, its outer / dim(0) rows contiguous within the item.
+int64_t row_start(const Tensor& t, int64_t o, int64_t row, int64_t outer) {
+  if (t.contiguous()) return o * row;
+  const int64_t per = outer / t.dim(0);
+  EPILOG_ASSERT(per > 0, "a strided {} split or joined on axis 0", shape_str(t.shape()));
+  return o / per * t.item_stride() + o % per * row;
+}
+
 }  // namespace
 
 void concat(const std::vector<const Tensor*>& xs, int64_t axis, Tensor& y) {
@@ -50,8 +59,8 @@ void concat(const std::vector<const Tensor*>& xs, int64_t axis, Tensor& y) {
 #pragma omp parallel for schedule(static) if (detail::worth_threads(y.numel()))
   for (int64_t job = 0; job < v.outer * np; ++job) {
     const int64_t o = job / np, i = job % np;
-    const float* src = parts[i] + o * rows[i];
-    std::copy(src, src + rows[i], yp + o * row + offsets[i]);
+    const float* src = parts[i] + row_start(*xs[i], o, rows[i], v.outer);
+    std::copy(src, src + rows[i], yp + row_start(y, o, row, v.outer) + offsets[i]);
   }
 }
 
@@ -76,8 +85,8 @@ void split(const Tensor& x, int64_t axis, std::vector<Tensor>& ys) {
 #pragma omp parallel for schedule(static) if (detail::worth_threads(x.numel()))
   for (int64_t job = 0; job < v.outer * np; ++job) {
     const int64_t o = job / np, i = job % np;
-    const float* src = xp + o * row + offsets[i];
-    std::copy(src, src + rows[i], parts[i] + o * rows[i]);
+    const float* src = xp + row_start(x, o, row, v.outer) + offsets[i];
+    std::copy(src, src + rows[i], parts[i] + row_start(ys[i], o, rows[i], v.outer));
   }
 }
 
@@ -96,8 +105,8 @@ void upsample_nearest(const Tensor& x, int64_t scale_h, int64_t scale_w, Tensor&
 #pragma omp parallel for schedule(static) if (detail::worth_threads(y.numel()))
   for (int64_t row = 0; row < planes * ho; ++row) {
     const int64_t plane = row / ho, oh = row % ho;
-    const float* src = xp + (plane * h + oh / scale_h) * w;
-    float* dst = yp + row * wo;
+    const float* src = xp + row_start(x, plane, h * w, planes) + oh / scale_h * w;
+    float* dst = yp + row_start(y, plane, ho * wo, planes) + oh * wo;
     for (int64_t iw = 0; iw < w; ++iw)
       for (int64_t t = 0; t < scale_w; ++t) dst[iw * scale_w + t] = src[iw];
   }

@@ -12,8 +12,8 @@ namespace epilog::cuda::detail {
 // -- batchnorm + activation epilogue --
 // y = act(acc * scale[k] + shift[k]); scale == nullptr means 1, shift == nullptr means 0, so the
 // same kernel serves conv2d (+ bias) and conv -> batchnorm -> activation. The null tests are
-// uniform across a launch: a predicate, not a divergent branch. activate() keeps the accurate
-// expf, since the SIMT kernels are tested to 1e-5 of the fp32 CPU reference.
+// uniform across a launch: a predicate, not a divergent branch. activate() uses the GPU's fast
+// exp2 and reciprocal (see logistic_ratio), well inside the 1e-5 the SIMT kernels are tested to.
 
 // Output channel k's factors: load once, apply to every pixel of the channel a thread holds.
 struct ChannelAffine {

@@ -8,7 +8,9 @@
 //   A[m, kk] = the input under pixel m for tap kk (gathered on the fly, never materialized),
 //   B[kk, n] = w[n, kk] (the weight as stored is B column-major: K contiguous),
 //   C[m, n]  -> y[img, n, pixel]: for a fixed n, consecutive m of one image are contiguous.
-// Layout: float32, contiguous NCHW x [n, Cin, h, w], weight [Cout, Cin, r, s], y [n, Cout, ho, wo].
+// Layout: float32, NCHW x [n, Cin, h, w], weight [Cout, Cin, r, s], y [n, Cout, ho, wo].
+// Images of x and y lie ConvShape::x_image() / y_image() floats apart (more than an image when
+// x or y is a channel slab of a larger batch); within an image everything is contiguous.
 //
 // Three kernels; ConvTiles {m, n, k, stages} picks one:
 //   k = 72  halo   3x3, stride 1 or 2 (the same both ways), dilation 1, any padding
@@ -86,7 +88,7 @@
 // the row pad 76 on banks 12g + 9t. The epilogue stores straight from the accumulators: 8 lanes
 // store 8 consecutive floats of an output row (a full 32-byte sector).
 //
-// Restrictions: groups == 1; the tiles above; x, y and w must each have fewer than 2^31
+// Restrictions: groups == 1; the tiles above; x, y and w must each span fewer than 2^31
 // elements; h, w, ho*stride_h, wo*stride_w, the (non-negative) padding and the dilated window
 // stay under 2^28.
 // The caller precomputes nothing: no workspace, no setup beyond the pointers (the direct kernel
@@ -183,6 +185,7 @@ struct GemmArgs {
   int kg;       // c * r * s
   int n_tiles;  // ceil(k / BN)
   int stages;   // 2..4; gather: never more than the k tiles + 1
+  int xs, ys;   // elements between images of x and of y
   FastDiv div_rs, div_s;
   bool vec_b;   // 16-byte weight copies
   bool vec_y;   // float4 output stores (k = 32 gather kernel)
@@ -208,7 +211,7 @@ struct DirectA {
     const int m = m0 + col;
     const int hw = a.ho * a.wo;  // == h * w on this path
     const int img = m / hw;
-    base = m < a.m ? img * a.c * hw + (m - img * hw) : -1;
+    base = m < a.m ? img * a.xs + (m - img * hw) : -1;
   }
 
   __device__ __forceinline__ void load(const GemmArgs& a, uint32_t as, int k0) const {
@@ -246,7 +249,7 @@ struct GatherA {
       const int oh = rem / a.wo, ow = rem - oh * a.wo;
       ih0[p] = oh * a.sh - a.pt;
       iw0[p] = ow * a.sw - a.pl;
-      base[p] = (img * a.c * a.h + ih0[p]) * a.w + iw0[p];
+      base[p] = img * a.xs + ih0[p] * a.w + iw0[p];
       if (!inside) ih0[p] = -kFar;
     }
   }
@@ -422,7 +425,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
     const int m = m0 + col;
     if (m < a.m) {
       const int img = m / hwo;
-      float* yb = a.y + (img * a.k * hwo + (m - img * hwo));
+      float* yb = a.y + (img * a.ys + (m - img * hwo));
 #pragma unroll 4
       for (int nr = nr0; nr < BN; nr += kRowStep) {
         if (n0 + nr >= a.k) break;
@@ -436,7 +439,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
     const int m = m0 + col;
     if (m < a.m) {
       const int img = m / hwo;
-      float* yb = a.y + (img * a.k * hwo + (m - img * hwo));
+      float* yb = a.y + (img * a.ys + (m - img * hwo));
 #pragma unroll 4
       for (int nr = nr0; nr < BN; nr += kRowStep) {
         if (n0 + nr >= a.k) break;
@@ -508,7 +511,7 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
     for (int mi = 0; mi < T::kMI; ++mi) {
       const int m = m0 + wm * T::kWM + 16 * mi + 2 * g;
       const int img = m / hw;
-      pix[mi] = m < a.m ? img * a.k * hw + (m - img * hw) : -1;
+      pix[mi] = m < a.m ? img * a.ys + (m - img * hw) : -1;
     }
 #pragma unroll
     for (int ni = 0; ni < T::kNI; ++ni) {
@@ -690,9 +693,8 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   const int64_t m = s.n * s.ho * s.wo, kg = s.c * s.r * s.s;
   if (m == 0 || s.k == 0) return;
   constexpr int64_t kSmall = int64_t(1) << 28;
-  if (s.n * s.c * s.h * s.w >= INT32_MAX || s.n * s.k * s.ho * s.wo >= INT32_MAX ||
-      s.k * kg >= INT32_MAX)
-    reject("x, y and w must each have fewer than 2^31 elements");
+  if (s.n * s.x_image() >= INT32_MAX || s.n * s.y_image() >= INT32_MAX || s.k * kg >= INT32_MAX)
+    reject("x, y and w must each span fewer than 2^31 elements");
   if (s.h >= kSmall || s.w >= kSmall || s.ho * s.stride_h >= kSmall ||
       s.wo * s.stride_w >= kSmall || s.pad_t < 0 || s.pad_l < 0 || s.pad_t >= kSmall ||
       s.pad_l >= kSmall || (s.r - 1) * s.dil_h >= kSmall || (s.s - 1) * s.dil_w >= kSmall)
@@ -718,6 +720,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     a.ctiles = int((s.c + kHaloC - 1) / kHaloC);
     a.stages = a.ctiles + 1 < tiles.stages ? a.ctiles + 1 : tiles.stages;
     a.vec_b = s.c % 4 == 0 && aligned16(w);
+    a.xs = int(s.x_image()), a.ys = int(s.y_image());
     a.act = act;
     return s.stride_h == 1 ? dispatch_halo<1>(tiles, a, stream)
                            : dispatch_halo<2>(tiles, a, stream);
@@ -757,6 +760,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   a.vec_b = kg % 4 == 0 && aligned16(w);
   a.vec_y = (s.ho * s.wo) % 4 == 0 && aligned16(y);
   a.vec2_y = (s.ho * s.wo) % 2 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0;
+  a.xs = int(s.x_image()), a.ys = int(s.y_image());
   a.act = act;
 
   switch (t.m * 1000 + t.n) {

@@ -28,6 +28,7 @@ struct HaloArgs {
   int n_tiles;            // ceil(k / BN)
   int ctiles;             // ceil(c / 8): stages of the reduction
   int stages;             // 2..4, never more than ctiles + 1 nor what shared memory holds
+  int xs, ys;             // elements between images of x and of y
   bool vec_b;             // 16-byte weight copies: c % 4 == 0 and w 16-byte aligned
   Activation act;
 };
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
     }
   }
   const bool last_q = lane + 32 * (T::kQ - 1) < T::kPos;  // the last slot group is partial
-  const float* const x_img = a.x + size_t(img) * a.c * hw;
+  const float* const x_img = a.x + size_t(img) * a.xs;
   const uint32_t patch_dst = smem0 + 4 * (wm * T::kPatch + lane);
   // Weights: warp w copies rows w, w + kWarps, ... of the block's BN; lane l < 18 the l-th
   // 16-byte chunk of the 72 floats (or, 4 bytes at a time, floats l, l + 32, l + 64). Rows past
@@ -264,7 +265,7 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int oy = oy0 + mi + 4 * h, ox = ox0 + g;
-      pix[mi][h] = sq_ok && oy < a.ho && ox < a.wo ? img * a.k * hwo + oy * a.wo + ox : -1;
+      pix[mi][h] = sq_ok && oy < a.ho && ox < a.wo ? img * a.ys + oy * a.wo + ox : -1;
     }
   auto finish = [&](auto act) {
 #pragma unroll

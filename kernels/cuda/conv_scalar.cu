@@ -6,7 +6,9 @@
 //                                     * w[k, c, i, j]
 // where cg = C / groups, g = k / (K / groups), and x outside the input reads 0.
 // scale == nullptr means 1, shift == nullptr means 0.
-// Layout: float32, contiguous NCHW x [n, C, h, w], weight [K, cg, r, s], y [n, K, ho, wo].
+// Layout: float32, NCHW x [n, C, h, w], weight [K, cg, r, s], y [n, K, ho, wo].
+// Images of x and y lie ConvShape::x_image() / y_image() floats apart (more than an image when
+// x or y is a channel slab of a larger batch); within an image everything is contiguous.
 //
 // General path, one output element per thread.
 // Grid: (K, ceil(ho*wo / 256), n) blocks of kThreads = 256 threads, channel fastest:
@@ -89,6 +91,7 @@ struct ScalarArgs {
   int sh, sw, pt, pl, dh, dw;
   int n;
   int pix_blocks;  // ceil(ho * wo / kThreads)
+  int64_t xs, ys;  // elements between images of x and of y
   Activation act;
 };
 
@@ -123,7 +126,7 @@ __device__ __forceinline__ void conv_scalar_block(const ScalarArgs& a, int k, in
   const int hw = a.h * a.w;
   const int g = k / a.kg;
 
-  const float* __restrict__ xp = a.x + (int64_t(img) * a.c + int64_t(g) * a.cg) * hw;
+  const float* __restrict__ xp = a.x + int64_t(img) * a.xs + int64_t(g) * a.cg * hw;
   float acc = 0.0f;
 
   // -- mainloop: input channels of the group, window taps unrolled --
@@ -193,7 +196,7 @@ __device__ __forceinline__ void conv_scalar_block(const ScalarArgs& a, int k, in
   }
 
   // -- batchnorm + activation epilogue --
-  a.y[(int64_t(img) * a.k + k) * npix + p] = detail::apply(acc, a.scale, a.shift, a.act, k);
+  a.y[int64_t(img) * a.ys + int64_t(k) * npix + p] = detail::apply(acc, a.scale, a.shift, a.act, k);
 }
 
 // Grid (K, pixel blocks, n), channel fastest. y and z stride by the grid when the launcher had
@@ -235,6 +238,7 @@ struct DwArgs {
   int cols, wp;    // staged columns of a row (% 4 == 0), and the shared-memory row stride
   int sh4;         // shared-memory column of a tile's first tap iw0 (see dw_stage)
   int64_t blocks;  // n * c * mgroups * ctiles * rtiles
+  int64_t xs, ys;  // elements between images of x and of y
   bool vec_in;     // 16-byte copies: w % 4 == 0, x aligned
   bool vec_out;    // float4 stores: wo % 4 == 0, y aligned
   Activation act;
@@ -314,7 +318,6 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
   const int r = R > 0 ? R : a.r;
   const int sw = R > 0 ? SW : a.sw;
   const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
-  const int kout = a.c * a.m;
 
   for (int64_t b = blockIdx.x; b < a.blocks; b += gridDim.x) {
     // -- grid decode: row tile fastest, then column tile, channel group, channel, image --
@@ -336,7 +339,7 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
     const int ih0 = oh0 * a.sh - a.pt, iw0 = ow0 * sw - a.pl;
 
     // -- stage the tile's input window, one round of copies --
-    const float* __restrict__ xp = a.x + (img * a.c + ch) * int64_t(a.h) * a.w;
+    const float* __restrict__ xp = a.x + img * a.xs + ch * int64_t(a.h) * a.w;
     if (a.vec_in)
       dw_stage<4>(a, xp, ih0, iw0, rows, sm);
     else
@@ -349,7 +352,7 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
     for (int kk = mg * a.mb; kk < k1; ++kk) {
       const int k = ch * a.m + kk;
       const detail::ChannelAffine f = detail::channel_affine(a.scale, a.shift, k);
-      float* __restrict__ yp = a.y + ((img * kout + k) * a.ho + oh0) * int64_t(a.wo) + ow0;
+      float* __restrict__ yp = a.y + img * a.ys + (int64_t(k) * a.ho + oh0) * a.wo + ow0;
 
       if constexpr (R > 0) {
         constexpr int kQ = dw_row_vecs(S, SW, SH4);
@@ -465,6 +468,7 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   a.sh = int(s.stride_h), a.sw = int(s.stride_w);
   a.pt = int(s.pad_t), a.pl = int(s.pad_l);
   a.dh = int(s.dil_h), a.dw = int(s.dil_w);
+  a.xs = s.x_image(), a.ys = s.y_image();
   a.act = act;
 
   a.vec_in = s.w % 4 == 0 && detail::aligned16(x);
@@ -579,6 +583,7 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
   a.dh = int(s.dil_h), a.dw = int(s.dil_w);
   a.n = int(s.n);
   a.pix_blocks = int(pix_blocks);
+  a.xs = s.x_image(), a.ys = s.y_image();
   a.act = act;
 
   constexpr int64_t kMaxGridYZ = 65535;

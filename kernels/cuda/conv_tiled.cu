@@ -7,7 +7,9 @@
 // (x outside the input reads 0; scale == nullptr means 1, shift == nullptr means 0). This is the
 // GEMM Y[k, p] = sum_e W[k, e] X[e, p] over pixels p = (n, oh, ow) and e = (c, i, j), with X
 // gathered on the fly (implicit im2col).
-// Layout: float32, contiguous NCHW x [n, C, h, w], weight [K, C, r, s], y [n, K, ho, wo].
+// Layout: float32, NCHW x [n, C, h, w], weight [K, C, r, s], y [n, K, ho, wo].
+// Images of x and y lie ConvShape::x_image() / y_image() floats apart (more than an image when
+// x or y is a channel slab of a larger batch); within an image everything is contiguous.
 //
 // Tiles (ConvTiles): a block computes tiles.n (TN) output channels x tiles.m (TM) output pixels,
 // where pixels are flattened over the whole batch, p = (n * ho + oh) * wo + ow, so small images
@@ -56,6 +58,7 @@ struct TiledArgs {
   int r, s;
   int sh, sw, pt, pl, dh, dw;
   int k_tiles;     // ceil(K / TN)
+  int64_t xs, ys;  // elements between images of x and of y
   bool vec_store;  // ho * wo % 4 == 0 and y 16-byte aligned: a thread's 4 pixels are a float4
   Activation act;
 };
@@ -150,7 +153,7 @@ __global__ void __launch_bounds__(TiledConfig<TM, TN>::kThreads, TiledConfig<TM,
     const int oh = q / a.wo, ow = q - oh * a.wo;
     ih0[l] = oh * a.sh - a.pt;
     iw0[l] = ow * a.sw - a.pl;
-    xb[l] = a.x + (img * a.c + cq) * hw;
+    xb[l] = a.x + img * a.xs + int64_t(cq) * hw;
   }
   const int wc = t % kTK;  // the weight slab channel this thread stages
   const float* wb[kWPer];
@@ -254,7 +257,7 @@ __global__ void __launch_bounds__(TiledConfig<TM, TN>::kThreads, TiledConfig<TM,
       // ho*wo % 4 == 0: the 4 pixels are in one image, and the float4 is aligned.
       const float4 v = {detail::apply(acc[0][pn], f, a.act), detail::apply(acc[1][pn], f, a.act),
                         detail::apply(acc[2][pn], f, a.act), detail::apply(acc[3][pn], f, a.act)};
-      *reinterpret_cast<float4*>(a.y + (img0 * a.k + k) * howo + q0) = v;
+      *reinterpret_cast<float4*>(a.y + img0 * a.ys + int64_t(k) * howo + q0) = v;
     } else {
       // The 4 pixels may cross into the next image, or past the last pixel.
       int64_t img = img0;
@@ -262,7 +265,7 @@ __global__ void __launch_bounds__(TiledConfig<TM, TN>::kThreads, TiledConfig<TM,
 #pragma unroll
       for (int pm = 0; pm < 4; ++pm) {
         if (p0 + pm >= a.npix) break;
-        a.y[(img * a.k + k) * howo + q] = detail::apply(acc[pm][pn], f, a.act);
+        a.y[img * a.ys + int64_t(k) * howo + q] = detail::apply(acc[pm][pn], f, a.act);
         if (++q == howo) {
           q = 0;
           ++img;
@@ -319,6 +322,7 @@ void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const fl
   a.dh = int(s.dil_h), a.dw = int(s.dil_w);
   a.k_tiles = int(detail::ceil_div(s.k, t.n > 0 ? t.n : 1));
   a.vec_store = (s.ho * s.wo) % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  a.xs = s.x_image(), a.ys = s.y_image();
   a.act = act;
 
   for (const Variant& v : kVariants) {

@@ -6,7 +6,9 @@
 //             (o * extent + offset) * inner.
 // upsample    y[p, oh, ow] = x[p, oh / scale_h, ow / scale_w] over planes p < n * c, with
 //             y's planes (h * scale_h) x (w * scale_w).
-// Layout: float32, contiguous, device pointers; src and dst must not overlap.
+// Layout: float32, device pointers; src and dst must not overlap. copy_slab's rows may lie
+//   apart (src_extent, dst_extent); upsample's images x_image and y_image floats apart (channel
+//   slabs of a larger batch); everything else is contiguous.
 // Grid: 1-D and grid-stride, kThreads per block, at most kBlocksPerSm blocks per SM, so any
 //   element count runs. A work item is V = 4 consecutive floats of one row (float4 loads and
 //   stores) when the row length and every row start are multiples of 4 and the pointers are
@@ -49,17 +51,18 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int V, class I>
 __global__ void __launch_bounds__(kThreads)
-    upsample_kernel(I chunks, I items, I h, I w, I ho, I wo, I scale_h, I scale_w,
-                    const float* __restrict__ x, float* __restrict__ y) {
+    upsample_kernel(I chunks, I items, I c, I h, I w, I ho, I wo, I scale_h, I scale_w,
+                    const float* __restrict__ x, I xs, float* __restrict__ y, I ys) {
   const I step = I(gridDim.x) * kThreads;
   for (I item = I(blockIdx.x) * kThreads + threadIdx.x; item < items; item += step) {
     const I row = item / chunks, ow = (item - row * chunks) * V;
     const I plane = row / ho, oh = row - plane * ho;
-    const float* in = x + (plane * h + oh / scale_h) * w;
+    const I img = plane / c, ch = plane - img * c;
+    const float* in = x + img * xs + (ch * h + oh / scale_h) * w;
     float v[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) v[j] = __ldg(in + (ow + I(j)) / scale_w);
-    float* out = y + row * wo + ow;
+    float* out = y + img * ys + (ch * ho + oh) * wo + ow;
     if constexpr (V == 4)
       *reinterpret_cast<float4*>(out) = make_float4(v[0], v[1], v[2], v[3]);
     else
@@ -90,16 +93,17 @@ void copy_slab(int64_t outer, int64_t count, int64_t inner, const float* src, in
 }
 
 void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_h, int64_t scale_w,
-                      const float* x, float* y, Stream stream) {
+                      const float* x, int64_t x_image, float* y, int64_t y_image, Stream stream) {
   const int64_t ho = h * scale_h, wo = w * scale_w, rows = n * c * ho;
   if (rows == 0 || wo == 0) return;
-  const bool vec = wo % 4 == 0 && aligned16(y);
+  const bool vec = wo % 4 == 0 && y_image % 4 == 0 && aligned16(y);
   const int64_t chunks = vec ? wo / 4 : wo;
   const int64_t items = rows * chunks;
-  dispatch(vec, fits32(rows * wo), [&](auto v, auto i) {
+  dispatch(vec, fits32(n * std::max(x_image, y_image)), [&](auto v, auto i) {
     using I = decltype(i);
     upsample_kernel<decltype(v)::value, I><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
-        I(chunks), I(items), I(h), I(w), I(ho), I(wo), I(scale_h), I(scale_w), x, y);
+        I(chunks), I(items), I(c), I(h), I(w), I(ho), I(wo), I(scale_h), I(scale_w), x, I(x_image),
+        y, I(y_image));
   });
   check_launch("upsample_nearest");
 }

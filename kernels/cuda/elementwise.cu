@@ -17,6 +17,8 @@
 //   with b strides (0, 1, 0) and equal shapes as one flat run (the flat kernel). Otherwise
 //   item w is row w / chunks of the outer merged dims (decoded with one division per dim)
 //   and column (w % chunks) * V of the last one, whose stride is 1 or 0 in each operand.
+//   binary_items runs the same kernel as one outer dim whose strides may differ per operand,
+//   the output's included (y's rows y_row apart; contiguous everywhere else).
 // Index math is 32-bit when every index is below 2^31, else 64-bit.
 // Restrictions: binary up to kMaxRank dims (checked), shapes that broadcast (the caller's).
 #include <cuda_runtime.h>
@@ -179,7 +181,7 @@ template <Binary Op, int V, class I>
 __global__ void __launch_bounds__(kThreads)
     broadcast_kernel(Outer o, I inner, I chunks, I items, bool a_steps, bool b_steps,
                      const float* __restrict__ a, const float* __restrict__ b,
-                     float* __restrict__ y) {
+                     float* __restrict__ y, I y_row) {
   const BinaryOp<Op> f;
   const I step = I(gridDim.x) * kThreads;
   for (I w = I(blockIdx.x) * kThreads + threadIdx.x; w < items; w += step) {
@@ -197,7 +199,7 @@ __global__ void __launch_bounds__(kThreads)
     Vec<V> vb = b_steps ? load<V>(b + ob + col) : splat<V>(__ldg(b + ob));
 #pragma unroll
     for (int j = 0; j < V; ++j) vb.v[j] = f(va.v[j], vb.v[j]);
-    store<V>(y + row * inner + col, vb);
+    store<V>(y + row * y_row + col, vb);
   }
 }
 
@@ -266,9 +268,29 @@ void binary_impl(const BroadcastShape& s, const float* a, const float* b, float*
   dispatch(vec, fits32(total), [&](auto v, auto i) {
     using I = decltype(i);
     broadcast_kernel<Op, decltype(v)::value, I><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
-        o, I(inner.size), I(chunks), I(items), a_steps, b_steps, a, b, y);
+        o, I(inner.size), I(chunks), I(items), a_steps, b_steps, a, b, y, I(inner.size));
   });
   check_launch("binary (broadcast)");
+}
+
+template <Binary Op>
+void binary_items_impl(int64_t items, int64_t len, const float* a, int64_t a_stride, const float* b,
+                       int64_t b_stride, float* y, int64_t y_stride, Stream stream) {
+  if (items == 0 || len == 0) return;
+  Outer o{};
+  o.rank = 1;
+  o.size[0] = items, o.sa[0] = a_stride, o.sb[0] = b_stride;
+  const bool vec = len % 4 == 0 && a_stride % 4 == 0 && b_stride % 4 == 0 && y_stride % 4 == 0 &&
+                   aligned16(a) && aligned16(b) && aligned16(y);
+  const int64_t chunks = vec ? len / 4 : len;
+  const int64_t span = items * std::max({a_stride, b_stride, y_stride, len});
+  dispatch(vec, fits32(span), [&](auto v, auto i) {
+    using I = decltype(i);
+    broadcast_kernel<Op, decltype(v)::value, I>
+        <<<grid_for(items * chunks, kThreads), kThreads, 0, stream>>>(
+            o, I(len), I(chunks), I(items * chunks), true, true, a, b, y, I(y_stride));
+  });
+  check_launch("binary (items)");
 }
 
 }  // namespace
@@ -293,6 +315,14 @@ void binary(Binary op, const BroadcastShape& s, const float* a, const float* b, 
     binary_impl<Binary::Add>(s, a, b, y, stream);
   else
     binary_impl<Binary::Mul>(s, a, b, y, stream);
+}
+
+void binary_items(Binary op, int64_t items, int64_t len, const float* a, int64_t a_stride,
+                  const float* b, int64_t b_stride, float* y, int64_t y_stride, Stream stream) {
+  if (op == Binary::Add)
+    binary_items_impl<Binary::Add>(items, len, a, a_stride, b, b_stride, y, y_stride, stream);
+  else
+    binary_items_impl<Binary::Mul>(items, len, a, a_stride, b, b_stride, y, y_stride, stream);
 }
 
 }  // namespace epilog::cuda

@@ -6,7 +6,9 @@
 //   avgpool2d   the window's sum divided by its element count, or with count_include_pad by
 //               the extent of the window clipped to the padded input [-pad, size + pad_end).
 //   global_avgpool  y[r] = mean of x[r, 0 .. inner) for each of `outer` rows.
-// Layout: float32, contiguous NCHW, device pointers; x and y must not overlap.
+// Layout: float32 NCHW, device pointers; x and y must not overlap. Pools take the images of x
+//   and y PoolShape::x_image() / y_image() floats apart (channel slabs of a larger batch);
+//   everything else is contiguous.
 // Grid, pools: 1-D and grid-stride, one output per thread per step, kThreads per block, at most
 //   kBlocksPerSm blocks per SM. Item w decodes as ow = w % wo, oh = (w / wo) % ho, plane =
 //   w / (wo * ho), so a warp covers consecutive ow of one row: its writes are coalesced and its
@@ -58,15 +60,16 @@ __device__ __forceinline__ Window window(int o, int stride, int pad_begin, int p
 
 template <bool Max, class I>
 __global__ void __launch_bounds__(kThreads)
-    pool_kernel(Geometry g, bool count_include_pad, I items, const float* __restrict__ x,
-                float* __restrict__ y) {
+    pool_kernel(Geometry g, bool count_include_pad, I items, I c, I xs, I ys,
+                const float* __restrict__ x, float* __restrict__ y) {
   const I step = I(gridDim.x) * kThreads;
   for (I item = I(blockIdx.x) * kThreads + threadIdx.x; item < items; item += step) {
     const I row = item / I(g.wo);  // plane * ho + oh
     const int ow = int(item - row * I(g.wo));
     const I plane = row / I(g.ho);
     const int oh = int(row - plane * I(g.ho));
-    const float* in = x + plane * I(g.h) * I(g.w);
+    const I img = plane / c, ch = plane - img * c;
+    const float* in = x + img * xs + ch * I(g.h) * I(g.w);
     const Window wh = window(oh, g.stride_h, g.pad_t, g.pad_b, g.kh, g.h);
     const Window ww = window(ow, g.stride_w, g.pad_l, g.pad_r, g.kw, g.w);
     float out;
@@ -86,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int iw = ww.begin; iw < ww.end; ++iw) sum += __ldg(in + ih * g.w + iw);
       out = sum / float(count);
     }
-    y[item] = out;
+    y[img * ys + ch * I(g.ho) * I(g.wo) + I(oh) * I(g.wo) + ow] = out;
   }
 }
 
@@ -102,11 +105,13 @@ void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream
                    int(p.kh),    int(p.kw),    int(p.stride_h), int(p.stride_w),
                    int(p.pad_t), int(p.pad_l), int(p.pad_b),    int(p.pad_r)};
   const int grid = grid_for(items, kThreads);
-  if (fits32(std::max(items, p.n * p.c * p.h * p.w)))
-    pool_kernel<Max, uint32_t>
-        <<<grid, kThreads, 0, stream>>>(g, p.count_include_pad, uint32_t(items), x, y);
+  const int64_t xs = p.x_image(), ys = p.y_image();
+  if (fits32(std::max(p.n * xs, p.n * ys)))
+    pool_kernel<Max, uint32_t><<<grid, kThreads, 0, stream>>>(
+        g, p.count_include_pad, uint32_t(items), uint32_t(p.c), uint32_t(xs), uint32_t(ys), x, y);
   else
-    pool_kernel<Max, int64_t><<<grid, kThreads, 0, stream>>>(g, p.count_include_pad, items, x, y);
+    pool_kernel<Max, int64_t>
+        <<<grid, kThreads, 0, stream>>>(g, p.count_include_pad, items, p.c, xs, ys, x, y);
   check_launch(name);
 }
 

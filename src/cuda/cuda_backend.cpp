@@ -180,7 +180,7 @@ std::string conv_str(const ConvShape& s) {
 }
 
 void conv(const Ctx& c, In in, Out out) {
-  const ConvShape cs = conv_shape(c.node, in[0].shape(), in[1].shape(), out[0].shape());
+  const ConvShape cs = conv_shape(c.node, in[0], in[1], out[0]);
   const ConvKernel k = c.plan.conv;
   if (!conv_supports(k, cs))
     fail("[{}] node '{}': the {} kernel cannot run {}", op_name(c.node.op), c.node.name,
@@ -212,6 +212,15 @@ void act(const Ctx& c, In in, Out out) {
 template <cuda::Binary Op>
 void binary(const Ctx& c, In in, Out out) {
   const Shape &a = in[0].shape(), &b = in[1].shape(), &y = out[0].shape();
+  if (!in[0].contiguous() || !in[1].contiguous() || !out[0].contiguous()) {
+    // Channel slabs of a batch (Tensor::part): the executor only makes them for equal shapes.
+    if (a != y || b != y)
+      fail("[{}] node '{}': strided operands need equal shapes, got {} and {} into {}",
+           op_name(c.node.op), c.node.name, shape_str(a), shape_str(b), shape_str(y));
+    const int64_t items = y[0], len = items == 0 ? 0 : out[0].numel() / items;
+    return cuda::binary_items(Op, items, len, dev(in[0]), in[0].item_stride(), dev(in[1]),
+                              in[1].item_stride(), dev(out[0]), out[0].item_stride(), c.stream);
+  }
   if (y.size() > size_t(cuda::kMaxRank))
     fail("[{}] node '{}': output {} has more than {} dims", op_name(c.node.op), c.node.name,
          shape_str(y), cuda::kMaxRank);
@@ -240,16 +249,25 @@ int64_t norm_axis(const Node& n, int rank) {
   const int64_t axis = n.attrs.i("axis");
   return axis < 0 ? axis + rank : axis;
 }
+// The extent t's rows step by along the axis, as copy_slab counts it: its own, or for a strided
+// part of a larger batch (its items item_stride() apart, one row per item) that stride / inner.
+int64_t row_extent(const Tensor& t, int64_t axis, const AxisView& v) {
+  if (t.contiguous()) return t.shape()[axis];
+  EPILOG_ASSERT(v.outer == t.dim(0) && v.inner > 0 && t.item_stride() % v.inner == 0,
+                "strided {} on axis {}", shape_str(t.shape()), axis);
+  return t.item_stride() / v.inner;
+}
 
 void concat(const Ctx& c, In in, Out out) {
   Tensor& y = out[0];
   const int64_t axis = norm_axis(c.node, y.rank());
   const AxisView v = axis_view(y.shape(), axis);
-  const int64_t extent = y.shape()[axis];
+  const int64_t extent = row_extent(y, axis, v);
   int64_t offset = 0;
   for (const Tensor& x : in) {
     const int64_t count = x.shape()[axis];
-    cuda::copy_slab(v.outer, count, v.inner, dev(x), count, 0, dev(y), extent, offset, c.stream);
+    cuda::copy_slab(v.outer, count, v.inner, dev(x), row_extent(x, axis, v), 0, dev(y), extent,
+                    offset, c.stream);
     offset += count;
   }
 }
@@ -258,11 +276,12 @@ void split(const Ctx& c, In in, Out out) {
   const Tensor& x = in[0];
   const int64_t axis = norm_axis(c.node, x.rank());
   const AxisView v = axis_view(x.shape(), axis);
-  const int64_t extent = x.shape()[axis];
+  const int64_t extent = row_extent(x, axis, v);
   int64_t offset = 0;
   for (Tensor& y : out) {
     const int64_t count = y.shape()[axis];
-    cuda::copy_slab(v.outer, count, v.inner, dev(x), extent, offset, dev(y), count, 0, c.stream);
+    cuda::copy_slab(v.outer, count, v.inner, dev(x), extent, offset, dev(y), row_extent(y, axis, v),
+                    0, c.stream);
     offset += count;
   }
 }
@@ -288,8 +307,7 @@ const std::array<CudaKernel, kNumOps>& kernels() {
     at(OpKind::Concat) = concat;
     at(OpKind::Split) = split;
     at(OpKind::MaxPool2d) = [](const Ctx& c, In in, Out out) {
-      cuda::maxpool2d(pool_shape(c.node, in[0].shape(), out[0].shape()), dev(in[0]), dev(out[0]),
-                      c.stream);
+      cuda::maxpool2d(pool_shape(c.node, in[0], out[0]), dev(in[0]), dev(out[0]), c.stream);
     };
     at(OpKind::AvgPool2d) = [](const Ctx& c, In in, Out out) {
       cuda::avgpool2d(pool_shape(c.node, in[0].shape(), out[0].shape()), dev(in[0]), dev(out[0]),
@@ -304,7 +322,8 @@ const std::array<CudaKernel, kNumOps>& kernels() {
     at(OpKind::UpsampleNearest) = [](const Ctx& c, In in, Out out) {
       const Shape& x = in[0].shape();
       const auto& s = c.node.attrs.ints("scale");
-      cuda::upsample_nearest(x[0], x[1], x[2], x[3], s[0], s[1], dev(in[0]), dev(out[0]), c.stream);
+      cuda::upsample_nearest(x[0], x[1], x[2], x[3], s[0], s[1], dev(in[0]), in[0].item_stride(),
+                             dev(out[0]), out[0].item_stride(), c.stream);
     };
     at(OpKind::Flatten) = [](const Ctx&, In in, Out out) {
       out[0] = in[0].reshape(out[0].shape());

@@ -17,7 +17,7 @@ const float* opt(In in, size_t i) {
 }
 
 void conv(const Node& n, In in, Out out) {
-  ConvShape cs = conv_shape(n, in[0].shape(), in[1].shape(), out[0].shape());
+  ConvShape cs = conv_shape(n, in[0], in[1], out[0]);
   if (n.op == OpKind::Conv2d)
     cpu::conv2d(cs, in[0].f32(), in[1].f32(), nullptr, opt(in, 2), Activation::None, out[0].f32());
   else
@@ -60,7 +60,7 @@ const std::array<CpuKernel, kNumOps>& kernels() {
       cpu::split(in[0], axis < 0 ? axis + in[0].rank() : axis, out);
     };
     at(OpKind::MaxPool2d) = [](const Node& n, In in, Out out) {
-      cpu::maxpool2d(pool_shape(n, in[0].shape(), out[0].shape()), in[0].f32(), out[0].f32());
+      cpu::maxpool2d(pool_shape(n, in[0], out[0]), in[0].f32(), out[0].f32());
     };
     at(OpKind::AvgPool2d) = [](const Node& n, In in, Out out) {
       cpu::avgpool2d(pool_shape(n, in[0].shape(), out[0].shape()), in[0].f32(), out[0].f32());

@@ -45,9 +45,12 @@ int64_t count_of(const Shape& shape) {
   return n;
 }
 
-// Whether every dimension before `axis` is 1: then a slab along the axis is contiguous.
-bool outermost(const Shape& shape, int64_t axis) {
-  for (int64_t i = 0; i < axis; ++i)
+// Whether a slab along `axis` is one run of every item of dim 0: the dims between are all 1.
+// Then a split's parts and a concat's inputs are parts of each item (Tensor::part), contiguous
+// when dim 0 is 1.
+bool runs_of_items(const Shape& shape, int64_t axis) {
+  if (axis < 1) return false;
+  for (int64_t i = 1; i < axis; ++i)
     if (shape[i] != 1) return false;
   return true;
 }
@@ -57,9 +60,28 @@ int64_t node_axis(const Node& node, size_t rank) {
   return axis < 0 ? axis + int64_t(rank) : axis;
 }
 
-// Elements [offset, offset + count of shape) of t's storage as a tensor of `shape`.
-Tensor flat_view(const Tensor& t, int64_t offset, const Shape& shape) {
-  return t.reshape({t.numel()}).slice(offset, offset + count_of(shape)).reshape(shape);
+int64_t item_count(const Shape& shape) {
+  return shape.empty() || shape[0] == 0 ? 0 : count_of(shape) / shape[0];
+}
+
+// The ops whose kernels (CPU and CUDA) read and write tensors whose items along dim 0 lie
+// apart (Tensor::part): the only ones the executor hands such a tensor.
+bool takes_strided(const Graph& g, const Node& node) {
+  switch (node.op) {
+    case OpKind::FusedConv2d:
+    case OpKind::Conv2d:
+    case OpKind::MaxPool2d:
+    case OpKind::UpsampleNearest:
+    case OpKind::Concat:
+    case OpKind::Split:
+      return true;
+    case OpKind::Add: {
+      const Shape& y = g.value(node.outputs[0]).shape;
+      return g.value(node.inputs[0]).shape == y && g.value(node.inputs[1]).shape == y;
+    }
+    default:
+      return false;
+  }
 }
 
 }  // namespace
@@ -69,10 +91,22 @@ void Executor::plan_in_place() {
   view_node_.assign(n, false);
   in_place_node_.assign(n, false);
   std::map<std::string, size_t> producer;
-  for (size_t i = 0; i < n; ++i)
+  std::map<std::string, std::vector<size_t>> readers;
+  for (size_t i = 0; i < n; ++i) {
     for (const std::string& out : graph_.nodes[i].outputs) producer[out] = i;
+    for (const std::string& in : graph_.nodes[i].inputs) readers[in].push_back(i);
+  }
+  // Whether `value` may be a strided part of a batch: every reader takes one, and it is not
+  // handed to the caller.
+  auto may_stride = [&](const std::string& value) {
+    if (graph_.is_output(value)) return false;
+    for (size_t r : readers[value])
+      if (!takes_strided(graph_, graph_.nodes[r])) return false;
+    return true;
+  };
 
-  // Split parts that are runs of their input: value -> (the value that owns the storage, offset).
+  // Split parts that are runs of every item of their input: value -> (the value that owns the
+  // storage, offset within an item). With more than one item they are strided.
   std::map<std::string, std::pair<std::string, int64_t>> alias;
   auto owner = [&alias](const std::string& v) {
     auto a = alias.find(v);
@@ -82,24 +116,30 @@ void Executor::plan_in_place() {
     const Node& node = graph_.nodes[i];
     if (node.op != OpKind::Split) continue;
     const Shape& x = graph_.value(node.inputs[0]).shape;
-    if (!outermost(x, node_axis(node, x.size()))) continue;
+    if (!runs_of_items(x, node_axis(node, x.size()))) continue;
+    bool ok = true;
+    if (x[0] > 1)
+      for (const std::string& out : node.outputs) ok = ok && may_stride(out);
+    if (!ok) continue;
     view_node_[i] = true;
     auto [base, offset] = owner(node.inputs[0]);
     for (const std::string& out : node.outputs) {
       alias[out] = {base, offset};
-      offset += count_of(graph_.value(out).shape);
+      offset += item_count(graph_.value(out).shape);
     }
   }
 
   // Concats whose inputs can all be written in place: each input is (a run of) a value made by
   // a kernel (not a view, not a concat, not a graph input, weight or output), placed in no other
-  // concat, and the places tile the output exactly.
+  // concat, and the places tile the output's items exactly. With more than one item the value
+  // becomes a strided part of the concat's buffer: its producer and readers must take that.
   for (size_t i = 0; i < n; ++i) {
     const Node& node = graph_.nodes[i];
     if (node.op != OpKind::Concat) continue;
     const Shape& y = graph_.value(node.outputs[0]).shape;
-    if (!outermost(y, node_axis(node, y.size()))) continue;
-    std::map<std::string, int64_t> at;  // owner -> its offset in the concat
+    if (!runs_of_items(y, node_axis(node, y.size()))) continue;
+    const bool batched = y[0] > 1;
+    std::map<std::string, int64_t> at;  // owner -> its offset within an item of the concat
     bool ok = true;
     int64_t offset = 0;
     for (const std::string& in : node.inputs) {
@@ -108,20 +148,22 @@ void Executor::plan_in_place() {
       ok = ok && p != producer.end() && !graph_.is_output(base) && !slots_.count(base) &&
            !view_node_[p->second] && graph_.nodes[p->second].op != OpKind::Concat &&
            graph_.nodes[p->second].op != OpKind::Flatten;
+      ok = ok && (!batched || (takes_strided(graph_, graph_.nodes[p->second]) && may_stride(base)));
       auto [it, fresh] = at.emplace(base, offset - within);
       ok = ok && (fresh || it->second == offset - within);
-      offset += count_of(graph_.value(in).shape);
+      offset += item_count(graph_.value(in).shape);
     }
-    std::vector<std::pair<int64_t, int64_t>> spans;  // (begin, end) of each owner
+    if (!ok) continue;
+    std::vector<std::pair<int64_t, int64_t>> spans;  // (begin, end) of each owner in an item
     for (const auto& [base, begin] : at)
-      spans.push_back({begin, begin + count_of(graph_.value(base).shape)});
+      spans.push_back({begin, begin + item_count(graph_.value(base).shape)});
     std::sort(spans.begin(), spans.end());
     int64_t end = 0;
     for (const auto& [b, e] : spans) {
       ok = ok && b == end;
       end = e;
     }
-    if (!ok || end != count_of(y)) continue;
+    if (!ok || end != item_count(y)) continue;
     in_place_node_[i] = true;
     for (const auto& [base, begin] : at) slots_[base] = {node.outputs[0], begin};
   }
@@ -214,7 +256,7 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
         if (!buffer.defined())
           buffer =
               Tensor::empty(graph_.value(slot->second.buffer).shape, DType::F32, backend_.device());
-        outs.push_back(flat_view(buffer, slot->second.offset, shape));
+        outs.push_back(buffer.part(slot->second.offset, shape));
       } else {
         outs.push_back(Tensor::empty(shape, DType::F32, backend_.device()));
       }
@@ -224,10 +266,16 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
       int64_t offset = 0;
       for (size_t j = 0; j < outs.size(); ++j) {
         const Shape& shape = graph_.value(node.outputs[j]).shape;
-        outs[j] = flat_view(ins[0], offset, shape);
-        offset += count_of(shape);
+        outs[j] = ins[0].part(offset, shape);
+        offset += item_count(shape);
       }
     } else if (!in_place) {
+      if (!takes_strided(graph_, node))
+        for (const std::vector<Tensor>* ts : {&ins, &outs})
+          for (const Tensor& t : *ts)
+            if (!t.contiguous())
+              fail("executor: node '{}' ({}) was handed a strided tensor its kernels cannot take",
+                   node.name, op_name(node.op));
       backend_.run(node, plan_.nodes[i], ins, outs);
     }
     if (profile_) {

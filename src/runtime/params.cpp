@@ -16,6 +16,13 @@ ConvShape conv_shape(const Node& node, const Shape& x, const Shape& w, const Sha
                    y[3], s[0], s[1], p[0], p[1], d[0], d[1], node.attrs.i("groups")};
 }
 
+ConvShape conv_shape(const Node& node, const Tensor& x, const Tensor& w, const Tensor& y) {
+  ConvShape s = conv_shape(node, x.shape(), w.shape(), y.shape());
+  if (!x.contiguous()) s.x_stride = x.item_stride();
+  if (!y.contiguous()) s.y_stride = y.item_stride();
+  return s;
+}
+
 Activation parse_activation(const std::string& name) {
   for (Activation a : {Activation::None, Activation::Silu, Activation::Relu, Activation::Sigmoid})
     if (name == activation_name(a)) return a;
@@ -49,6 +56,13 @@ PoolShape pool_shape(const Node& node, const Shape& x, const Shape& y) {
   bool include_pad = node.op == OpKind::AvgPool2d && node.attrs.i("count_include_pad") != 0;
   return PoolShape{x[0], x[1], x[2], x[3], y[2], y[3], k[0],       k[1],
                    s[0], s[1], p[0], p[1], p[2], p[3], include_pad};
+}
+
+PoolShape pool_shape(const Node& node, const Tensor& x, const Tensor& y) {
+  PoolShape s = pool_shape(node, x.shape(), y.shape());
+  if (!x.contiguous()) s.x_stride = x.item_stride();
+  if (!y.contiguous()) s.y_stride = y.item_stride();
+  return s;
 }
 
 }  // namespace epilog

@@ -114,6 +114,7 @@ void ensure_backend() {
 struct Outcome {
   double rel = 0.0;    // max |gpu - cpu| / max |cpu|
   int64_t nans = 0;    // NaN outputs (unwritten, or computed)
+  int64_t stray = 0;   // writes outside y's channel slab (strided cases)
   int64_t worst = -1;  // flat index of the largest difference
   float gpu = 0, cpu = 0;
 };
@@ -124,6 +125,9 @@ struct Case {
   ConvShape shape;
   bool scale, shift;
   Activation act;
+  // x as channels [2, 2 + C) of a batch with 3 more channels, y as channels [1, 1 + K) of one
+  // with 2 more (images x_image() / y_image() apart, as the executor's in-place concats make).
+  bool strided = false;
 };
 
 // Fresh inputs from `seed`, the CPU reference, the forced kernel on poisoned output, compared.
@@ -131,7 +135,10 @@ Outcome run(const Case& cc, uint64_t seed) {
   ensure_backend();
   const ConvShape& s = cc.shape;
   const int64_t fan_in = (s.c / s.groups) * s.r * s.s;
-  const Tensor x = Tensor::randn({s.n, s.c, s.h, s.w}, seed);
+  const int64_t cx = cc.strided ? s.c + 3 : s.c, cy = cc.strided ? s.k + 2 : s.k;
+  const int64_t x0 = cc.strided ? 2 * s.h * s.w : 0, y0 = cc.strided ? s.ho * s.wo : 0;
+  const Tensor xs = Tensor::randn({s.n, cx, s.h, s.w}, seed);
+  const Tensor x = xs.part(x0, {s.n, s.c, s.h, s.w}).clone();  // contiguous, for the CPU
   const Tensor w = Tensor::randn({s.k, s.c / s.groups, s.r, s.s}, seed + 1,
                                  1.0f / std::sqrt(static_cast<float>(fan_in)));
   const Tensor scale = Tensor::randn({s.k}, seed + 2);
@@ -142,33 +149,41 @@ Outcome run(const Case& cc, uint64_t seed) {
   cpu::conv2d(s, x.f32(), w.f32(), cc.scale ? scale.f32() : nullptr,
               cc.shift ? shift.f32() : nullptr, cc.act, ref.f32());
 
-  const Tensor dx = x.to(Device::CUDA), dw = w.to(Device::CUDA);
+  const Tensor dx = xs.to(Device::CUDA), dw = w.to(Device::CUDA);
   const Tensor dscale = scale.to(Device::CUDA), dshift = shift.to(Device::CUDA);
-  Tensor dy = Tensor::empty(out_shape, DType::F32, Device::CUDA);
+  Tensor dy = Tensor::empty({s.n, cy, s.ho, s.wo}, DType::F32, Device::CUDA);
   EPILOG_CUDA_CHECK(cudaMemset(dy.raw(), 0xFF, dy.nbytes()));  // all NaN
+  ConvShape sg = s;
+  if (cc.strided) sg.x_stride = cx * s.h * s.w, sg.y_stride = cy * s.ho * s.wo;
 
-  const auto* px = static_cast<const float*>(dx.raw());
+  const auto* px = static_cast<const float*>(dx.raw()) + x0;
   const auto* pw = static_cast<const float*>(dw.raw());
   const float* psc = cc.scale ? static_cast<const float*>(dscale.raw()) : nullptr;
   const float* psh = cc.shift ? static_cast<const float*>(dshift.raw()) : nullptr;
-  auto* py = static_cast<float*>(dy.raw());
+  auto* py = static_cast<float*>(dy.raw()) + y0;
   switch (cc.kernel) {
     case ConvKernel::Scalar:
-      cuda::conv_scalar(s, px, pw, psc, psh, cc.act, py, nullptr);
+      cuda::conv_scalar(sg, px, pw, psc, psh, cc.act, py, nullptr);
       break;
     case ConvKernel::Tiled:
-      cuda::conv_tiled(s, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr);
+      cuda::conv_tiled(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr);
       break;
     case ConvKernel::Gemm:
-      cuda::conv_gemm(s, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr);
+      cuda::conv_gemm(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr);
       break;
   }
   EPILOG_CUDA_CHECK(cudaGetLastError());
   EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
 
-  const Tensor y = dy.to(Device::CPU);
-  const float *g = y.f32(), *c = ref.f32();
+  const Tensor ys = dy.to(Device::CPU);
+  const Tensor y = ys.part(y0, out_shape).clone();
   Outcome o;
+  const int64_t k0 = cc.strided ? 1 : 0;  // y's first channel in the batch
+  for (int64_t i = 0; i < ys.numel(); ++i) {
+    const int64_t ch = i / (s.ho * s.wo) % cy;
+    if ((ch < k0 || ch >= k0 + s.k) && !std::isnan(ys.f32()[i])) ++o.stray;
+  }
+  const float *g = y.f32(), *c = ref.f32();
   double max_diff = 0.0, max_ref = 0.0;
   for (int64_t i = 0; i < ref.numel(); ++i) {
     if (std::isnan(g[i])) {
@@ -194,15 +209,17 @@ void check(const Case& cc, uint64_t seed, const std::string& what) {
        << " " << what << ": " << shape_desc(cc.shape) << ", tiles " << tiles_str(cc.tiles)
        << ", scale " << cc.scale << " shift " << cc.shift << " act " << activation_name(cc.act)
        << "; max rel error " << o.rel << " (element " << o.worst << ": gpu " << o.gpu << " cpu "
-       << o.cpu << "), " << o.nans << " NaN");
+       << o.cpu << "), " << o.nans << " NaN" << (cc.strided ? ", strided" : "") << ", " << o.stray
+       << " stray writes");
   CHECK(o.nans == 0);
+  CHECK(o.stray == 0);
   CHECK(o.rel <= tolerance(cc.kernel));
 }
 
 // Runs `kernel` on every geometry it supports: the tiles lowering picks with every activation,
 // then every built tile combination with one activation each. Run r has scale/shift presence
 // r % 4 and, past the lowering's tiles, activation (r + r / 4) % 4, so that every pair of the
-// two meets in 16 consecutive runs.
+// two meets in 16 consecutive runs; runs 3 to 5 of every 6 read and write channel slabs.
 void check_kernel(ConvKernel kernel) {
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
   uint64_t seed = 1000 * (static_cast<uint64_t>(kernel) + 1);
@@ -212,13 +229,14 @@ void check_kernel(ConvKernel kernel) {
     if (!conv_supports(kernel, s)) continue;
     const ConvTiles lowered = conv_tiles(kernel, s, profile);
     for (Activation act : kActivations) {
-      check({kernel, lowered, s, r % 2 == 0, r / 2 % 2 == 0, act}, seed += 4,
+      check({kernel, lowered, s, r % 2 == 0, r / 2 % 2 == 0, act, r / 3 % 2 == 1}, seed += 4,
             std::string(g.name) + " (lowering's tiles)");
       ++r;
     }
     for (const ConvTiles& t : conv_built_tiles(kernel)) {
-      check({kernel, t, s, r % 2 == 0, r / 2 % 2 == 0, kActivations[(r + r / 4) % 4]}, seed += 4,
-            g.name);
+      check(
+          {kernel, t, s, r % 2 == 0, r / 2 % 2 == 0, kActivations[(r + r / 4) % 4], r / 3 % 2 == 1},
+          seed += 4, g.name);
       ++r;
     }
   }

@@ -55,6 +55,10 @@ struct BroadcastShape {
 enum class Binary : uint8_t { Add, Mul };
 void binary(Binary op, const BroadcastShape& s, const float* a, const float* b, float* y,
             Stream stream);
+// Equal shapes seen as [items, len], each operand's items its own stride apart (channel slabs of
+// a larger batch): y[i, j] = a[i, j] (+ or *) b[i, j].
+void binary_items(Binary op, int64_t items, int64_t len, const float* a, int64_t a_stride,
+                  const float* b, int64_t b_stride, float* y, int64_t y_stride, Stream stream);
 
 // -- data movement --
 // Copies a [outer, count, inner] block between two tensors viewed as [outer, extent, inner]
@@ -63,8 +67,9 @@ void binary(Binary op, const BroadcastShape& s, const float* a, const float* b, 
 void copy_slab(int64_t outer, int64_t count, int64_t inner, const float* src, int64_t src_extent,
                int64_t src_offset, float* dst, int64_t dst_extent, int64_t dst_offset,
                Stream stream);
+// x_image, y_image: floats between consecutive images (c*h*w and c*ho*wo when contiguous).
 void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_h, int64_t scale_w,
-                      const float* x, float* y, Stream stream);
+                      const float* x, int64_t x_image, float* y, int64_t y_image, Stream stream);
 
 // -- pooling --
 void maxpool2d(const PoolShape& p, const float* x, float* y, Stream stream);

@@ -77,9 +77,12 @@ class Executor {
   const Graph& graph() const { return plan_.graph; }
 
   // Copies the executor avoids (on by default; off for A/B comparisons, before the first run):
-  // a split whose parts are contiguous runs of its input (nothing before the axis but ones, as
-  // a chunk of a batch-1 tensor on the channels) returns views; a concat of such runs has the
-  // producers of its inputs write straight into its output buffer and then costs nothing.
+  // a split whose parts are runs of every item of its input (nothing but ones between dim 0
+  // and the axis, as a chunk of an NCHW batch on the channels) returns views; a concat of such
+  // runs has the producers of its inputs write straight into its output buffer and then costs
+  // nothing. With a batch over 1 those views are strided (Tensor::part), so they are made only
+  // where every kernel that writes or reads them takes strides (fused_conv2d, conv2d, add of
+  // equal shapes, max-pooling, upsampling, concat, split).
   void set_in_place(bool on) { in_place_on_ = on; }
   // The nodes that run as views or in place (node order).
   std::vector<std::string> in_place_nodes() const;
@@ -101,7 +104,7 @@ class Executor {
   std::vector<bool> in_place_node_;  // concat i finds its inputs already in its buffer
   struct Slot {
     std::string buffer;  // the concat output whose buffer holds the value
-    int64_t offset;      // in elements
+    int64_t offset;      // in elements, within each item of dim 0
   };
   std::map<std::string, Slot> slots_;  // values produced straight into a concat's buffer
 

@@ -9,11 +9,14 @@ namespace epilog {
 // For conv2d and fused_conv2d nodes, from the shapes of input, weight and output.
 ConvShape conv_shape(const Node& node, const Shape& x, const Shape& w, const Shape& y);
 ConvShape conv_shape(const Graph& graph, const Node& node);
+// From the tensors a backend runs on: the shapes and the image strides of x and y.
+ConvShape conv_shape(const Node& node, const Tensor& x, const Tensor& w, const Tensor& y);
 Activation conv_activation(const Node& node);  // None for conv2d
 Activation parse_activation(const std::string& name);
 const char* activation_name(Activation act);
 
 // For maxpool2d and avgpool2d nodes.
 PoolShape pool_shape(const Node& node, const Shape& x, const Shape& y);
+PoolShape pool_shape(const Node& node, const Tensor& x, const Tensor& y);  // with image strides
 
 }  // namespace epilog
