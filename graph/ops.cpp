@@ -53,7 +53,9 @@ std::vector<Shape> infer_conv2d(const InferContext& ctx) {
   if (w[1] * groups != x[1])
     ctx.fail("input has {} channels but weight {} expects {} (groups={})", x[1], shape_str(w),
              w[1] * groups, groups);
-  for (size_t i = 2; i < ctx.inputs.size(); ++i)
+  // fused_conv2d's fifth input is the residual, shaped as the output (checked below).
+  const size_t per_channel = ctx.op == OpKind::FusedConv2d ? 4 : ctx.inputs.size();
+  for (size_t i = 2; i < std::min(per_channel, ctx.inputs.size()); ++i)
     if (ctx.inputs[i] != Shape{w[0]})
       ctx.fail("input '{}' has shape {}, expected [{}] (one per output channel)",
                op_info(ctx.op).input_name(i), shape_str(ctx.inputs[i]), w[0]);
@@ -65,7 +67,11 @@ std::vector<Shape> infer_conv2d(const InferContext& ctx) {
   if (ho < 1 || wo < 1)
     ctx.fail("kernel {}x{} (dilation {}x{}) does not fit input {} with padding {},{},{},{}", w[2],
              w[3], d[0], d[1], shape_str(x), p[0], p[1], p[2], p[3]);
-  return {{x[0], w[0], ho, wo}};
+  const Shape y{x[0], w[0], ho, wo};
+  if (ctx.inputs.size() > per_channel && ctx.inputs[per_channel] != y)
+    ctx.fail("input 'residual' has shape {}, expected the output's {}",
+             shape_str(ctx.inputs[per_channel]), shape_str(y));
+  return {y};
 }
 
 std::vector<Shape> infer_batchnorm(const InferContext& ctx) {

@@ -95,6 +95,29 @@ std::vector<Rule> fusion_rules() {
   }
   rules.push_back({"conv2d->batchnorm", bn, OpKind::FusedConv2d, foldable,
                    [](const Match& m) { return fuse_conv(m, "none"); }});
+  // A residual add after the activation (x + block(x)) goes into the same epilogue; it only
+  // matches once the chain before it is fused, which the rewriter's repeat gets to.
+  rules.push_back({"fused_conv2d->add",
+                   op(OpKind::Add, {op(OpKind::FusedConv2d, {}, "conv"), any("residual")}, "add"),
+                   OpKind::FusedConv2d,
+                   [](const Match& m) -> std::string {
+                     const Graph& g = *m.graph;
+                     const Node& conv = m.node("conv");
+                     if (conv.inputs.size() > 4)
+                       return fmt::format("'{}' already adds a residual", conv.name);
+                     const Shape& y = g.value(conv.outputs[0]).shape;
+                     if (g.value(m.value("residual")).shape != y)
+                       return fmt::format("the add broadcasts {} onto {}",
+                                          shape_str(g.value(m.value("residual")).shape),
+                                          shape_str(y));
+                     return "";
+                   },
+                   [](const Match& m) {
+                     Node fused = m.node("conv");
+                     fused.inputs.push_back(m.value("residual"));
+                     fused.outputs = m.node("add").outputs;
+                     return Replacement{{fused}, {}};
+                   }});
   return rules;
 }
 

@@ -2,6 +2,8 @@
 // counts) and numerically (fused output against the unfused CPU reference).
 #include <catch2/catch.hpp>
 
+#include <functional>
+
 #include "epilog/graph/passes.h"
 #include "epilog/io/builder.h"
 #include "epilog/io/dump.h"
@@ -161,11 +163,36 @@ TEST_CASE("fusion: the YOLO-like model fuses all 45 conv -> batchnorm -> silu bl
   CHECK(count(f, OpKind::Conv2d) == 0);
   CHECK(count(f, OpKind::BatchNorm) == 0);
   CHECK(count(f, OpKind::Silu) == 0);
-  CHECK(count(f, OpKind::Add) == count(g, OpKind::Add));
+  // The 6 shortcut adds of the backbone's bottlenecks go into their second conv.
+  REQUIRE(count(g, OpKind::Add) == 6);
+  CHECK(count(f, OpKind::Add) == 0);
+  int with_residual = 0;
+  for (const Node& n : f.nodes) with_residual += n.inputs.size() == 5;
+  CHECK(with_residual == 6);
   CHECK(count(f, OpKind::Concat) == count(g, OpKind::Concat));
   CHECK(count(f, OpKind::MaxPool2d) == 3);
-  CHECK(r.summary() == "fused 45 conv2d->batchnorm->silu, removed 0 dead nodes");
+  CHECK(r.summary() ==
+        "fused 45 conv2d->batchnorm->silu, fused 6 fused_conv2d->add, removed 0 dead nodes");
   CHECK(r.refusals.empty());
+}
+
+TEST_CASE("fusion: a residual add after the activation goes into the fused conv", "[fusion]") {
+  for (bool residual_first : {false, true}) {
+    Builder b(4);
+    Val x = b.input("x", {2, 6, 7, 5});
+    Val y = b.silu(b.batchnorm(b.conv2d(x, "c", ConvOpts(6, 3).padding(1)), "bn"), "act");
+    b.output(residual_first ? b.add(x, y, "sum") : b.add(y, x, "sum"));
+    PassReport r;
+    Graph f = optimized(b.build(), &r);
+    REQUIRE(f.nodes.size() == 1);
+    const Node& n = f.nodes[0];
+    CHECK(n.op == OpKind::FusedConv2d);
+    CHECK(n.inputs.size() == 5);
+    CHECK(n.inputs[4] == "x");
+    CHECK(n.outputs[0] == "sum");
+    CHECK(r.summary() ==
+          "fused 1 conv2d->batchnorm->silu, fused 1 fused_conv2d->add, removed 0 dead nodes");
+  }
 }
 
 // -- when not to fuse: each refusal leaves the graph intact and the numbers unchanged --
@@ -212,6 +239,33 @@ TEST_CASE("fusion refuses the longer chain but fuses the legal part", "[fusion]"
   CHECK(count(f, OpKind::Silu) == 1);
   CHECK(f.find_node("c")->attrs.s("activation") == "none");
   CHECK(r.summary() == "fused 1 conv2d->batchnorm, removed 0 dead nodes");
+}
+
+TEST_CASE("fusion refuses a residual add that broadcasts, repeats or reads twice", "[fusion]") {
+  auto refused = [](const std::function<Val(Builder&, Val, Val)>& tail, const std::string& why) {
+    Builder b(6);
+    Val x = b.input("x", {1, 4, 5, 5});
+    Val y = b.silu(b.conv2d(x, "c", ConvOpts(4, 3).padding(1)), "act");
+    b.output(tail(b, x, y));
+    PassReport r;
+    Graph f = optimized(b.build(), &r);
+    CHECK(count(f, OpKind::Add) == 1);
+    CHECK(r.summary() == "fused 1 conv2d->silu, removed 0 dead nodes");
+    REQUIRE(!r.refusals.empty());
+    CHECK_THAT(r.refusals.front(), Catch::Contains(why));
+  };
+  refused(
+      [](Builder& b, Val, Val y) {
+        return b.add(y, b.input("bias", {1, 4, 1, 1}), "sum");
+      },
+      "the add broadcasts [1,4,1,1] onto [1,4,5,5]");
+  refused([](Builder& b, Val, Val y) { return b.add(y, y, "sum"); }, "'act' has 2 consumers");
+  refused(
+      [](Builder& b, Val x, Val y) {
+        b.output(y);  // the conv's result is also a graph output
+        return b.add(y, x, "sum");
+      },
+      "is a graph output");
 }
 
 TEST_CASE("fusion refuses: the intermediate is a graph output", "[fusion]") {

@@ -104,7 +104,8 @@ TEST_CASE("ops: input specs give arity and input names", "[ops]") {
 
   const auto& fused = epilog::op_info(OpKind::FusedConv2d);
   REQUIRE(fused.min_inputs == 4);
-  REQUIRE(fused.max_inputs == 4);
+  REQUIRE(fused.max_inputs == 5);
+  REQUIRE(fused.input_name(4) == "residual");
 
   const auto& bn = epilog::op_info(OpKind::BatchNorm);
   REQUIRE(bn.min_inputs == 5);
@@ -385,7 +386,14 @@ TEST_CASE("ops: fused_conv2d shapes, scale/shift and activation", "[ops]") {
                 "[fused_conv2d]", "node 'c1'", "input 'shift' has shape [1,32], expected [32]");
   REQUIRE_ERROR(infer(OpKind::FusedConv2d, {}, {{1, 16, 8, 8}, {32, 16, 3, 3}, {32}}),
                 "[fused_conv2d]", "node 'c1'",
-                "has 3 inputs, expected 4 (x, weight, scale, shift)");
+                "has 3 inputs, expected 4 to 5 (x, weight, scale, shift, residual)");
+  // The residual has the output's shape.
+  REQUIRE(infer1(OpKind::FusedConv2d, A().i("padding", 1),
+                 {{2, 16, 8, 8}, {32, 16, 3, 3}, {32}, {32}, {2, 32, 8, 8}}) == Shape{2, 32, 8, 8});
+  REQUIRE_ERROR(infer(OpKind::FusedConv2d, A().i("padding", 1),
+                      {{2, 16, 8, 8}, {32, 16, 3, 3}, {32}, {32}, {1, 32, 8, 8}}),
+                "[fused_conv2d]", "node 'c1'",
+                "input 'residual' has shape [1,32,8,8], expected the output's [2,32,8,8]");
   REQUIRE_ERROR(infer(OpKind::FusedConv2d, A().s("activation", "tanh"),
                       {{1, 16, 8, 8}, {32, 16, 3, 3}, {32}, {32}}),
                 "[fused_conv2d]", "node 'c1'", "'tanh'");

@@ -92,8 +92,10 @@ void conv_depthwise(const ConvShape& cs, const float* x, const float* w, const E
 
 }  // namespace
 
-void conv2d(const ConvShape& cs, const float* x, const float* w, const float* scale,
-            const float* shift, Activation act, float* y) {
+namespace {
+
+void conv2d_body(const ConvShape& cs, const float* x, const float* w, const float* scale,
+                 const float* shift, Activation act, float* y) {
   EPILOG_ASSERT(cs.n > 0 && cs.c > 0 && cs.h > 0 && cs.w > 0 && cs.k > 0 && cs.r > 0 && cs.s > 0 &&
                     cs.ho > 0 && cs.wo > 0,
                 "conv2d n {} c {} h {} w {} k {} r {} s {} ho {} wo {}", cs.n, cs.c, cs.h, cs.w,
@@ -127,6 +129,23 @@ void conv2d(const ConvShape& cs, const float* x, const float* w, const float* sc
       detail::gemm(kg, npix, depth, w + g * kg * depth, depth, src,
                    y + b * cs.y_image() + g * kg * npix, npix, false, epg);
     }
+  }
+}
+
+}  // namespace
+
+void conv2d(const ConvShape& cs, const float* x, const float* w, const float* scale,
+            const float* shift, Activation act, float* y, const float* residual) {
+  conv2d_body(cs, x, w, scale, shift, act, y);
+  if (!residual) return;
+  // The residual comes after the activation, as the add it replaces: one more rounding.
+  const int64_t npix = cs.ho * cs.wo;
+#pragma omp parallel for schedule(static) if (detail::worth_threads(cs.n * cs.k * npix))
+  for (int64_t plane = 0; plane < cs.n * cs.k; ++plane) {
+    const int64_t b = plane / cs.k, ko = plane % cs.k;
+    float* out = y + b * cs.y_image() + ko * npix;
+    const float* r = residual + b * cs.r_image() + ko * npix;
+    for (int64_t p = 0; p < npix; ++p) out[p] += r[p];
   }
 }
 

@@ -35,4 +35,10 @@ __device__ __forceinline__ float apply(float acc, const float* __restrict__ scal
   return apply(acc, channel_affine(scale, shift, k), act);
 }
 
+// v + r[i], the residual of fused_conv2d, after the activation; r == nullptr: no residual (a
+// uniform branch). The residual has y's layout, so its reads coalesce as y's stores do.
+__device__ __forceinline__ float add_residual(float v, const float* __restrict__ r, int64_t i) {
+  return r ? v + __ldg(r + i) : v;
+}
+
 }  // namespace epilog::cuda::detail

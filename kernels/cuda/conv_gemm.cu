@@ -1,6 +1,6 @@
 // fused_conv2d as an implicit GEMM on the tensor cores (TF32 mma.sync, float32 accumulation).
 //
-// Math: y[img, k, oh, ow] = act(acc * scale[k] + shift[k]) with
+// Math: y[img, k, oh, ow] = act(acc * scale[k] + shift[k]) (+ residual[img, k, oh, ow]) with
 //   acc = sum_{c, i, j} x[img, c, oh*sh - pad_t + i*dh, ow*sw - pad_l + j*dw] * w[k, c, i, j]
 // (x outside the input reads 0; scale == nullptr means 1, shift == nullptr means 0).
 // GEMM view: C[M, N] = A[M, K] * B[K, N] with M = n*ho*wo output pixels, N = Cout,
@@ -102,6 +102,7 @@
 
 #include <cuda_runtime.h>
 
+#include "conv_common.cuh"
 #include "conv_gemm_halo.cuh"
 #include "conv_gemm_ptx.cuh"
 #include "epilog/kernels/cuda.h"
@@ -181,11 +182,13 @@ struct GemmArgs {
   int k, ho, wo;  // output channels and plane
   int s, rs;      // window width and area (the height only shows through rs)
   int sh, sw, pt, pl, dh, dw;
-  int m;        // n * ho * wo
-  int kg;       // c * r * s
-  int n_tiles;  // ceil(k / BN)
-  int stages;   // 2..4; gather: never more than the k tiles + 1
-  int xs, ys;   // elements between images of x and of y
+  int m;             // n * ho * wo
+  int kg;            // c * r * s
+  int n_tiles;       // ceil(k / BN)
+  int stages;        // 2..4; gather: never more than the k tiles + 1
+  int xs, ys;        // elements between images of x and of y
+  const float* res;  // residual (y's shape) or null
+  int r_img;         // elements between its images
   FastDiv div_rs, div_s;
   bool vec_b;   // 16-byte weight copies
   bool vec_y;   // float4 output stores (k = 32 gather kernel)
@@ -425,12 +428,17 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
     const int m = m0 + col;
     if (m < a.m) {
       const int img = m / hwo;
-      float* yb = a.y + (img * a.ys + (m - img * hwo));
+      float* __restrict__ yb = a.y + (img * a.ys + (m - img * hwo));
+      const float* __restrict__ rb = a.res ? a.res + (img * a.r_img + (m - img * hwo)) : nullptr;
 #pragma unroll 4
       for (int nr = nr0; nr < BN; nr += kRowStep) {
         if (n0 + nr >= a.k) break;
-        *reinterpret_cast<float4*>(yb + (n0 + nr) * hwo) =
-            *reinterpret_cast<const float4*>(cs + nr * T::kLdC + col);
+        float4 v = *reinterpret_cast<const float4*>(cs + nr * T::kLdC + col);
+        if (rb) {
+          const float* r = rb + (n0 + nr) * hwo;
+          v.x += __ldg(r), v.y += __ldg(r + 1), v.z += __ldg(r + 2), v.w += __ldg(r + 3);
+        }
+        *reinterpret_cast<float4*>(yb + (n0 + nr) * hwo) = v;
       }
     }
   } else {
@@ -439,11 +447,12 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
     const int m = m0 + col;
     if (m < a.m) {
       const int img = m / hwo;
-      float* yb = a.y + (img * a.ys + (m - img * hwo));
+      float* __restrict__ yb = a.y + (img * a.ys + (m - img * hwo));
+      const float* __restrict__ rb = a.res ? a.res + (img * a.r_img + (m - img * hwo)) : nullptr;
 #pragma unroll 4
       for (int nr = nr0; nr < BN; nr += kRowStep) {
         if (n0 + nr >= a.k) break;
-        yb[(n0 + nr) * hwo] = cs[nr * T::kLdC + col];
+        yb[(n0 + nr) * hwo] = detail::add_residual(cs[nr * T::kLdC + col], rb, (n0 + nr) * hwo);
       }
     }
   }
@@ -506,12 +515,44 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
   // a pair never straddles two images), channel 2t + e of n8 tile ni.
   auto store_tile = [&](int tile, auto act) {
     const int m0 = tile / a.n_tiles * BM, n0 = tile % a.n_tiles * BN;
-    int pix[T::kMI];
+    int pix[T::kMI], rpix[T::kMI];  // y's and the residual's offsets (channel 0)
 #pragma unroll
     for (int mi = 0; mi < T::kMI; ++mi) {
       const int m = m0 + wm * T::kWM + 16 * mi + 2 * g;
       const int img = m / hw;
       pix[mi] = m < a.m ? img * a.ys + (m - img * hw) : -1;
+      rpix[mi] = img * a.r_img + (m - img * hw);
+    }
+    // Batchnorm and activation in place, then the residual (its loads fly together, no store
+    // between them), then the stores; as in the halo kernel, also the faster order without one.
+#pragma unroll
+    for (int ni = 0; ni < T::kNI; ++ni)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = n0 + wn * T::kWN + 8 * ni + 2 * t + e;
+        const float sc = a.scale && n < a.k ? __ldg(a.scale + n) : 1.0f;
+        const float sf = a.shift && n < a.k ? __ldg(a.shift + n) : 0.0f;
+#pragma unroll
+        for (int mi = 0; mi < T::kMI; ++mi) {
+          acc[mi][ni][e] = activate(act.value, fmaf(acc[mi][ni][e], sc, sf));
+          acc[mi][ni][2 + e] = activate(act.value, fmaf(acc[mi][ni][2 + e], sc, sf));
+        }
+      }
+    if (a.res) {
+#pragma unroll
+      for (int ni = 0; ni < T::kNI; ++ni)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int n = n0 + wn * T::kWN + 8 * ni + 2 * t + e;
+          if (n >= a.k) continue;
+          const float* __restrict__ rn = a.res + size_t(n) * hw;
+#pragma unroll
+          for (int mi = 0; mi < T::kMI; ++mi) {
+            if (pix[mi] < 0) continue;
+            acc[mi][ni][e] += __ldg(rn + rpix[mi]);
+            acc[mi][ni][2 + e] += __ldg(rn + rpix[mi] + 1);
+          }
+        }
     }
 #pragma unroll
     for (int ni = 0; ni < T::kNI; ++ni) {
@@ -519,15 +560,11 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
       for (int e = 0; e < 2; ++e) {
         const int n = n0 + wn * T::kWN + 8 * ni + 2 * t + e;
         if (n >= a.k) continue;
-        const float sc = a.scale ? __ldg(a.scale + n) : 1.0f;
-        const float sf = a.shift ? __ldg(a.shift + n) : 0.0f;
         float* yn = a.y + size_t(n) * hw;
 #pragma unroll
         for (int mi = 0; mi < T::kMI; ++mi) {
           if (pix[mi] < 0) continue;
-          float2 v;
-          v.x = activate(act.value, fmaf(acc[mi][ni][e], sc, sf));
-          v.y = activate(act.value, fmaf(acc[mi][ni][2 + e], sc, sf));
+          const float2 v = {acc[mi][ni][e], acc[mi][ni][2 + e]};
           if (a.vec2_y) {
             *reinterpret_cast<float2*>(yn + pix[mi]) = v;
           } else {
@@ -675,7 +712,8 @@ std::string tiles_str(const ConvTiles& t) {
 }  // namespace
 
 void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const float* w,
-               const float* scale, const float* shift, Activation act, float* y, Stream stream) {
+               const float* scale, const float* shift, Activation act, float* y, Stream stream,
+               const float* residual) {
   if (s.groups != 1) reject("groups must be 1, got " + std::to_string(s.groups));
   const auto in = [](int v, std::initializer_list<int> set) {
     for (int e : set)
@@ -693,7 +731,8 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   const int64_t m = s.n * s.ho * s.wo, kg = s.c * s.r * s.s;
   if (m == 0 || s.k == 0) return;
   constexpr int64_t kSmall = int64_t(1) << 28;
-  if (s.n * s.x_image() >= INT32_MAX || s.n * s.y_image() >= INT32_MAX || s.k * kg >= INT32_MAX)
+  if (s.n * s.x_image() >= INT32_MAX || s.n * s.y_image() >= INT32_MAX ||
+      s.n * s.r_image() >= INT32_MAX || s.k * kg >= INT32_MAX)
     reject("x, y and w must each span fewer than 2^31 elements");
   if (s.h >= kSmall || s.w >= kSmall || s.ho * s.stride_h >= kSmall ||
       s.wo * s.stride_w >= kSmall || s.pad_t < 0 || s.pad_l < 0 || s.pad_t >= kSmall ||
@@ -721,6 +760,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     a.stages = a.ctiles + 1 < tiles.stages ? a.ctiles + 1 : tiles.stages;
     a.vec_b = s.c % 4 == 0 && aligned16(w);
     a.xs = int(s.x_image()), a.ys = int(s.y_image());
+    a.res = residual, a.r_img = int(s.r_image());
     a.act = act;
     return s.stride_h == 1 ? dispatch_halo<1>(tiles, a, stream)
                            : dispatch_halo<2>(tiles, a, stream);
@@ -761,6 +801,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   a.vec_y = (s.ho * s.wo) % 4 == 0 && aligned16(y);
   a.vec2_y = (s.ho * s.wo) % 2 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0;
   a.xs = int(s.x_image()), a.ys = int(s.y_image());
+  a.res = residual, a.r_img = int(s.r_image());
   a.act = act;
 
   switch (t.m * 1000 + t.n) {

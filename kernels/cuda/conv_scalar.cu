@@ -1,7 +1,7 @@
 // fused_conv2d on the SIMT cores, one of two paths chosen per shape inside conv_scalar: the
 // kernel that runs every shape (the only one for groups > 1), and a depthwise path.
 //
-// Math: y[n, k, oh, ow] = act(acc * scale[k] + shift[k]) with
+// Math: y[n, k, oh, ow] = act(acc * scale[k] + shift[k]) (+ residual[n, k, oh, ow]) with
 //   acc = sum_{c < cg, i < r, j < s} x[n, g*cg + c, oh*sh - pad_t + i*dh, ow*sw - pad_l + j*dw]
 //                                     * w[k, c, i, j]
 // where cg = C / groups, g = k / (K / groups), and x outside the input reads 0.
@@ -90,8 +90,10 @@ struct ScalarArgs {
   int r, s;       // the window (read by the generic instantiation only)
   int sh, sw, pt, pl, dh, dw;
   int n;
-  int pix_blocks;  // ceil(ho * wo / kThreads)
-  int64_t xs, ys;  // elements between images of x and of y
+  int pix_blocks;    // ceil(ho * wo / kThreads)
+  int64_t xs, ys;    // elements between images of x and of y
+  const float* res;  // residual (y's shape) or null
+  int64_t rs;        // elements between its images
   Activation act;
 };
 
@@ -196,7 +198,9 @@ __device__ __forceinline__ void conv_scalar_block(const ScalarArgs& a, int k, in
   }
 
   // -- batchnorm + activation epilogue --
-  a.y[int64_t(img) * a.ys + int64_t(k) * npix + p] = detail::apply(acc, a.scale, a.shift, a.act, k);
+  a.y[int64_t(img) * a.ys + int64_t(k) * npix + p] =
+      detail::add_residual(detail::apply(acc, a.scale, a.shift, a.act, k), a.res,
+                           int64_t(img) * a.rs + int64_t(k) * npix + p);
 }
 
 // Grid (K, pixel blocks, n), channel fastest. y and z stride by the grid when the launcher had
@@ -235,12 +239,14 @@ struct DwArgs {
   int sh, sw, pt, pl, dh, dw;
   int th, tw;  // tile: output rows, output columns (tw % 4 == 0)
   int rtiles, ctiles, mgroups;
-  int cols, wp;    // staged columns of a row (% 4 == 0), and the shared-memory row stride
-  int sh4;         // shared-memory column of a tile's first tap iw0 (see dw_stage)
-  int64_t blocks;  // n * c * mgroups * ctiles * rtiles
-  int64_t xs, ys;  // elements between images of x and of y
-  bool vec_in;     // 16-byte copies: w % 4 == 0, x aligned
-  bool vec_out;    // float4 stores: wo % 4 == 0, y aligned
+  int cols, wp;      // staged columns of a row (% 4 == 0), and the shared-memory row stride
+  int sh4;           // shared-memory column of a tile's first tap iw0 (see dw_stage)
+  int64_t blocks;    // n * c * mgroups * ctiles * rtiles
+  int64_t xs, ys;    // elements between images of x and of y
+  const float* res;  // residual (y's shape) or null
+  int64_t rs;        // elements between its images
+  bool vec_in;       // 16-byte copies: w % 4 == 0, x aligned
+  bool vec_out;      // float4 stores: wo % 4 == 0, y aligned
   Activation act;
 };
 
@@ -352,7 +358,9 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
     for (int kk = mg * a.mb; kk < k1; ++kk) {
       const int k = ch * a.m + kk;
       const detail::ChannelAffine f = detail::channel_affine(a.scale, a.shift, k);
-      float* __restrict__ yp = a.y + img * a.ys + (int64_t(k) * a.ho + oh0) * a.wo + ow0;
+      const int64_t tile0 = (int64_t(k) * a.ho + oh0) * a.wo + ow0;
+      float* __restrict__ yp = a.y + img * a.ys + tile0;
+      const float* __restrict__ rk = a.res ? a.res + img * a.rs + tile0 : nullptr;
 
       if constexpr (R > 0) {
         constexpr int kQ = dw_row_vecs(S, SW, SH4);
@@ -382,17 +390,19 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
 #pragma unroll
               for (int j = 0; j < S; ++j) acc[o] = fmaf(v[SH4 + o * SW + j], wr[i * S + j], acc[o]);
           }
-          // -- batchnorm + activation epilogue, 4 outputs --
-          float* out = yp + ohl * int64_t(a.wo) + cg * kDwV;
+          // -- batchnorm + activation (+ residual) epilogue, 4 outputs --
+          const int64_t off = ohl * int64_t(a.wo) + cg * kDwV;
+          float* out = yp + off;
           const int nv = tw - cg * kDwV;  // outputs of the item inside the tile
+#pragma unroll
+          for (int o = 0; o < kDwV; ++o)
+            acc[o] = detail::add_residual(detail::apply(acc[o], f, a.act), rk, off + o);
           if (a.vec_out && nv >= kDwV) {
-            *reinterpret_cast<float4*>(out) =
-                make_float4(detail::apply(acc[0], f, a.act), detail::apply(acc[1], f, a.act),
-                            detail::apply(acc[2], f, a.act), detail::apply(acc[3], f, a.act));
+            *reinterpret_cast<float4*>(out) = make_float4(acc[0], acc[1], acc[2], acc[3]);
           } else {
 #pragma unroll
             for (int o = 0; o < kDwV; ++o)
-              if (o < nv) out[o] = detail::apply(acc[o], f, a.act);
+              if (o < nv) out[o] = acc[o];
           }
           cg += dc;
           ohl += dr;
@@ -416,11 +426,12 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
               for (int o = 0; o < kDwV; ++o) acc[o] = fmaf(rp[o * sw + j * dw], wv, acc[o]);
             }
           }
-          float* out = yp + ohl * int64_t(a.wo) + cg * kDwV;
+          const int64_t off = ohl * int64_t(a.wo) + cg * kDwV;
+          float* out = yp + off;
           const int nv = tw - cg * kDwV;
 #pragma unroll
           for (int o = 0; o < kDwV; ++o)
-            if (o < nv) out[o] = detail::apply(acc[o], f, a.act);
+            if (o < nv) out[o] = detail::add_residual(detail::apply(acc[o], f, a.act), rk, off + o);
           cg += dc;
           ohl += dr;
           if (cg >= ncg) cg -= ncg, ++ohl;
@@ -449,7 +460,8 @@ int64_t round_up(int64_t a, int64_t b) {
 // Tiles, staging geometry and launch of the depthwise path; false when one tile row's staging
 // does not fit kDwMaxSmem (the caller then runs the general path).
 bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const float* scale,
-                      const float* shift, Activation act, float* y, Stream stream) {
+                      const float* shift, Activation act, float* y, const float* res,
+                      Stream stream) {
   // Unrolled instantiation, if any: its float4 window reads set the staged width.
   const bool unit = s.dil_w == 1 && (s.stride_w == 1 || s.stride_w == 2) && s.r == s.s &&
                     (s.r == 3 || s.r == 5 || s.r == 7);
@@ -469,6 +481,7 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   a.pt = int(s.pad_t), a.pl = int(s.pad_l);
   a.dh = int(s.dil_h), a.dw = int(s.dil_w);
   a.xs = s.x_image(), a.ys = s.y_image();
+  a.res = res, a.rs = s.r_image();
   a.act = act;
 
   a.vec_in = s.w % 4 == 0 && detail::aligned16(x);
@@ -555,7 +568,8 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
 }  // namespace
 
 void conv_scalar(const ConvShape& s, const float* x, const float* w, const float* scale,
-                 const float* shift, Activation act, float* y, Stream stream) {
+                 const float* shift, Activation act, float* y, Stream stream,
+                 const float* residual) {
   EPILOG_ASSERT(s.n > 0 && s.c > 0 && s.k > 0 && s.ho > 0 && s.wo > 0 && s.r > 0 && s.s > 0);
   EPILOG_ASSERT(s.groups > 0 && s.c % s.groups == 0 && s.k % s.groups == 0,
                 "conv_scalar groups {} for {} -> {} channels", s.groups, s.c, s.k);
@@ -565,7 +579,7 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
                 "conv_scalar planes {}x{} -> {}x{} exceed int32", s.h, s.w, s.ho, s.wo);
   EPILOG_ASSERT(x && w && y);
   EPILOG_ASSERT(s.n <= INT_MAX && s.k <= INT_MAX, "conv_scalar n {} k {}", s.n, s.k);
-  if (s.c == s.groups && launch_depthwise(s, x, w, scale, shift, act, y, stream)) return;
+  if (s.c == s.groups && launch_depthwise(s, x, w, scale, shift, act, y, residual, stream)) return;
   const int64_t pix_blocks = detail::ceil_div(s.ho * s.wo, kThreads);
 
   ScalarArgs a;
@@ -584,6 +598,7 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
   a.n = int(s.n);
   a.pix_blocks = int(pix_blocks);
   a.xs = s.x_image(), a.ys = s.y_image();
+  a.res = residual, a.rs = s.r_image();
   a.act = act;
 
   constexpr int64_t kMaxGridYZ = 65535;

@@ -1,7 +1,7 @@
 // fused_conv2d, shared-memory tiled direct convolution (fp32 SIMT): the kernel for mid-size
 // layers, where every input pixel feeds many output channels and every weight many pixels.
 //
-// Math: y[n, k, oh, ow] = act(acc * scale[k] + shift[k]) with
+// Math: y[n, k, oh, ow] = act(acc * scale[k] + shift[k]) (+ residual[n, k, oh, ow]) with
 //   acc = sum_{c < C, i < r, j < s} x[n, c, oh*sh - pad_t + i*dh, ow*sw - pad_l + j*dw]
 //                                   * w[k, c, i, j]
 // (x outside the input reads 0; scale == nullptr means 1, shift == nullptr means 0). This is the
@@ -57,9 +57,11 @@ struct TiledArgs {
   int k, ho, wo;
   int r, s;
   int sh, sw, pt, pl, dh, dw;
-  int k_tiles;     // ceil(K / TN)
-  int64_t xs, ys;  // elements between images of x and of y
-  bool vec_store;  // ho * wo % 4 == 0 and y 16-byte aligned: a thread's 4 pixels are a float4
+  int k_tiles;       // ceil(K / TN)
+  int64_t xs, ys;    // elements between images of x and of y
+  const float* res;  // residual (y's shape) or null
+  int64_t rs;        // elements between its images
+  bool vec_store;    // ho * wo % 4 == 0 and y 16-byte aligned: a thread's 4 pixels are a float4
   Activation act;
 };
 
@@ -248,29 +250,50 @@ __global__ void __launch_bounds__(TiledConfig<TM, TN>::kThreads, TiledConfig<TM,
   if (p0 >= a.npix) return;
   const int64_t img0 = p0 / howo;
   const int q0 = static_cast<int>(p0 - img0 * howo);
+  // Batchnorm and activation in place, then the residual (its loads fly together, no store
+  // between them), then the stores.
+#pragma unroll
+  for (int pn = 0; pn < kPN; ++pn) {
+    const int k = k0 + tn * kPN + pn;
+    const detail::ChannelAffine f = detail::channel_affine(a.scale, a.shift, k < a.k ? k : 0);
+#pragma unroll
+    for (int pm = 0; pm < 4; ++pm) acc[pm][pn] = detail::apply(acc[pm][pn], f, a.act);
+  }
+  // Pixel pm of the 4 is pixel q of image img (they may cross into the next image unless
+  // ho*wo % 4 == 0), or past the last pixel.
+  int64_t img[4];
+  int q[4];
+  {
+    int64_t im = img0;
+    int qq = q0;
+#pragma unroll
+    for (int pm = 0; pm < 4; ++pm) {
+      img[pm] = im, q[pm] = qq;
+      if (++qq == howo) qq = 0, ++im;
+    }
+  }
+  if (a.res) {
+#pragma unroll
+    for (int pn = 0; pn < kPN; ++pn) {
+      const int k = k0 + tn * kPN + pn;
+#pragma unroll
+      for (int pm = 0; pm < 4; ++pm)
+        if (k < a.k && p0 + pm < a.npix)
+          acc[pm][pn] += __ldg(a.res + img[pm] * a.rs + int64_t(k) * howo + q[pm]);
+    }
+  }
 #pragma unroll
   for (int pn = 0; pn < kPN; ++pn) {
     const int k = k0 + tn * kPN + pn;
     if (k >= a.k) break;
-    const detail::ChannelAffine f = detail::channel_affine(a.scale, a.shift, k);
     if (a.vec_store) {
       // ho*wo % 4 == 0: the 4 pixels are in one image, and the float4 is aligned.
-      const float4 v = {detail::apply(acc[0][pn], f, a.act), detail::apply(acc[1][pn], f, a.act),
-                        detail::apply(acc[2][pn], f, a.act), detail::apply(acc[3][pn], f, a.act)};
-      *reinterpret_cast<float4*>(a.y + img0 * a.ys + int64_t(k) * howo + q0) = v;
+      *reinterpret_cast<float4*>(a.y + img0 * a.ys + int64_t(k) * howo + q0) =
+          make_float4(acc[0][pn], acc[1][pn], acc[2][pn], acc[3][pn]);
     } else {
-      // The 4 pixels may cross into the next image, or past the last pixel.
-      int64_t img = img0;
-      int q = q0;
 #pragma unroll
-      for (int pm = 0; pm < 4; ++pm) {
-        if (p0 + pm >= a.npix) break;
-        a.y[img * a.ys + int64_t(k) * howo + q] = detail::apply(acc[pm][pn], f, a.act);
-        if (++q == howo) {
-          q = 0;
-          ++img;
-        }
-      }
+      for (int pm = 0; pm < 4; ++pm)
+        if (p0 + pm < a.npix) a.y[img[pm] * a.ys + int64_t(k) * howo + q[pm]] = acc[pm][pn];
     }
   }
 }
@@ -297,7 +320,8 @@ constexpr Variant kVariants[] = {
 }  // namespace
 
 void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
-                const float* scale, const float* shift, Activation act, float* y, Stream stream) {
+                const float* scale, const float* shift, Activation act, float* y, Stream stream,
+                const float* residual) {
   EPILOG_ASSERT(s.groups == 1, "conv_tiled runs groups == 1 only, got {}", s.groups);
   EPILOG_ASSERT(s.n > 0 && s.c > 0 && s.k > 0 && s.ho > 0 && s.wo > 0 && s.r > 0 && s.s > 0);
   EPILOG_ASSERT(s.stride_h > 0 && s.stride_w > 0 && s.dil_h > 0 && s.dil_w > 0 && s.pad_t >= 0 &&
@@ -323,6 +347,7 @@ void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const fl
   a.k_tiles = int(detail::ceil_div(s.k, t.n > 0 ? t.n : 1));
   a.vec_store = (s.ho * s.wo) % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
   a.xs = s.x_image(), a.ys = s.y_image();
+  a.res = residual, a.rs = s.r_image();
   a.act = act;
 
   for (const Variant& v : kVariants) {

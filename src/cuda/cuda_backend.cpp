@@ -180,7 +180,9 @@ std::string conv_str(const ConvShape& s) {
 }
 
 void conv(const Ctx& c, In in, Out out) {
-  const ConvShape cs = conv_shape(c.node, in[0], in[1], out[0]);
+  const ConvShape cs = conv_shape(c.node, in, out[0]);
+  const Tensor* residual = conv_residual(c.node, in);
+  const float* res = residual ? dev(*residual) : nullptr;
   const ConvKernel k = c.plan.conv;
   if (!conv_supports(k, cs))
     fail("[{}] node '{}': the {} kernel cannot run {}", op_name(c.node.op), c.node.name,
@@ -196,11 +198,11 @@ void conv(const Ctx& c, In in, Out out) {
          c.node.name, conv_kernel_name(k));
   switch (k) {
     case ConvKernel::Scalar:
-      return cuda::conv_scalar(cs, x, w, scale, shift, act, y, c.stream);
+      return cuda::conv_scalar(cs, x, w, scale, shift, act, y, c.stream, res);
     case ConvKernel::Tiled:
-      return cuda::conv_tiled(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream);
+      return cuda::conv_tiled(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream, res);
     case ConvKernel::Gemm:
-      return cuda::conv_gemm(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream);
+      return cuda::conv_gemm(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream, res);
   }
 }
 

@@ -17,12 +17,13 @@ const float* opt(In in, size_t i) {
 }
 
 void conv(const Node& n, In in, Out out) {
-  ConvShape cs = conv_shape(n, in[0], in[1], out[0]);
+  ConvShape cs = conv_shape(n, in, out[0]);
+  const Tensor* residual = conv_residual(n, in);
   if (n.op == OpKind::Conv2d)
     cpu::conv2d(cs, in[0].f32(), in[1].f32(), nullptr, opt(in, 2), Activation::None, out[0].f32());
   else
     cpu::conv2d(cs, in[0].f32(), in[1].f32(), in[2].f32(), in[3].f32(), conv_activation(n),
-                out[0].f32());
+                out[0].f32(), residual ? residual->f32() : nullptr);
 }
 
 const std::array<CpuKernel, kNumOps>& kernels() {

@@ -16,11 +16,18 @@ ConvShape conv_shape(const Node& node, const Shape& x, const Shape& w, const Sha
                    y[3], s[0], s[1], p[0], p[1], d[0], d[1], node.attrs.i("groups")};
 }
 
-ConvShape conv_shape(const Node& node, const Tensor& x, const Tensor& w, const Tensor& y) {
-  ConvShape s = conv_shape(node, x.shape(), w.shape(), y.shape());
+ConvShape conv_shape(const Node& node, const std::vector<Tensor>& in, const Tensor& y) {
+  const Tensor& x = in.at(0);
+  ConvShape s = conv_shape(node, x.shape(), in.at(1).shape(), y.shape());
   if (!x.contiguous()) s.x_stride = x.item_stride();
   if (!y.contiguous()) s.y_stride = y.item_stride();
+  const Tensor* r = conv_residual(node, in);
+  if (r && !r->contiguous()) s.r_stride = r->item_stride();
   return s;
+}
+
+const Tensor* conv_residual(const Node& node, const std::vector<Tensor>& in) {
+  return node.op == OpKind::FusedConv2d && in.size() > 4 ? &in[4] : nullptr;
 }
 
 Activation parse_activation(const std::string& name) {

@@ -128,6 +128,9 @@ struct Case {
   // x as channels [2, 2 + C) of a batch with 3 more channels, y as channels [1, 1 + K) of one
   // with 2 more (images x_image() / y_image() apart, as the executor's in-place concats make).
   bool strided = false;
+  // A residual added after the activation (fused_conv2d's fifth input); with `strided`, as
+  // channels [2, 2 + K) of a batch with 3 more.
+  bool residual = false;
 };
 
 // Fresh inputs from `seed`, the CPU reference, the forced kernel on poisoned output, compared.
@@ -145,16 +148,24 @@ Outcome run(const Case& cc, uint64_t seed) {
   const Tensor shift = Tensor::randn({s.k}, seed + 3);
   const Shape out_shape{s.n, s.k, s.ho, s.wo};
 
+  const int64_t cr = cc.strided ? s.k + 3 : s.k, r0 = cc.strided ? 2 * s.ho * s.wo : 0;
+  const Tensor rs = Tensor::randn({s.n, cr, s.ho, s.wo}, seed + 4);
+  const Tensor res = rs.part(r0, out_shape).clone();
+
   Tensor ref = Tensor::empty(out_shape);
   cpu::conv2d(s, x.f32(), w.f32(), cc.scale ? scale.f32() : nullptr,
-              cc.shift ? shift.f32() : nullptr, cc.act, ref.f32());
+              cc.shift ? shift.f32() : nullptr, cc.act, ref.f32(),
+              cc.residual ? res.f32() : nullptr);
 
   const Tensor dx = xs.to(Device::CUDA), dw = w.to(Device::CUDA);
   const Tensor dscale = scale.to(Device::CUDA), dshift = shift.to(Device::CUDA);
+  const Tensor dres = rs.to(Device::CUDA);
+  const float* pres = cc.residual ? static_cast<const float*>(dres.raw()) + r0 : nullptr;
   Tensor dy = Tensor::empty({s.n, cy, s.ho, s.wo}, DType::F32, Device::CUDA);
   EPILOG_CUDA_CHECK(cudaMemset(dy.raw(), 0xFF, dy.nbytes()));  // all NaN
   ConvShape sg = s;
-  if (cc.strided) sg.x_stride = cx * s.h * s.w, sg.y_stride = cy * s.ho * s.wo;
+  if (cc.strided)
+    sg.x_stride = cx * s.h * s.w, sg.y_stride = cy * s.ho * s.wo, sg.r_stride = cr * s.ho * s.wo;
 
   const auto* px = static_cast<const float*>(dx.raw()) + x0;
   const auto* pw = static_cast<const float*>(dw.raw());
@@ -163,13 +174,13 @@ Outcome run(const Case& cc, uint64_t seed) {
   auto* py = static_cast<float*>(dy.raw()) + y0;
   switch (cc.kernel) {
     case ConvKernel::Scalar:
-      cuda::conv_scalar(sg, px, pw, psc, psh, cc.act, py, nullptr);
+      cuda::conv_scalar(sg, px, pw, psc, psh, cc.act, py, nullptr, pres);
       break;
     case ConvKernel::Tiled:
-      cuda::conv_tiled(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr);
+      cuda::conv_tiled(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr, pres);
       break;
     case ConvKernel::Gemm:
-      cuda::conv_gemm(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr);
+      cuda::conv_gemm(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr, pres);
       break;
   }
   EPILOG_CUDA_CHECK(cudaGetLastError());
@@ -209,8 +220,8 @@ void check(const Case& cc, uint64_t seed, const std::string& what) {
        << " " << what << ": " << shape_desc(cc.shape) << ", tiles " << tiles_str(cc.tiles)
        << ", scale " << cc.scale << " shift " << cc.shift << " act " << activation_name(cc.act)
        << "; max rel error " << o.rel << " (element " << o.worst << ": gpu " << o.gpu << " cpu "
-       << o.cpu << "), " << o.nans << " NaN" << (cc.strided ? ", strided" : "") << ", " << o.stray
-       << " stray writes");
+       << o.cpu << "), " << o.nans << " NaN" << (cc.strided ? ", strided" : "")
+       << (cc.residual ? ", residual" : "") << ", " << o.stray << " stray writes");
   CHECK(o.nans == 0);
   CHECK(o.stray == 0);
   CHECK(o.rel <= tolerance(cc.kernel));
@@ -219,7 +230,8 @@ void check(const Case& cc, uint64_t seed, const std::string& what) {
 // Runs `kernel` on every geometry it supports: the tiles lowering picks with every activation,
 // then every built tile combination with one activation each. Run r has scale/shift presence
 // r % 4 and, past the lowering's tiles, activation (r + r / 4) % 4, so that every pair of the
-// two meets in 16 consecutive runs; runs 3 to 5 of every 6 read and write channel slabs.
+// two meets in 16 consecutive runs; runs 3 to 5 of every 6 read and write channel slabs, runs
+// 5 to 9 of every 10 add a residual.
 void check_kernel(ConvKernel kernel) {
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
   uint64_t seed = 1000 * (static_cast<uint64_t>(kernel) + 1);
@@ -229,14 +241,14 @@ void check_kernel(ConvKernel kernel) {
     if (!conv_supports(kernel, s)) continue;
     const ConvTiles lowered = conv_tiles(kernel, s, profile);
     for (Activation act : kActivations) {
-      check({kernel, lowered, s, r % 2 == 0, r / 2 % 2 == 0, act, r / 3 % 2 == 1}, seed += 4,
-            std::string(g.name) + " (lowering's tiles)");
+      check({kernel, lowered, s, r % 2 == 0, r / 2 % 2 == 0, act, r / 3 % 2 == 1, r / 5 % 2 == 1},
+            seed += 5, std::string(g.name) + " (lowering's tiles)");
       ++r;
     }
     for (const ConvTiles& t : conv_built_tiles(kernel)) {
-      check(
-          {kernel, t, s, r % 2 == 0, r / 2 % 2 == 0, kActivations[(r + r / 4) % 4], r / 3 % 2 == 1},
-          seed += 4, g.name);
+      check({kernel, t, s, r % 2 == 0, r / 2 % 2 == 0, kActivations[(r + r / 4) % 4],
+             r / 3 % 2 == 1, r / 5 % 2 == 1},
+            seed += 5, g.name);
       ++r;
     }
   }
@@ -296,7 +308,7 @@ TEST_CASE("gpu conv: suite layers at full size, every kernel", "[gpu][conv][suit
     const ConvShape s = g.shape();
     for (ConvKernel kernel : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm}) {
       if (!conv_supports(kernel, s)) continue;
-      check({kernel, conv_tiles(kernel, s, profile), s, true, true, Activation::Silu}, seed += 4,
+      check({kernel, conv_tiles(kernel, s, profile), s, true, true, Activation::Silu}, seed += 5,
             l.name);
     }
   }

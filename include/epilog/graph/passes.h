@@ -15,6 +15,7 @@ std::vector<Rule> canonicalize_rules();
 
 // conv2d [-> batchnorm] [-> silu | relu | sigmoid] -> fused_conv2d, the batchnorm folded into
 // a per-channel scale and shift (float64, rounded once); the conv weights stay untouched.
+// Then fused_conv2d -> add(., residual) of equal shapes -> fused_conv2d with the residual.
 std::vector<Rule> fusion_rules();
 
 // Removes nodes whose outputs nobody reads and weights no node uses. Returns what it removed.

@@ -14,10 +14,11 @@ namespace epilog::cpu {
 void sgemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
            int64_t ldb, float* c, int64_t ldc, bool accumulate);
 
-// y = act(conv(x, w) * scale[k] + shift[k]); scale == nullptr means 1, shift == nullptr means 0.
-// conv2d with bias is (scale = nullptr, shift = bias, None); fused_conv2d passes all three.
+// y = act(conv(x, w) * scale[k] + shift[k]) (+ residual, of y's shape, when given); scale ==
+// nullptr means 1, shift == nullptr means 0. conv2d with bias is (scale = nullptr, shift = bias,
+// None); fused_conv2d passes all three, and its residual.
 void conv2d(const ConvShape& cs, const float* x, const float* w, const float* scale,
-            const float* shift, Activation act, float* y);
+            const float* shift, Activation act, float* y, const float* residual = nullptr);
 
 // Inference batchnorm over axis 1: y = (x - mean) / sqrt(var + eps) * gamma + beta.
 void batchnorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,

@@ -20,16 +20,20 @@ void check(int status, const char* call, const char* file, int line);
 // After a launch: reports configuration errors at once.
 void check_launch(const char* kernel);
 
-// -- fused_conv2d: y = act(conv(x, w) * scale[k] + shift[k]) --
+// -- fused_conv2d: y = act(conv(x, w) * scale[k] + shift[k]) (+ residual) --
 // scale == nullptr means 1 and shift == nullptr means 0, so conv2d with a bias is
-// (nullptr, bias, None). Each kernel's restrictions are in its file's header comment;
-// conv_supports (shapes.h) says whether a kernel can run a shape at all.
+// (nullptr, bias, None); residual (y's shape, images s.r_image() apart) may be null. Each
+// kernel's restrictions are in its file's header comment; conv_supports (shapes.h) says
+// whether a kernel can run a shape at all.
 void conv_scalar(const ConvShape& s, const float* x, const float* w, const float* scale,
-                 const float* shift, Activation act, float* y, Stream stream);
+                 const float* shift, Activation act, float* y, Stream stream,
+                 const float* residual = nullptr);
 void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
-                const float* scale, const float* shift, Activation act, float* y, Stream stream);
+                const float* scale, const float* shift, Activation act, float* y, Stream stream,
+                const float* residual = nullptr);
 void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
-               const float* scale, const float* shift, Activation act, float* y, Stream stream);
+               const float* scale, const float* shift, Activation act, float* y, Stream stream,
+               const float* residual = nullptr);
 
 // The epilogue alone, as an elementwise pass over [outer, channels, inner]:
 // y = act(x * scale[c] + shift[c]). Another library's convolution followed by this is the

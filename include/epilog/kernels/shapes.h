@@ -56,9 +56,11 @@ struct ConvShape {
   // Larger when x or y is a channel slab of a larger batch (Tensor::part): always a multiple of
   // the plane, so every alignment a kernel derives from the plane holds for each image too.
   int64_t x_stride = 0, y_stride = 0;
+  int64_t r_stride = 0;  // the same for the residual (fused_conv2d's fifth input), y's shape
 
   int64_t x_image() const { return x_stride ? x_stride : c * h * w; }
   int64_t y_image() const { return y_stride ? y_stride : k * ho * wo; }
+  int64_t r_image() const { return r_stride ? r_stride : k * ho * wo; }
   int64_t flops() const { return 2 * n * k * ho * wo * (c / groups) * r * s; }
   // Fewest bytes a fused layer must move: input once, weights, scale/shift, output once.
   int64_t min_bytes() const {

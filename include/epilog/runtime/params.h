@@ -9,8 +9,11 @@ namespace epilog {
 // For conv2d and fused_conv2d nodes, from the shapes of input, weight and output.
 ConvShape conv_shape(const Node& node, const Shape& x, const Shape& w, const Shape& y);
 ConvShape conv_shape(const Graph& graph, const Node& node);
-// From the tensors a backend runs on: the shapes and the image strides of x and y.
-ConvShape conv_shape(const Node& node, const Tensor& x, const Tensor& w, const Tensor& y);
+// From the tensors a backend runs on (x, weight, ... [, residual]): also the image strides of
+// x, y and the residual.
+ConvShape conv_shape(const Node& node, const std::vector<Tensor>& in, const Tensor& y);
+// fused_conv2d's residual input, or null.
+const Tensor* conv_residual(const Node& node, const std::vector<Tensor>& in);
 Activation conv_activation(const Node& node);  // None for conv2d
 Activation parse_activation(const std::string& name);
 const char* activation_name(Activation act);
