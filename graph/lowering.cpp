@@ -178,20 +178,21 @@ Plan lower(Graph graph, const LowerOptions& options) {
 
 std::string explain(const Plan& plan) {
   const Graph& g = plan.graph;
-  std::string out = fmt::format("{:<24} {:<16} {:<36} {:<16} {:<40} {}\n", "node", "op",
+  std::string out = fmt::format("{:<24} {:<16} {:<46} {:<16} {:<40} {}\n", "node", "op",
                                 "input -> output", "kernel", "rule", "tiles");
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const NodePlan& np = plan.nodes[i];
     std::string io = fmt::format("{} -> {}", shape_str(g.value(n.inputs[0]).shape),
                                  shape_str(g.value(n.outputs[0]).shape));
+    if (n.op == OpKind::FusedConv2d && n.inputs.size() > 4) io += " + residual";
     std::string tiles;
     if (np.tiles.m) {
       tiles = fmt::format("m={} n={}", np.tiles.m, np.tiles.n);
       if (np.tiles.k) tiles += fmt::format(" k={}", np.tiles.k);
       if (np.tiles.stages) tiles += fmt::format(" stages={}", np.tiles.stages);
     }
-    out += fmt::format("{:<24} {:<16} {:<36} {:<16} {:<40} {}\n", n.name, op_name(n.op), io,
+    out += fmt::format("{:<24} {:<16} {:<46} {:<16} {:<40} {}\n", n.name, op_name(n.op), io,
                        np.kernel, np.rule, tiles);
   }
   return out;

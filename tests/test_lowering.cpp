@@ -124,6 +124,16 @@ TEST_CASE("lowering: plans every node, honours a forced kernel, explains the cho
   CHECK_THAT(text, Catch::Contains("c1") && Catch::Contains("gemm") &&
                        Catch::Contains("reduction 32 >= 16: gemm") &&
                        Catch::Contains("reduction 8 < 16: tiled") && Catch::Contains("stages=2"));
+  CHECK_THAT(text, !Catch::Contains("residual"));
+
+  // A residual add fused into the conv shows on its line.
+  Builder br(2);
+  Val xr = br.input("x", {1, 8, 10, 10});
+  br.output(br.add(br.silu(br.conv2d(xr, "cr", ConvOpts(8, 3).padding(1)), "ar"), xr, "sum"));
+  Graph gr = br.build();
+  optimize(gr);
+  CHECK_THAT(explain(lower(gr, cuda)),
+             Catch::Contains("[1,8,10,10] -> [1,8,10,10] + residual") && Catch::Contains("cr"));
 
   cuda.force = ConvKernel::Tiled;
   Plan f = lower(g, cuda);
