@@ -3,6 +3,8 @@
 // the same numbers), and the nodes it claims are checked by name.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
+
 #include "epilog/epilog.h"
 #include "epilog/io/builder.h"
 #include "test_util.h"
@@ -116,4 +118,24 @@ TEST_CASE("executor: what cannot be produced in place is copied", "[executor]") 
   Runs r = run_both(b.build(), /*fuse=*/false);
   check_equal(r);
   CHECK(r.in_place == std::vector<std::string>{"first", "parts"});
+}
+
+TEST_CASE("executor: copy avoidance can be switched off by option and environment", "[executor]") {
+  Builder b(3);
+  const Graph g = yolo::yolo_like(b, /*batch=*/2, /*size=*/64);
+  CompileOptions o;
+  o.in_place = false;
+  Compiled c = compile(g, o);
+  CHECK_FALSE(c.plan.in_place);
+  auto backend = make_cpu_backend();
+  Executor off(c.plan, *backend);
+  CHECK(off.in_place_nodes().empty());
+  off.set_in_place(true);
+  CHECK(off.in_place_nodes().size() == 21);
+
+  ::setenv("EPILOG_DISABLE_IN_PLACE", "1", 1);
+  const CompileOptions from_env = CompileOptions{}.with_env();
+  ::unsetenv("EPILOG_DISABLE_IN_PLACE");
+  CHECK_FALSE(from_env.in_place);
+  CHECK(CompileOptions{}.with_env().in_place);
 }

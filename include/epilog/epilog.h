@@ -3,6 +3,7 @@
 //   EPILOG_DISABLE_FUSION=1            skip the fusion pass (A/B comparisons)
 //   EPILOG_DUMP_DIR=DIR                dump the graph before and after every pass (text, DOT, JSON)
 //   EPILOG_FORCE_CONV_KERNEL=scalar|tiled|gemm   one kernel for every fused conv on CUDA
+//   EPILOG_DISABLE_IN_PLACE=1          copy every concat and split (A/B comparisons)
 #pragma once
 
 #include <optional>
@@ -19,7 +20,8 @@ struct CompileOptions {
   bool fuse = true;
   std::string dump_dir;  // empty: no dumps
   std::optional<ConvKernel> force_conv;
-  int sm_count = 0;  // 0: the local GPU's, else the default H200 profile
+  int sm_count = 0;      // 0: the local GPU's, else the default H200 profile
+  bool in_place = true;  // the executor's copy avoidance (Plan::in_place)
 
   // Applies the EPILOG_* environment switches on top of these options.
   CompileOptions with_env() const;

@@ -34,6 +34,7 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
   for (const auto& [value, i] : last_use)
     if (!graph_.is_output(value) && !graph_.is_weight(value) && !graph_.is_input(value))
       release_after_[i].push_back(value);
+  in_place_on_ = plan_.in_place;
   plan_in_place();
 }
 
@@ -171,6 +172,7 @@ void Executor::plan_in_place() {
 
 std::vector<std::string> Executor::in_place_nodes() const {
   std::vector<std::string> out;
+  if (!in_place_on_) return out;
   for (size_t i = 0; i < graph_.nodes.size(); ++i)
     if (view_node_[i] || in_place_node_[i]) out.push_back(graph_.nodes[i].name);
   return out;

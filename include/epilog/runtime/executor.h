@@ -83,8 +83,9 @@ class Executor {
   // nothing. With a batch over 1 those views are strided (Tensor::part), so they are made only
   // where every kernel that writes or reads them takes strides (fused_conv2d, conv2d, add of
   // equal shapes, max-pooling, upsampling, concat, split).
+  // Starts as the plan says (Plan::in_place; EPILOG_DISABLE_IN_PLACE=1 turns it off).
   void set_in_place(bool on) { in_place_on_ = on; }
-  // The nodes that run as views or in place (node order).
+  // The nodes that run as views or in place (node order); none when it is off.
   std::vector<std::string> in_place_nodes() const;
 
  private:

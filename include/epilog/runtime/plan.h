@@ -27,6 +27,7 @@ struct Plan {
   Graph graph;
   Device device = Device::CPU;
   std::vector<NodePlan> nodes;  // parallel to graph.nodes
+  bool in_place = true;         // the executor starts with its copy avoidance on or off
 };
 
 }  // namespace epilog
