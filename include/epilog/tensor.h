@@ -68,7 +68,7 @@ class Tensor {
 
   // The items of dim 0 lie item_stride() elements apart: numel() / dim(0) for a contiguous
   // tensor, more for a part of a larger tensor's items (a channel slab of an NCHW batch).
-  // Such a tensor goes only to the kernels that take a stride (fused_conv2d, add, max-pooling,
+  // Such a tensor goes only to the kernels that take a stride (convolutions, add, max-pooling,
   // upsampling, concat, split); copies and to() handle it, reshape() refuses it.
   bool contiguous() const { return item_stride_ == 0; }
   int64_t item_stride() const;

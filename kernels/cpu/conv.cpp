@@ -90,10 +90,6 @@ void conv_depthwise(const ConvShape& cs, const float* x, const float* w, const E
   }
 }
 
-}  // namespace
-
-namespace {
-
 void conv2d_body(const ConvShape& cs, const float* x, const float* w, const float* scale,
                  const float* shift, Activation act, float* y) {
   EPILOG_ASSERT(cs.n > 0 && cs.c > 0 && cs.h > 0 && cs.w > 0 && cs.k > 0 && cs.r > 0 && cs.s > 0 &&

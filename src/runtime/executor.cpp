@@ -40,12 +40,6 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
 
 namespace {
 
-int64_t count_of(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // Whether a slab along `axis` is one run of every item of dim 0: the dims between are all 1.
 // Then a split's parts and a concat's inputs are parts of each item (Tensor::part), contiguous
 // when dim 0 is 1.
@@ -62,7 +56,7 @@ int64_t node_axis(const Node& node, size_t rank) {
 }
 
 int64_t item_count(const Shape& shape) {
-  return shape.empty() || shape[0] == 0 ? 0 : count_of(shape) / shape[0];
+  return shape.empty() || shape[0] == 0 ? 0 : shape_numel(shape) / shape[0];
 }
 
 // The ops whose kernels (CPU and CUDA) read and write tensors whose items along dim 0 lie

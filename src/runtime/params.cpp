@@ -19,10 +19,8 @@ ConvShape conv_shape(const Node& node, const Shape& x, const Shape& w, const Sha
 ConvShape conv_shape(const Node& node, const std::vector<Tensor>& in, const Tensor& y) {
   const Tensor& x = in.at(0);
   ConvShape s = conv_shape(node, x.shape(), in.at(1).shape(), y.shape());
-  if (!x.contiguous()) s.x_stride = x.item_stride();
-  if (!y.contiguous()) s.y_stride = y.item_stride();
-  const Tensor* r = conv_residual(node, in);
-  if (r && !r->contiguous()) s.r_stride = r->item_stride();
+  s.x_stride = x.item_stride(), s.y_stride = y.item_stride();
+  if (const Tensor* r = conv_residual(node, in)) s.r_stride = r->item_stride();
   return s;
 }
 
@@ -67,8 +65,7 @@ PoolShape pool_shape(const Node& node, const Shape& x, const Shape& y) {
 
 PoolShape pool_shape(const Node& node, const Tensor& x, const Tensor& y) {
   PoolShape s = pool_shape(node, x.shape(), y.shape());
-  if (!x.contiguous()) s.x_stride = x.item_stride();
-  if (!y.contiguous()) s.y_stride = y.item_stride();
+  s.x_stride = x.item_stride(), s.y_stride = y.item_stride();
   return s;
 }
 
