@@ -41,11 +41,18 @@ constexpr double kGemmWaves = 2.0;
 constexpr int64_t kGemmDeepReduction = 256;
 constexpr double kGemmDeepWaves = 0.75;
 
-// The 3x3 halo kernel (k = 72, 256 output pixels per block) at stride 1 from this many blocks
-// per SM: b16_c128_128_3x3_40, 100 blocks: 69.7 vs the gather kernel's best 107;
-// b1_c16_16_3x3_160, 100 blocks: 8.8 vs 13.6; but b1_c64_64_3x3_80, 25 blocks: over 18.5 vs
-// 16.2. At stride 2 it loses even with 6400 blocks: b32_c16_32_3x3s2_320 200.6 vs 190.9.
+// The 3x3 halo kernel (k = 72, 256 output pixels per block) from this many blocks per SM:
+// b16_c128_128_3x3_40, 100 blocks: 69.7 vs the gather kernel's best 107; b1_c16_16_3x3_160,
+// 100 blocks: 6.9 vs 9.3; b32_c16_32_3x3s2_320 (stride 2), 3200 blocks: 144.9 vs 176.6; but
+// b1_c64_64_3x3_80, 25 blocks: over 18.5 vs 16.2.
 constexpr double kHaloMinWaves = 0.5;
+// ...and from this many input channels: a stage holds 8, and with fewer its MMAs and copies are
+// partly zeros: b1_c3_16_3x3s2_640, 400 blocks, 14.0 vs the gather kernel's 10.3.
+constexpr int64_t kHaloMinChannels = 8;
+// At stride 2 a block's input patches are 2.9 times those of stride 1 (17x17 vs 10x10 inputs
+// under an 8x8 square): two stages (95 KB at n = 32) let two blocks share an SM, three do not.
+// b32_c16_32_3x3s2_320: 148.5 with 2 stages, 193.0 with 3.
+constexpr int kHaloStride2Stages = 2;
 
 ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile&) {
   const int64_t reduction = s.c / s.groups * s.r * s.s;
@@ -72,7 +79,7 @@ int smallest_covering(const std::vector<int>& sizes, int64_t extent) {
 }
 
 bool halo_wins(const ConvShape& s, int n_tile, const DeviceProfile& device) {
-  if (!conv_gemm_halo_fits(s) || s.stride_h != 1) return false;
+  if (!conv_gemm_halo_fits(s) || s.c < kHaloMinChannels) return false;
   // Blocks of 4 squares of 8x8 outputs; a plane that 8 does not divide is padded up.
   const int64_t squares = s.n * ceil_div(s.ho, 8) * ceil_div(s.wo, 8);
   return double(ceil_div(squares, 4) * ceil_div(s.k, n_tile)) >= kHaloMinWaves * device.sm_count;
@@ -103,6 +110,7 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         t.m = 256;
         t.n = cover;
         t.k = 72;  // 8 input channels x 9 taps per stage
+        if (s.stride_h == 2) t.stages = kHaloStride2Stages;
         break;
       }
       // The largest tile (m x n, then the wider n) whose grid has the waves it needs, else the

@@ -77,8 +77,14 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
       {ConvKernel::Gemm, shape(16, 64, 80, 64, 3), 132, {256, 64, 72, 3}},
       // 16 x 5 x 5 squares of a 40 plane: 100 blocks of 4 >= 66.
       {ConvKernel::Gemm, shape(16, 128, 40, 128, 3), 132, {256, 128, 72, 3}},
-      // 3x3 stride 2: always the gather kernel; 819200 pixels fill any tile.
-      {ConvKernel::Gemm, shape(32, 16, 320, 32, 3, 2), 132, {128, 32, 32, 2}},
+      // 3x3 stride 2: the halo kernel too, 32 x 20 x 20 squares: 3200 blocks, with 2 stages.
+      {ConvKernel::Gemm, shape(32, 16, 320, 32, 3, 2), 132, {256, 32, 72, 2}},
+      // 3x3 with 7 input channels (under a stage's 8): the gather kernel, though 400 blocks.
+      {ConvKernel::Gemm, shape(1, 7, 640, 16, 3, 2), 132, {128, 32, 32, 2}},
+      // 8 input channels: the halo kernel.
+      {ConvKernel::Gemm, shape(1, 8, 640, 16, 3, 2), 132, {256, 32, 72, 2}},
+      // 3x3 stride 2 with 25 blocks (1 x 10 x 10 squares, n = 64): under 66, gather.
+      {ConvKernel::Gemm, shape(1, 32, 160, 64, 3, 2), 132, {64, 64, 32, 3}},
       // tiled: Cout 16 -> 16 channels; 25600 pixels -> 400 blocks of 64 >= 264.
       {ConvKernel::Tiled, shape(1, 16, 160, 16, 3), 132, {64, 16, 8, 0}},
       // tiled: Cout 64 -> 32-channel blocks (2); 6400 pixels: 64 -> 100 x 2 = 200 < 264.

@@ -111,6 +111,9 @@ namespace epilog::cuda {
 namespace {
 
 using namespace conv_gemm_detail;
+using detail::fast_div;
+using detail::FastDiv;
+using detail::make_fastdiv;
 
 constexpr int kBK = 32;
 constexpr int kPadA = 4;  // As row pad: k rows 2t land 8t banks apart, pixels 2g add 2g
@@ -153,24 +156,6 @@ struct Tile {
     return sizeof(float) * size_t(pipe > out ? pipe : out);
   }
 };
-
-// q = n / d for 0 <= n < 2^31 as a multiply-high and a shift (Granlund-Montgomery): the k-row
-// decode runs per tile, so a real division there would cost more than the copies it feeds.
-struct FastDiv {
-  uint32_t mul, shift;
-};
-
-FastDiv make_fastdiv(uint32_t d) {
-  uint32_t shift = 0;
-  while ((uint64_t(1) << shift) < d) ++shift;
-  const uint64_t mul = ((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1;
-  return {uint32_t(mul), shift};
-}
-
-__device__ __forceinline__ int fast_div(int n, FastDiv d) {
-  const uint32_t u = uint32_t(n);
-  return int((__umulhi(u, d.mul) + u) >> d.shift);
-}
 
 struct GemmArgs {
   const float* x;

@@ -40,11 +40,13 @@
 // window row starts 16-byte aligned (+ sh4), so it is read as float4s (wp / 4 = ncg*sw mod 8
 // puts consecutive items on consecutive 16-byte bank groups, across row ends too: no
 // conflicts); the window slides in registers, the r*s weights of the channel are in registers,
-// the epilogue is applied in registers, and the 4 outputs go out as one float4 store when
-// wo % 4 == 0 and y is 16-byte aligned (else 4 predicated scalar stores).
+// the epilogue is applied in registers, and the 4 outputs go out as one float4 store (their
+// residual comes in as one float4 load) when wo % 4 == 0 and y (and the residual) are 16-byte
+// aligned, else as 4 predicated scalar stores (loads).
 // Grid: one-dimensional, grid-stride over blocks = n * C * mgroups * ctiles * rtiles:
 //   rt = b % rtiles, ct = b / rtiles % ctiles, mg = .. % mgroups, c = .. % C, img = the rest
-// (row tile fastest, so the blocks that share halo rows run together and share them in L2).
+// (row tile fastest, so the blocks that share halo rows run together and share them in L2),
+// decoded with 32-bit multiply-shift divisions: 64-bit ones cost a thread more than its outputs.
 // Sizes (launch_depthwise): th aims at kDwTargetItems items a block, about kDwItemsPerThread
 // items a thread (32 to 256 threads); when the grid has fewer than kDwMinBlocksPerSm blocks
 // per SM (batch 1, small planes), mb and then th shrink until it does; th also shrinks until
@@ -221,7 +223,7 @@ constexpr int kDwMaxThreads = 256;
 constexpr int kDwV = 4;              // consecutive outputs along ow a thread item computes
 constexpr int kDwMaxGroups = 64;     // items across a tile row: tw <= 256 outputs
 constexpr int kDwTargetItems = 256;  // items a block aims at (th = kDwTargetItems / ncg)
-constexpr int kDwItemsPerThread = 2;
+constexpr int kDwItemsPerThread = 4;
 // Blocks per SM below which th (and mb) shrink: fewer leaves SMs with too few bytes in flight.
 constexpr int kDwMinBlocksPerSm = 4;
 constexpr int kDwMaxSmem = 48 * 1024;  // the default dynamic shared-memory limit
@@ -239,14 +241,15 @@ struct DwArgs {
   int sh, sw, pt, pl, dh, dw;
   int th, tw;  // tile: output rows, output columns (tw % 4 == 0)
   int rtiles, ctiles, mgroups;
-  int cols, wp;      // staged columns of a row (% 4 == 0), and the shared-memory row stride
-  int sh4;           // shared-memory column of a tile's first tap iw0 (see dw_stage)
-  int64_t blocks;    // n * c * mgroups * ctiles * rtiles
-  int64_t xs, ys;    // elements between images of x and of y
-  const float* res;  // residual (y's shape) or null
-  int64_t rs;        // elements between its images
-  bool vec_in;       // 16-byte copies: w % 4 == 0, x aligned
-  bool vec_out;      // float4 stores: wo % 4 == 0, y aligned
+  int cols, wp;  // staged columns of a row (% 4 == 0), and the shared-memory row stride
+  int sh4;       // shared-memory column of a tile's first tap iw0 (see dw_stage)
+  int blocks;    // n * c * mgroups * ctiles * rtiles (< 2^31)
+  detail::FastDiv div_rt, div_ct, div_mg, div_c;  // the grid decode's divisors
+  int64_t xs, ys;                                 // elements between images of x and of y
+  const float* res;                               // residual (y's shape) or null
+  int64_t rs;                                     // elements between its images
+  bool vec_in;                                    // 16-byte copies: w % 4 == 0, x aligned
+  bool vec_out;  // float4 stores and residual loads: wo % 4 == 0, y and res aligned
   Activation act;
 };
 
@@ -325,17 +328,16 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
   const int sw = R > 0 ? SW : a.sw;
   const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
 
-  for (int64_t b = blockIdx.x; b < a.blocks; b += gridDim.x) {
+  for (int b = blockIdx.x; b < a.blocks; b += gridDim.x) {
     // -- grid decode: row tile fastest, then column tile, channel group, channel, image --
-    int64_t t = b;
-    const int rt = static_cast<int>(t % a.rtiles);
-    t /= a.rtiles;
-    const int ct = static_cast<int>(t % a.ctiles);
-    t /= a.ctiles;
-    const int mg = static_cast<int>(t % a.mgroups);
-    t /= a.mgroups;
-    const int ch = static_cast<int>(t % a.c);
-    const int64_t img = t / a.c;
+    int t = detail::fast_div(b, a.div_rt);
+    const int rt = b - t * a.rtiles;
+    int u = detail::fast_div(t, a.div_ct);
+    const int ct = t - u * a.ctiles;
+    t = detail::fast_div(u, a.div_mg);
+    const int mg = u - t * a.mgroups;
+    const int img = detail::fast_div(t, a.div_c);
+    const int ch = t - img * a.c;
 
     const int oh0 = rt * a.th, ow0 = ct * a.tw;
     const int th = min(a.th, a.ho - oh0), tw = min(a.tw, a.wo - ow0);
@@ -345,7 +347,7 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
     const int ih0 = oh0 * a.sh - a.pt, iw0 = ow0 * sw - a.pl;
 
     // -- stage the tile's input window, one round of copies --
-    const float* __restrict__ xp = a.x + img * a.xs + ch * int64_t(a.h) * a.w;
+    const float* __restrict__ xp = a.x + int64_t(img) * a.xs + ch * int64_t(a.h) * a.w;
     if (a.vec_in)
       dw_stage<4>(a, xp, ih0, iw0, rows, sm);
     else
@@ -359,8 +361,8 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
       const int k = ch * a.m + kk;
       const detail::ChannelAffine f = detail::channel_affine(a.scale, a.shift, k);
       const int64_t tile0 = (int64_t(k) * a.ho + oh0) * a.wo + ow0;
-      float* __restrict__ yp = a.y + img * a.ys + tile0;
-      const float* __restrict__ rk = a.res ? a.res + img * a.rs + tile0 : nullptr;
+      float* __restrict__ yp = a.y + int64_t(img) * a.ys + tile0;
+      const float* __restrict__ rk = a.res ? a.res + int64_t(img) * a.rs + tile0 : nullptr;
 
       if constexpr (R > 0) {
         constexpr int kQ = dw_row_vecs(S, SW, SH4);
@@ -395,8 +397,17 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
           float* out = yp + off;
           const int nv = tw - cg * kDwV;  // outputs of the item inside the tile
 #pragma unroll
-          for (int o = 0; o < kDwV; ++o)
-            acc[o] = detail::add_residual(detail::apply(acc[o], f, a.act), rk, off + o);
+          for (int o = 0; o < kDwV; ++o) acc[o] = detail::apply(acc[o], f, a.act);
+          if (rk) {  // one uniform branch for the item, not one per output
+            if (a.vec_out && nv >= kDwV) {
+              const float4 r = __ldg(reinterpret_cast<const float4*>(rk + off));
+              acc[0] += r.x, acc[1] += r.y, acc[2] += r.z, acc[3] += r.w;
+            } else {
+#pragma unroll
+              for (int o = 0; o < kDwV; ++o)
+                if (o < nv) acc[o] += __ldg(rk + off + o);
+            }
+          }
           if (a.vec_out && nv >= kDwV) {
             *reinterpret_cast<float4*>(out) = make_float4(acc[0], acc[1], acc[2], acc[3]);
           } else {
@@ -458,7 +469,7 @@ int64_t round_up(int64_t a, int64_t b) {
 }
 
 // Tiles, staging geometry and launch of the depthwise path; false when one tile row's staging
-// does not fit kDwMaxSmem (the caller then runs the general path).
+// does not fit kDwMaxSmem or the grid reaches 2^31 blocks (the caller then runs the general path).
 bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const float* scale,
                       const float* shift, Activation act, float* y, const float* res,
                       Stream stream) {
@@ -485,7 +496,8 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   a.act = act;
 
   a.vec_in = s.w % 4 == 0 && detail::aligned16(x);
-  a.vec_out = s.wo % 4 == 0 && detail::aligned16(y);
+  // float4 stores, and residual loads: the residual's image stride is a multiple of the plane.
+  a.vec_out = s.wo % 4 == 0 && detail::aligned16(y) && (!res || detail::aligned16(res));
   // A tile's first tap iw0 = ow0 * sw - pad_l with ow0 % 4 == 0, so iw0 mod 4 is the launch's.
   a.sh4 = a.vec_in ? int(((-s.pad_l) % 4 + 4) % 4) : 0;
 
@@ -522,14 +534,18 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   while (blocks() < min_blocks && th > 1) th = detail::ceil_div(th, 2), balance();
   while (staged_rows(th) * wp * 4 > kDwMaxSmem && th > 1) th = detail::ceil_div(th, 2), balance();
   const int64_t smem = staged_rows(th) * wp * 4;
-  if (smem > kDwMaxSmem) return false;
+  if (smem > kDwMaxSmem || blocks() > INT_MAX) return false;
   a.th = int(th), a.rtiles = int(rtiles), a.mb = int(mb), a.mgroups = int(mgroups);
-  a.blocks = blocks();
+  a.blocks = int(blocks());
+  a.div_rt = detail::make_fastdiv(uint32_t(rtiles));
+  a.div_ct = detail::make_fastdiv(uint32_t(a.ctiles));
+  a.div_mg = detail::make_fastdiv(uint32_t(mgroups));
+  a.div_c = detail::make_fastdiv(uint32_t(a.c));
 
   const int64_t items = th * ncg;
   const int threads = int(std::clamp<int64_t>(
       round_up(detail::ceil_div(items, kDwItemsPerThread), 32), 32, kDwMaxThreads));
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(a.blocks, INT_MAX));
+  const unsigned grid = static_cast<unsigned>(a.blocks);
   const auto launch = [&](auto kernel) {
     kernel<<<grid, threads, static_cast<size_t>(smem), stream>>>(a);
   };

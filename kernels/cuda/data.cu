@@ -9,14 +9,15 @@
 // Layout: float32, device pointers; src and dst must not overlap. copy_slab's rows may lie
 //   apart (src_extent, dst_extent); upsample's images x_image and y_image floats apart (channel
 //   slabs of a larger batch); everything else is contiguous.
-// Grid: 1-D and grid-stride, kThreads per block, at most kBlocksPerSm blocks per SM, so any
+// Grid: 1-D and grid-stride, kThreads per block, at most one full wave (grid_for), so any
 //   element count runs. A work item is V = 4 consecutive floats of one row (float4 loads and
 //   stores) when the row length and every row start are multiples of 4 and the pointers are
 //   16-byte aligned, else one float. copy_slab: item w is row w / chunks, column
 //   (w % chunks) * V. upsample: item w is output row w / chunks (plane row / ho, oh = row % ho),
 //   columns (w % chunks) * V .. + V, each read from x[iw = ow / scale_w]: neighbouring
 //   outputs share inputs, so a warp's reads hit 1 / scale_w as many addresses as it writes.
-// Index math is 32-bit when every index is below 2^31, else 64-bit.
+// Index math is 32-bit when every index is below 2^31 (its divisions by launch constants then
+// multiply-shifts, see Divisor), else 64-bit.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,12 +37,12 @@ using namespace detail;
 
 template <int V, class I>
 __global__ void __launch_bounds__(kThreads)
-    copy_slab_kernel(I chunks, I items, const float* __restrict__ src, I src_row, I src_start,
-                     float* __restrict__ dst, I dst_row, I dst_start) {
+    copy_slab_kernel(Divisor<I> chunks, I items, const float* __restrict__ src, I src_row,
+                     I src_start, float* __restrict__ dst, I dst_row, I dst_start) {
   using T = std::conditional_t<V == 4, float4, float>;
   const I step = I(gridDim.x) * kThreads;
   for (I w = I(blockIdx.x) * kThreads + threadIdx.x; w < items; w += step) {
-    const I o = w / chunks, col = (w - o * chunks) * V;
+    const I o = chunks.div(w), col = (w - o * chunks.d) * V;
     *reinterpret_cast<T*>(dst + o * dst_row + dst_start + col) =
         __ldg(reinterpret_cast<const T*>(src + o * src_row + src_start + col));
   }
@@ -51,18 +52,19 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int V, class I>
 __global__ void __launch_bounds__(kThreads)
-    upsample_kernel(I chunks, I items, I c, I h, I w, I ho, I wo, I scale_h, I scale_w,
-                    const float* __restrict__ x, I xs, float* __restrict__ y, I ys) {
+    upsample_kernel(Divisor<I> chunks, I items, Divisor<I> c, I h, I w, Divisor<I> ho, I wo,
+                    Divisor<I> scale_h, Divisor<I> scale_w, const float* __restrict__ x, I xs,
+                    float* __restrict__ y, I ys) {
   const I step = I(gridDim.x) * kThreads;
   for (I item = I(blockIdx.x) * kThreads + threadIdx.x; item < items; item += step) {
-    const I row = item / chunks, ow = (item - row * chunks) * V;
-    const I plane = row / ho, oh = row - plane * ho;
-    const I img = plane / c, ch = plane - img * c;
-    const float* in = x + img * xs + (ch * h + oh / scale_h) * w;
+    const I row = chunks.div(item), ow = (item - row * chunks.d) * V;
+    const I plane = ho.div(row), oh = row - plane * ho.d;
+    const I img = c.div(plane), ch = plane - img * c.d;
+    const float* in = x + img * xs + (ch * h + scale_h.div(oh)) * w;
     float v[V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) v[j] = __ldg(in + (ow + I(j)) / scale_w);
-    float* out = y + img * ys + (ch * ho + oh) * wo + ow;
+    for (int j = 0; j < V; ++j) v[j] = __ldg(in + scale_w.div(ow + I(j)));
+    float* out = y + img * ys + (ch * ho.d + oh) * wo + ow;
     if constexpr (V == 4)
       *reinterpret_cast<float4*>(out) = make_float4(v[0], v[1], v[2], v[3]);
     else
@@ -87,7 +89,8 @@ void copy_slab(int64_t outer, int64_t count, int64_t inner, const float* src, in
   dispatch(vec, fits32(outer * std::max(src_row, dst_row)), [&](auto v, auto i) {
     using I = decltype(i);
     copy_slab_kernel<decltype(v)::value, I><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
-        I(chunks), I(items), src, I(src_row), I(src_start), dst, I(dst_row), I(dst_start));
+        Divisor<I>(I(chunks)), I(items), src, I(src_row), I(src_start), dst, I(dst_row),
+        I(dst_start));
   });
   check_launch("copy_slab");
 }
@@ -102,8 +105,8 @@ void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_
   dispatch(vec, fits32(n * std::max(x_image, y_image)), [&](auto v, auto i) {
     using I = decltype(i);
     upsample_kernel<decltype(v)::value, I><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
-        I(chunks), I(items), I(c), I(h), I(w), I(ho), I(wo), I(scale_h), I(scale_w), x, I(x_image),
-        y, I(y_image));
+        Divisor<I>(I(chunks)), I(items), Divisor<I>(I(c)), I(h), I(w), Divisor<I>(I(ho)), I(wo),
+        Divisor<I>(I(scale_h)), Divisor<I>(I(scale_w)), x, I(x_image), y, I(y_image));
   });
   check_launch("upsample_nearest");
 }

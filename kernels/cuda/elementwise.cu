@@ -6,8 +6,8 @@
 //   binary      y[p] = a[p mod a's shape] (+ or *) b[p mod b's shape], NumPy broadcasting
 // Layout: float32, contiguous, device pointers; batchnorm sees x as [outer, channels, inner].
 //   Outputs must not alias inputs (inputs are read through the non-coherent cache).
-// Grid: 1-D and grid-stride, kThreads per block, at most kBlocksPerSm blocks per SM (that is
-//   full residency on sm_90), so any element count runs, 64-bit counts included. A work item
+// Grid: 1-D and grid-stride, kThreads per block, at most one full wave (grid_for: full
+//   residency on sm_90), so any element count runs, 64-bit counts included. A work item
 //   is a float4 when every pointer is 16-byte aligned and no run of 4 crosses a channel
 //   (batchnorm: inner % 4 == 0) or a broadcast row (binary: last merged dim % 4 == 0), else
 //   one float. Flat kernels take kUnroll items per step, kThreads apart so that each warp's

@@ -25,6 +25,43 @@ __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// q = n / d for 0 <= n < 2^31 as a multiply-high and a shift (Granlund-Montgomery): for the
+// index decodes a kernel runs per item or tile, where a real division (about 20 instructions in
+// 32 bits, far more in 64) would cost more than the work it indexes.
+struct FastDiv {
+  uint32_t mul, shift;
+};
+
+inline FastDiv make_fastdiv(uint32_t d) {
+  uint32_t shift = 0;
+  while ((uint64_t(1) << shift) < d) ++shift;
+  const uint64_t mul = ((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1;
+  return {uint32_t(mul), shift};
+}
+
+__device__ __forceinline__ int fast_div(int n, FastDiv d) {
+  const uint32_t u = uint32_t(n);
+  return int((__umulhi(u, d.mul) + u) >> d.shift);
+}
+
+// Division by a divisor fixed at launch, in a kernel's index type I (see dispatch): uint32_t
+// indices are below 2^31, so they take fast_div; int64_t ones a plain division.
+template <class I>
+struct Divisor {
+  I d;
+  explicit Divisor(I v) : d(v) {}
+  __device__ __forceinline__ I div(I n) const { return n / d; }
+};
+template <>
+struct Divisor<uint32_t> {
+  uint32_t d;
+  FastDiv f;
+  explicit Divisor(uint32_t v) : d(v), f(make_fastdiv(v)) {}
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return uint32_t(fast_div(int(n), f));
+  }
+};
+
 // One full wave of 256-thread blocks on this device: 8 x 256 = 2048 threads, the most an sm_90
 // SM holds.
 inline int max_blocks() {

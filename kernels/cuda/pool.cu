@@ -10,20 +10,21 @@
 //   and y PoolShape::x_image() / y_image() floats apart (channel slabs of a larger batch);
 //   everything else is contiguous.
 // Grid, pools: 1-D and grid-stride, one output per thread per step, kThreads per block, at most
-//   kBlocksPerSm blocks per SM. Item w decodes as ow = w % wo, oh = (w / wo) % ho, plane =
+//   one full wave. Item w decodes as ow = w % wo, oh = (w / wo) % ho, plane =
 //   w / (wo * ho), so a warp covers consecutive ow of one row: its writes are coalesced and its
 //   reads are the rows under those windows, shared through L1 by neighbouring windows.
 // Grid, global_avgpool: rows of at most kWarpRowMax floats take one warp each (8 rows per
 //   block); longer rows take a whole block. Lanes stride through the row (float4 loads when the
 //   rows are 16-byte aligned), then a shuffle reduction (and one through shared memory across
 //   the block's warps) gives the sum; the first lane divides and writes.
-// Index math over planes and rows is 32-bit when every index is below 2^31, else 64-bit;
-// within a plane it is 32-bit.
+// Index math over planes and rows is 32-bit when every index is below 2^31 (its divisions then
+// multiply-shifts, see Divisor), else 64-bit; within a plane it is 32-bit.
 // Restrictions: h, w, kernel, stride and padding below 2^30 (checked); every window covers at
 //   least one input element, which shape inference guarantees (padding < kernel).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -58,35 +59,54 @@ __device__ __forceinline__ Window window(int o, int stride, int pad_begin, int p
   return {max(start, 0), min(stop, in), stop - start};
 }
 
-template <bool Max, class I>
+// The larger of a and b, NaN if either is (PyTorch's max-pool propagates NaN): one instruction.
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float m;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+  return m;
+}
+
+// Windows at most this wide take the unrolled row loop.
+constexpr int kNarrow = 8;
+
+template <bool Max, bool Narrow, class I>
 __global__ void __launch_bounds__(kThreads)
-    pool_kernel(Geometry g, bool count_include_pad, I items, I c, I xs, I ys,
-                const float* __restrict__ x, float* __restrict__ y) {
+    pool_kernel(Geometry g, bool count_include_pad, I items, Divisor<I> c, Divisor<I> ho,
+                Divisor<I> wo, I xs, I ys, const float* __restrict__ x, float* __restrict__ y) {
   const I step = I(gridDim.x) * kThreads;
   for (I item = I(blockIdx.x) * kThreads + threadIdx.x; item < items; item += step) {
-    const I row = item / I(g.wo);  // plane * ho + oh
-    const int ow = int(item - row * I(g.wo));
-    const I plane = row / I(g.ho);
-    const int oh = int(row - plane * I(g.ho));
-    const I img = plane / c, ch = plane - img * c;
+    const I orow = wo.div(item);  // plane * ho + oh
+    const int ow = int(item - orow * wo.d);
+    const I plane = ho.div(orow);
+    const int oh = int(orow - plane * ho.d);
+    const I img = c.div(plane), ch = plane - img * c.d;
     const float* in = x + img * xs + ch * I(g.h) * I(g.w);
     const Window wh = window(oh, g.stride_h, g.pad_t, g.pad_b, g.kh, g.h);
     const Window ww = window(ow, g.stride_w, g.pad_l, g.pad_r, g.kw, g.w);
+    const int cols = ww.end - ww.begin;
+    // Each row of the window from one base pointer, so that its loads take immediate offsets;
+    // Narrow windows unroll the row with predicates instead of looping (a 5-wide row costs
+    // about a quarter of the instructions).
+    const auto window_row = [&](int ih, auto f) {
+      const float* r = in + (ih * g.w + ww.begin);
+      if constexpr (Narrow) {
+#pragma unroll
+        for (int k = 0; k < kNarrow; ++k)
+          if (k < cols) f(__ldg(r + k));
+      } else {
+        for (int k = 0; k < cols; ++k) f(__ldg(r + k));
+      }
+    };
     float out;
     if constexpr (Max) {
-      float m = __ldg(in + wh.begin * g.w + ww.begin);
+      float m = -INFINITY;  // every window holds an input element, which replaces it
       for (int ih = wh.begin; ih < wh.end; ++ih)
-        for (int iw = ww.begin; iw < ww.end; ++iw) {
-          const float v = __ldg(in + ih * g.w + iw);
-          if (v > m || isnan(v)) m = v;  // NaN propagates, as in PyTorch
-        }
+        window_row(ih, [&](float v) { m = max_nan(m, v); });
       out = m;
     } else {
-      const int count =
-          count_include_pad ? wh.padded * ww.padded : (wh.end - wh.begin) * (ww.end - ww.begin);
+      const int count = count_include_pad ? wh.padded * ww.padded : (wh.end - wh.begin) * cols;
       float sum = 0.0f;
-      for (int ih = wh.begin; ih < wh.end; ++ih)
-        for (int iw = ww.begin; iw < ww.end; ++iw) sum += __ldg(in + ih * g.w + iw);
+      for (int ih = wh.begin; ih < wh.end; ++ih) window_row(ih, [&](float v) { sum += v; });
       out = sum / float(count);
     }
     y[img * ys + ch * I(g.ho) * I(g.wo) + I(oh) * I(g.wo) + ow] = out;
@@ -106,12 +126,23 @@ void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream
                    int(p.pad_t), int(p.pad_l), int(p.pad_b),    int(p.pad_r)};
   const int grid = grid_for(items, kThreads);
   const int64_t xs = p.x_image(), ys = p.y_image();
+  const bool narrow = p.kw <= kNarrow;
+  const auto launch = [&](auto narrow_c, auto i) {
+    using I = decltype(i);
+    pool_kernel<Max, decltype(narrow_c)::value, I><<<grid, kThreads, 0, stream>>>(
+        g, p.count_include_pad, I(items), Divisor<I>(I(p.c)), Divisor<I>(I(p.ho)),
+        Divisor<I>(I(p.wo)), I(xs), I(ys), x, y);
+  };
+  const auto by_width = [&](auto i) {
+    if (narrow)
+      launch(std::true_type{}, i);
+    else
+      launch(std::false_type{}, i);
+  };
   if (fits32(std::max(p.n * xs, p.n * ys)))
-    pool_kernel<Max, uint32_t><<<grid, kThreads, 0, stream>>>(
-        g, p.count_include_pad, uint32_t(items), uint32_t(p.c), uint32_t(xs), uint32_t(ys), x, y);
+    by_width(uint32_t{});
   else
-    pool_kernel<Max, int64_t>
-        <<<grid, kThreads, 0, stream>>>(g, p.count_include_pad, items, p.c, xs, ys, x, y);
+    by_width(int64_t{});
   check_launch(name);
 }
 

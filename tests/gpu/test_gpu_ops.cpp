@@ -282,6 +282,8 @@ const std::vector<PoolCase>& pool_cases() {
       {{2, 3, 9, 10}, {3, 2}, {2, 1}, {1, 0, 0, 1}, true},  // non-square, asymmetric padding
       {{1, 2, 5, 5}, {5, 5}, {5, 5}, {0, 0, 0, 0}, false},  // one window over everything
       {{2, 16, 40, 40}, {5, 5}, {1, 1}, {2, 2, 2, 2}, false},
+      // wider than the unrolled row loop (8): the kernel's generic loop
+      {{2, 3, 20, 24}, {9, 11}, {2, 3}, {4, 5, 4, 5}, true},
   };
   return cases;
 }
