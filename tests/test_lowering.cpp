@@ -68,8 +68,15 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
       // Cout 16: the narrowest column block, 32 wide.
       {ConvKernel::Gemm, shape(1, 64, 80, 16, 1), 132, {32, 32, 32, 2}},
       // A deep reduction (K = 576) needs 0.75 waves, 64 x 64 makes 100 blocks >= 99; and 3
-      // pipeline stages where a shallow one has 2.
-      {ConvKernel::Gemm, shape(1, 64, 80, 64, 3), 132, {64, 64, 32, 3}},
+      // pipeline stages where a shallow one has 2. Its 18 k tiles split in 2 (200 blocks).
+      {ConvKernel::Gemm, shape(1, 64, 80, 64, 3), 132, {64, 64, 32, 3, 2}},
+      // K = 1152 (36 k tiles) over 400 pixels: 104 blocks of 32 x 32, split in 2 (4 would make
+      // 416 blocks, over two waves).
+      {ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), 132, {32, 32, 32, 3, 2}},
+      // The same on 64 SMs: 52 blocks of 32 x 64 fill 0.75 waves; split in 2 (104 <= 128).
+      {ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), 64, {32, 64, 32, 3, 2}},
+      // K = 288 on 64 SMs: 32 x 32 tiles make 13 x 2 = 26 blocks; 9 k tiles stay whole.
+      {ConvKernel::Gemm, shape(1, 32, 40, 64, 3, 2), 64, {32, 32, 32, 3}},
       // K = 1600 (5x5, no halo kernel): 128 x 64 makes 200 blocks.
       {ConvKernel::Gemm, shape(16, 64, 40, 64, 5), 132, {128, 64, 32, 3}},
       // 3x3 stride 1: the halo kernel (k = 72); 16 x 10 x 10 squares of 8x8, 4 per block: 400
@@ -101,6 +108,7 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
     CHECK(t.n == r.want.n);
     CHECK(t.k == r.want.k);
     CHECK(t.stages == r.want.stages);
+    CHECK(t.splits == r.want.splits);
   }
 }
 

@@ -295,19 +295,26 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
       const ConvTiles picked = conv_tiles(kern, s, profile);
       ConvTiles best;
       double best_us = INFINITY, picked_us = INFINITY;
-      for (const ConvTiles& t : conv_built_tiles(kern)) {
+      std::vector<ConvTiles> tiles = conv_built_tiles(kern);
+      // Split-K at the tiles lowering picks: what its split rule is checked with.
+      if (kern == ConvKernel::Gemm && picked.k == 32)
+        for (int splits : {1, 2, 4, 8}) {
+          ConvTiles t = picked;
+          t.splits = splits;
+          if (std::find(tiles.begin(), tiles.end(), t) == tiles.end()) tiles.push_back(t);
+        }
+      for (const ConvTiles& t : tiles) {
         if (t.k == 72 && !conv_gemm_halo_fits(s)) continue;  // would run the k = 32 kernel
         const double us = graph_time_us(stream, [&fused, kern, t](int r) { fused(kern, t, r); });
-        all.push_back({conv_kernel_name(kern), t.m, t.n, t.k, t.stages, us});
+        all.push_back({conv_kernel_name(kern), t.m, t.n, t.k, t.stages, t.splits, us});
         if (us < best_us) best_us = us, best = t;
-        if (t.m == picked.m && t.n == picked.n && t.k == picked.k && t.stages == picked.stages)
-          picked_us = us;
+        if (t == picked) picked_us = us;
       }
       std::printf(
-          "  %s sweep: fastest m=%d n=%d k=%d stages=%d %.1f us; lowering's m=%d n=%d "
-          "k=%d stages=%d %.1f us\n",
-          conv_kernel_name(kern), best.m, best.n, best.k, best.stages, best_us, picked.m, picked.n,
-          picked.k, picked.stages, picked_us);
+          "  %s sweep: fastest m=%d n=%d k=%d stages=%d splits=%d %.1f us; lowering's m=%d n=%d "
+          "k=%d stages=%d splits=%d %.1f us\n",
+          conv_kernel_name(kern), best.m, best.n, best.k, best.stages, best.splits, best_us,
+          picked.m, picked.n, picked.k, picked.stages, picked.splits, picked_us);
     }
     row["sweep"] = all;
   }

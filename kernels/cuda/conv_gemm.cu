@@ -37,6 +37,12 @@
 // Grid: gather, one block per tile (blockIdx.x = tile); direct, persistent: as many blocks as fit
 // on the device at once (capped at the tile count), block b taking tiles b, b + gridDim.x, ...
 // through one pipeline, so that the next tile's copies fly while this one computes and stores.
+// Split-K (gather, tiles.splits > 1): each tile is `splits` consecutive blocks launched as one
+// thread-block cluster, blockIdx.x = tile * splits + j; block j sums k tiles
+// [j * ktiles / splits, (j + 1) * ktiles / splits) (splits shrinks to at most ktiles, so none is
+// empty). Then blocks 1.. park their accumulators in their own shared memory, rank 0 adds them
+// through distributed shared memory (map_shared_rank) between two cluster barriers, and only
+// rank 0 runs the epilogue: no workspace, no second kernel, no atomics.
 //
 // -- pipeline -- tiles.stages shared-memory stages of BK = 32 reduction steps each, filled with
 // cp.async (zero-fill through src-size for padding and every tail) and waited on with
@@ -92,7 +98,7 @@
 // elements; h, w, ho*stride_h, wo*stride_w, the (non-negative) padding and the dilated window
 // stay under 2^28.
 // The caller precomputes nothing: no workspace, no setup beyond the pointers (the direct kernel
-// asks the runtime once per device and depth how many blocks fit).
+// asks the runtime once per device and depth how many blocks fit). splits in {1, 2, 4, 8}.
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
@@ -100,6 +106,7 @@
 #include <string>
 #include <type_traits>
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "conv_common.cuh"
@@ -170,7 +177,9 @@ struct GemmArgs {
   int m;             // n * ho * wo
   int kg;            // c * r * s
   int n_tiles;       // ceil(k / BN)
-  int stages;        // 2..4; gather: never more than the k tiles + 1
+  int stages;        // 2..4; gather: never more than a split's k tiles + 1
+  int splits;        // gather: blocks (one cluster) a tile's k tiles are split over, 1..8
+  int ktiles;        // ceil(kg / kBK), >= splits
   int xs, ys;        // elements between images of x and of y
   const float* res;  // residual (y's shape) or null
   int r_img;         // elements between its images
@@ -331,17 +340,21 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
   using T = Tile<BM, BN>;
   extern __shared__ __align__(16) float smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int n_tile = int(blockIdx.x % unsigned(a.n_tiles));
-  const int m0 = int(blockIdx.x / unsigned(a.n_tiles)) * BM, n0 = n_tile * BN;
-  const int ktiles = (a.kg + kBK - 1) / kBK;
+  // A tile's splits are consecutive blocks, one cluster: split = the block's rank in it.
+  const unsigned tile = blockIdx.x / unsigned(a.splits);
+  const int split = int(blockIdx.x - tile * unsigned(a.splits));
+  const int n_tile = int(tile % unsigned(a.n_tiles));
+  const int m0 = int(tile / unsigned(a.n_tiles)) * BM, n0 = n_tile * BN;
+  const int kt0 = split * a.ktiles / a.splits;
+  const int ktiles = (split + 1) * a.ktiles / a.splits - kt0;  // this split's k tiles, >= 1
   const uint32_t smem0 = smem_addr(smem);
   constexpr uint32_t kStageBytes = 4 * T::kStageFloats, kBOffset = 4 * kBK * T::kLdA;
 
   const GatherA<T> loader_a(a, m0, tid);
   auto load_tile = [&](int stage, int kt) {
     const uint32_t as = smem0 + stage * kStageBytes;
-    loader_a.load(a, as, kt * kBK);
-    load_b<T>(a, as + kBOffset, n0, kt * kBK, tid);
+    loader_a.load(a, as, (kt0 + kt) * kBK);
+    load_b<T>(a, as + kBOffset, n0, (kt0 + kt) * kBK, tid);
   };
 
   // Warp position and this lane's fragment offsets (see the file comment for the relabeling).
@@ -377,10 +390,33 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
     read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
   }
 
-  // -- batchnorm + activation epilogue --
   cp_async_wait<0>();
-  __syncthreads();  // the pipeline's space becomes Cs
-  float* cs = smem;
+  __syncthreads();  // the pipeline's space is free
+
+  // -- split-K: the cluster's other blocks hand their sums to rank 0 through shared memory --
+  if (a.splits > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    constexpr int kAcc = T::kMI * T::kNI * 4;
+    // acc element i of thread tid at i * kThreads + tid: a warp's accesses are consecutive.
+    if (split != 0) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) smem[i * T::kThreads + tid] = (&acc[0][0][0])[i];
+    }
+    cluster.sync();
+    if (split == 0) {
+      for (int r = 1; r < a.splits; ++r) {
+        const float* peer = cluster.map_shared_rank(smem, r);
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) (&acc[0][0][0])[i] += peer[i * T::kThreads + tid];
+      }
+    }
+    cluster.sync();  // the others keep their shared memory until rank 0 has read it
+    if (split != 0) return;
+  }
+
+  // -- batchnorm + activation epilogue --
+  float* cs = smem;  // the pipeline's space
   // One copy per activation, so that each element's activation is straight-line code.
   auto finish = [&](auto act) {
 #pragma unroll
@@ -647,7 +683,24 @@ void launch(const GemmArgs& a, bool direct, Stream stream) {
     auto kernel = conv_gemm_kernel<BM, BN>;
     static std::atomic<uint64_t> opted_in{0};
     opt_in(opted_in, T::smem_bytes(4), kernel);
-    kernel<<<unsigned(tiles), T::kThreads, T::smem_bytes(a.stages), stream>>>(a);
+    check_grid(tiles * a.splits);
+    if (a.splits == 1) {
+      kernel<<<unsigned(tiles), T::kThreads, T::smem_bytes(a.stages), stream>>>(a);
+    } else {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(unsigned(tiles * a.splits));
+      config.blockDim = dim3(T::kThreads);
+      config.dynamicSmemBytes = T::smem_bytes(a.stages);
+      config.stream = stream;
+      cudaLaunchAttribute cluster;
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = unsigned(a.splits);
+      cluster.val.clusterDim.y = 1;
+      cluster.val.clusterDim.z = 1;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      EPILOG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a));
+    }
   }
   check_launch("conv_gemm");
 }
@@ -691,7 +744,7 @@ void dispatch_halo(const ConvTiles& t, const HaloArgs& a, Stream stream) {
 
 std::string tiles_str(const ConvTiles& t) {
   return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
-         " stages=" + std::to_string(t.stages);
+         " stages=" + std::to_string(t.stages) + " splits=" + std::to_string(t.splits);
 }
 
 }  // namespace
@@ -706,13 +759,14 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     return false;
   };
   const bool stages_ok = tiles.stages >= 2 && tiles.stages <= 4;
-  const bool gemm_ok = tiles.k == kBK && in(tiles.m, {32, 64, 128}) && in(tiles.n, {32, 64, 128});
-  const bool halo_ok =
-      tiles.k == kHaloK && in(tiles.m, {64, 128, 256}) && in(tiles.n, {32, 64, 128});
+  const bool gemm_ok = tiles.k == kBK && in(tiles.m, {32, 64, 128}) && in(tiles.n, {32, 64, 128}) &&
+                       in(tiles.splits, {1, 2, 4, 8});
+  const bool halo_ok = tiles.k == kHaloK && in(tiles.m, {64, 128, 256}) &&
+                       in(tiles.n, {32, 64, 128}) && tiles.splits == 1;
   if (!stages_ok || !(gemm_ok || halo_ok))
     reject("unsupported tiles " + tiles_str(tiles) +
-           " (k = 32 with m, n in {32, 64, 128}, or k = 72 with m in {64, 128, 256} and n in "
-           "{32, 64, 128}; stages in {2, 3, 4})");
+           " (k = 32 with m, n in {32, 64, 128} and splits in {1, 2, 4, 8}, or k = 72 with m in "
+           "{64, 128, 256}, n in {32, 64, 128} and no splits; stages in {2, 3, 4})");
   const int64_t m = s.n * s.ho * s.wo, kg = s.c * s.r * s.s;
   if (m == 0 || s.k == 0) return;
   constexpr int64_t kSmall = int64_t(1) << 28;
@@ -773,13 +827,18 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   a.m = int(m);
   a.kg = int(kg);
   a.n_tiles = int((s.k + t.n - 1) / t.n);
-  const bool direct = s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 && s.pad_t == 0 &&
-                      s.pad_l == 0 && s.ho == s.h && s.wo == s.w && (s.h * s.w) % 4 == 0 &&
-                      aligned16(x);
+  const bool direct = t.splits == 1 && s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 &&
+                      s.pad_t == 0 && s.pad_l == 0 && s.ho == s.h && s.wo == s.w &&
+                      (s.h * s.w) % 4 == 0 && aligned16(x);
+  // Split j of a tile takes k tiles [j * ktiles / splits, (j + 1) * ktiles / splits): none is
+  // empty while splits <= ktiles.
+  a.ktiles = int((kg + kBK - 1) / kBK);
+  a.splits = t.splits;
+  while (a.splits > a.ktiles) a.splits /= 2;
+  const int split_ktiles = (a.ktiles + a.splits - 1) / a.splits;
   // More stages than k tiles + 1 would only hold nothing in the gather kernel: its prologue
   // already loads them all. The persistent direct kernel's pipeline runs on into the next tile.
-  const int ktiles = int((kg + kBK - 1) / kBK);
-  a.stages = !direct && ktiles + 1 < t.stages ? ktiles + 1 : t.stages;
+  a.stages = !direct && split_ktiles + 1 < t.stages ? split_ktiles + 1 : t.stages;
   a.div_rs = make_fastdiv(uint32_t(s.r * s.s));
   a.div_s = make_fastdiv(uint32_t(s.s));
   a.vec_b = kg % 4 == 0 && aligned16(w);

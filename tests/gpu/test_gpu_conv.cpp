@@ -87,7 +87,7 @@ const Activation kActivations[] = {Activation::None, Activation::Silu, Activatio
 
 std::string tiles_str(const ConvTiles& t) {
   return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
-         " stages=" + std::to_string(t.stages);
+         " stages=" + std::to_string(t.stages) + " splits=" + std::to_string(t.splits);
 }
 
 std::string shape_desc(const ConvShape& s) {

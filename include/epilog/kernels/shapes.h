@@ -81,7 +81,12 @@ struct ConvTiles {
   int n = 0;       // output channels per block
   int k = 0;       // reduction slice (Cin*Kh*Kw) staged per step
   int stages = 0;  // shared-memory pipeline depth (gemm)
+  int splits = 1;  // gemm k = 32: blocks (one cluster) each output tile's reduction is split over
 };
+
+inline bool operator==(const ConvTiles& a, const ConvTiles& b) {
+  return a.m == b.m && a.n == b.n && a.k == b.k && a.stages == b.stages && a.splits == b.splits;
+}
 
 inline const char* conv_kernel_name(ConvKernel kernel) {
   switch (kernel) {
