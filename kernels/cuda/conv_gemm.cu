@@ -339,6 +339,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
     conv_gemm_kernel(const GemmArgs a) {
   using T = Tile<BM, BN>;
   extern __shared__ __align__(16) float smem[];
+  detail::pdl_begin();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   // A tile's splits are consecutive blocks, one cluster: split = the block's rank in it.
   const unsigned tile = blockIdx.x / unsigned(a.splits);
@@ -493,6 +494,7 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
     conv_direct_kernel(const GemmArgs a) {
   using T = DirectTile<BM, BN>;
   extern __shared__ __align__(16) float smem[];
+  detail::pdl_begin();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int ktiles = (a.kg + kBK - 1) / kBK;
   const int tiles = (a.m + BM - 1) / BM * a.n_tiles, step = int(gridDim.x);
@@ -677,30 +679,15 @@ void launch(const GemmArgs& a, bool direct, Stream stream) {
     const size_t smem = T::smem_bytes(a.stages);
     const int64_t resident = resident_blocks(kernel, T::kThreads, smem, a.stages);
     const unsigned blocks = unsigned(tiles < resident ? tiles : resident);
-    kernel<<<blocks, T::kThreads, smem, stream>>>(a);
+    detail::launch_pdl(kernel, blocks, T::kThreads, smem, stream, 1, a);
   } else {
     using T = Tile<BM, BN>;
     auto kernel = conv_gemm_kernel<BM, BN>;
     static std::atomic<uint64_t> opted_in{0};
     opt_in(opted_in, T::smem_bytes(4), kernel);
     check_grid(tiles * a.splits);
-    if (a.splits == 1) {
-      kernel<<<unsigned(tiles), T::kThreads, T::smem_bytes(a.stages), stream>>>(a);
-    } else {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(unsigned(tiles * a.splits));
-      config.blockDim = dim3(T::kThreads);
-      config.dynamicSmemBytes = T::smem_bytes(a.stages);
-      config.stream = stream;
-      cudaLaunchAttribute cluster;
-      cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = unsigned(a.splits);
-      cluster.val.clusterDim.y = 1;
-      cluster.val.clusterDim.z = 1;
-      config.attrs = &cluster;
-      config.numAttrs = 1;
-      EPILOG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a));
-    }
+    detail::launch_pdl(kernel, unsigned(tiles * a.splits), T::kThreads, T::smem_bytes(a.stages),
+                       stream, unsigned(a.splits), a);
   }
   check_launch("conv_gemm");
 }
@@ -714,7 +701,7 @@ void launch_halo(HaloArgs a, Stream stream) {
   const int64_t blocks = (int64_t(a.squares) + T::kSquares - 1) / T::kSquares * a.n_tiles;
   check_grid(blocks);
   auto kernel = conv_halo_kernel<BM, BN, S>;
-  kernel<<<unsigned(blocks), T::kThreads, T::smem_bytes(a.stages), stream>>>(a);
+  detail::launch_pdl(kernel, unsigned(blocks), T::kThreads, T::smem_bytes(a.stages), stream, 1, a);
   check_launch("conv_gemm");
 }
 

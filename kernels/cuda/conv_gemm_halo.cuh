@@ -85,6 +85,7 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
     conv_halo_kernel(const HaloArgs a) {
   using T = HaloTile<BM, BN, S>;
   extern __shared__ __align__(16) float smem[];
+  detail::pdl_begin();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
   const int g = lane / 4, t = lane % 4;

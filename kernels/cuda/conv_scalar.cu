@@ -210,6 +210,7 @@ __device__ __forceinline__ void conv_scalar_block(const ScalarArgs& a, int k, in
 template <int R, int S, bool kUnitDil>
 __global__ void __launch_bounds__(kThreads, (scalar_min_blocks<R, S, kUnitDil>()))
     conv_scalar_kernel(const ScalarArgs a) {
+  detail::pdl_begin();
   __shared__ float ws[R > 0 ? kWeightChunk : 1];
   const int k = static_cast<int>(blockIdx.x);
   for (int img = blockIdx.z; img < a.n; img += gridDim.z)
@@ -322,6 +323,7 @@ constexpr int dw_min_blocks() {
 template <int R, int S, int SW, int SH4>
 __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
     conv_dw_kernel(const DwArgs a) {
+  detail::pdl_begin();
   extern __shared__ float4 dw_smem[];
   float* sm = reinterpret_cast<float*>(dw_smem);
   const int r = R > 0 ? R : a.r;
@@ -547,7 +549,7 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
       round_up(detail::ceil_div(items, kDwItemsPerThread), 32), 32, kDwMaxThreads));
   const unsigned grid = static_cast<unsigned>(a.blocks);
   const auto launch = [&](auto kernel) {
-    kernel<<<grid, threads, static_cast<size_t>(smem), stream>>>(a);
+    detail::launch_pdl(kernel, grid, threads, static_cast<size_t>(smem), stream, 1, a);
   };
   // The unrolled window, its horizontal stride, then sh4.
   const auto launch_sh4 = [&](auto rr, auto ss) {
@@ -622,7 +624,9 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
                   static_cast<unsigned>(std::min(pix_blocks, kMaxGridYZ)),
                   static_cast<unsigned>(std::min(s.n, kMaxGridYZ)));
   const bool unit = s.dil_w == 1;
-  const auto launch = [&](auto kernel) { kernel<<<grid, kThreads, 0, stream>>>(a); };
+  const auto launch = [&](auto kernel) {
+    detail::launch_pdl(kernel, grid, kThreads, 0, stream, 1, a);
+  };
   if (s.r == 1 && s.s == 1)
     launch(conv_scalar_kernel<1, 1, true>);
   else if (s.r == 3 && s.s == 3)

@@ -127,6 +127,7 @@ __device__ __forceinline__ void copy_wait() {
 template <int TM, int TN>
 __global__ void __launch_bounds__(TiledConfig<TM, TN>::kThreads, TiledConfig<TM, TN>::kMinBlocks)
     conv_tiled_kernel(const TiledArgs a) {
+  detail::pdl_begin();
   using Cfg = TiledConfig<TM, TN>;
   constexpr int kThreads = Cfg::kThreads, kLP = Cfg::kLP, kLC = Cfg::kLC, kCS = Cfg::kCS;
   constexpr int kWPer = Cfg::kWPer, kPN = Cfg::kPN, kWRow = Cfg::kWRow;
@@ -302,8 +303,8 @@ template <int TM, int TN>
 void launch(const TiledArgs& a, Stream stream) {
   const int64_t blocks = detail::ceil_div(a.npix, TM) * a.k_tiles;
   EPILOG_ASSERT(blocks <= INT_MAX, "conv_tiled grid of {} blocks", blocks);
-  conv_tiled_kernel<TM, TN>
-      <<<static_cast<unsigned>(blocks), TiledConfig<TM, TN>::kThreads, 0, stream>>>(a);
+  detail::launch_pdl(conv_tiled_kernel<TM, TN>, static_cast<unsigned>(blocks),
+                     TiledConfig<TM, TN>::kThreads, 0, stream, 1, a);
 }
 
 // The tiles lowering's conv_tiles produces, one instantiation each.

@@ -39,6 +39,7 @@ template <int V, class I>
 __global__ void __launch_bounds__(kThreads)
     copy_slab_kernel(Divisor<I> chunks, I items, const float* __restrict__ src, I src_row,
                      I src_start, float* __restrict__ dst, I dst_row, I dst_start) {
+  pdl_begin();
   using T = std::conditional_t<V == 4, float4, float>;
   const I step = I(gridDim.x) * kThreads;
   for (I w = I(blockIdx.x) * kThreads + threadIdx.x; w < items; w += step) {
@@ -55,6 +56,7 @@ __global__ void __launch_bounds__(kThreads)
     upsample_kernel(Divisor<I> chunks, I items, Divisor<I> c, I h, I w, Divisor<I> ho, I wo,
                     Divisor<I> scale_h, Divisor<I> scale_w, const float* __restrict__ x, I xs,
                     float* __restrict__ y, I ys) {
+  pdl_begin();
   const I step = I(gridDim.x) * kThreads;
   for (I item = I(blockIdx.x) * kThreads + threadIdx.x; item < items; item += step) {
     const I row = chunks.div(item), ow = (item - row * chunks.d) * V;
@@ -88,9 +90,9 @@ void copy_slab(int64_t outer, int64_t count, int64_t inner, const float* src, in
   // Every index is below the larger tensor's element count.
   dispatch(vec, fits32(outer * std::max(src_row, dst_row)), [&](auto v, auto i) {
     using I = decltype(i);
-    copy_slab_kernel<decltype(v)::value, I><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
-        Divisor<I>(I(chunks)), I(items), src, I(src_row), I(src_start), dst, I(dst_row),
-        I(dst_start));
+    launch_pdl(copy_slab_kernel<decltype(v)::value, I>, grid_for(items, kThreads), kThreads, 0,
+               stream, 1, Divisor<I>(I(chunks)), I(items), src, I(src_row), I(src_start), dst,
+               I(dst_row), I(dst_start));
   });
   check_launch("copy_slab");
 }
@@ -104,9 +106,10 @@ void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_
   const int64_t items = rows * chunks;
   dispatch(vec, fits32(n * std::max(x_image, y_image)), [&](auto v, auto i) {
     using I = decltype(i);
-    upsample_kernel<decltype(v)::value, I><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
-        Divisor<I>(I(chunks)), I(items), Divisor<I>(I(c)), I(h), I(w), Divisor<I>(I(ho)), I(wo),
-        Divisor<I>(I(scale_h)), Divisor<I>(I(scale_w)), x, I(x_image), y, I(y_image));
+    launch_pdl(upsample_kernel<decltype(v)::value, I>, grid_for(items, kThreads), kThreads, 0,
+               stream, 1, Divisor<I>(I(chunks)), I(items), Divisor<I>(I(c)), I(h), I(w),
+               Divisor<I>(I(ho)), I(wo), Divisor<I>(I(scale_h)), Divisor<I>(I(scale_w)), x,
+               I(x_image), y, I(y_image));
   });
   check_launch("upsample_nearest");
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "epilog/kernels/cuda.h"
 #include "epilog/kernels/shapes.h"
@@ -82,6 +83,41 @@ inline int grid_for(int64_t items, int64_t per_block) {
 
 inline bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// Programmatic dependent launch (sm_90): a kernel launched through launch_pdl is set up by the
+// hardware while the kernel before it on the stream still runs, which hides part of the launch
+// gap between the small kernels of a model (one CUDA graph node after another): the YOLO-like
+// model 0.410 -> 0.385 ms at batch 1, 1.676 -> 1.650 at batch 16 (H200, docs/perf.md). Such a
+// kernel starts with pdl_begin(), which waits until the previous kernel has finished and its
+// writes are visible (launched the ordinary way, it does nothing). No kernel lets the next one
+// in early (griddepcontrol.launch_dependents): at the start of every kernel that made the model
+// 0.645 ms at batch 1, the waiting blocks of the next kernel taking the SMs' slots.
+__device__ __forceinline__ void pdl_begin() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic dependent launch allowed,
+// and, with cluster > 1, as thread-block clusters of `cluster` blocks along x. The kernel must
+// begin with pdl_begin().
+template <class... P, class... A>
+void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream stream,
+                unsigned cluster, A&&... args) {
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = cluster;
+  attrs[1].val.clusterDim.y = 1;
+  attrs[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = cluster > 1 ? 2 : 1;
+  EPILOG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<A>(args)...));
 }
 
 inline bool fits32(int64_t n) {

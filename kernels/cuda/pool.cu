@@ -73,6 +73,7 @@ template <bool Max, bool Narrow, class I>
 __global__ void __launch_bounds__(kThreads)
     pool_kernel(Geometry g, bool count_include_pad, I items, Divisor<I> c, Divisor<I> ho,
                 Divisor<I> wo, I xs, I ys, const float* __restrict__ x, float* __restrict__ y) {
+  pdl_begin();
   const I step = I(gridDim.x) * kThreads;
   for (I item = I(blockIdx.x) * kThreads + threadIdx.x; item < items; item += step) {
     const I orow = wo.div(item);  // plane * ho + oh
@@ -129,9 +130,9 @@ void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream
   const bool narrow = p.kw <= kNarrow;
   const auto launch = [&](auto narrow_c, auto i) {
     using I = decltype(i);
-    pool_kernel<Max, decltype(narrow_c)::value, I><<<grid, kThreads, 0, stream>>>(
-        g, p.count_include_pad, I(items), Divisor<I>(I(p.c)), Divisor<I>(I(p.ho)),
-        Divisor<I>(I(p.wo)), I(xs), I(ys), x, y);
+    launch_pdl(pool_kernel<Max, decltype(narrow_c)::value, I>, grid, kThreads, 0, stream, 1, g,
+               p.count_include_pad, I(items), Divisor<I>(I(p.c)), Divisor<I>(I(p.ho)),
+               Divisor<I>(I(p.wo)), I(xs), I(ys), x, y);
   };
   const auto by_width = [&](auto i) {
     if (narrow)
