@@ -143,10 +143,11 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
             t.n = n;
           }
         }
-      // Split-K where few blocks would each walk a long reduction.
+      // Split-K where few blocks would each walk a long reduction (clusters: Hopper on).
       const int64_t blocks = ceil_div(pixels, t.m) * ceil_div(s.k, t.n);
       const int64_t ktiles = ceil_div(s.c * s.r * s.s, 32);
-      while (t.splits < kMaxSplits && double(blocks * t.splits * 2) <= kSplitMaxWaves * sms &&
+      while (device.cc_major >= 9 && t.splits < kMaxSplits &&
+             double(blocks * t.splits * 2) <= kSplitMaxWaves * sms &&
              ktiles >= kSplitMinKTiles * t.splits * 2)
         t.splits *= 2;
       break;

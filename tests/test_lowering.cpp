@@ -110,6 +110,11 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
     CHECK(t.stages == r.want.stages);
     CHECK(t.splits == r.want.splits);
   }
+  // Split-K's thread-block clusters need Hopper: before it, the same layer keeps whole tiles.
+  DeviceProfile ampere = sms(108);
+  ampere.cc_major = 8;
+  CHECK(conv_tiles(ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), sms(108)).splits == 2);
+  CHECK(conv_tiles(ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), ampere).splits == 1);
 }
 
 TEST_CASE("lowering: plans every node, honours a forced kernel, explains the choice",

@@ -395,6 +395,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
   __syncthreads();  // the pipeline's space is free
 
   // -- split-K: the cluster's other blocks hand their sums to rank 0 through shared memory --
+#if __CUDA_ARCH__ >= 900  // clusters; the launcher runs splits > 1 on Hopper only
   if (a.splits > 1) {
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
@@ -415,6 +416,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
     cluster.sync();  // the others keep their shared memory until rank 0 has read it
     if (split != 0) return;
   }
+#endif
 
   // -- batchnorm + activation epilogue --
   float* cs = smem;  // the pipeline's space
@@ -820,6 +822,9 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   // Split j of a tile takes k tiles [j * ktiles / splits, (j + 1) * ktiles / splits): none is
   // empty while splits <= ktiles.
   a.ktiles = int((kg + kBK - 1) / kBK);
+  if (t.splits > 1 && !detail::device_sm90())
+    reject("splits=" + std::to_string(t.splits) +
+           " needs thread-block clusters (compute capability 9.0 or later)");
   a.splits = t.splits;
   while (a.splits > a.ktiles) a.splits /= 2;
   const int split_ktiles = (a.ktiles + a.splits - 1) / a.splits;

@@ -94,12 +94,26 @@ inline bool aligned16(const void* p) {
 // in early (griddepcontrol.launch_dependents): at the start of every kernel that made the model
 // 0.645 ms at batch 1, the waiting blocks of the next kernel taking the SMs' slots.
 __device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) with programmatic dependent launch allowed,
-// and, with cluster > 1, as thread-block clusters of `cluster` blocks along x. The kernel must
-// begin with pdl_begin().
+// Whether the current device is Hopper or later (compute capability 9): programmatic launches
+// and thread-block clusters. Read once, as max_blocks.
+inline bool device_sm90() {
+  static const bool sm90 = [] {
+    int device = 0, major = 0;
+    EPILOG_CUDA_CHECK(cudaGetDevice(&device));
+    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major >= 9;
+  }();
+  return sm90;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic dependent launch allowed
+// (on Hopper and later), and, with cluster > 1, as thread-block clusters of `cluster` blocks
+// along x (the caller checked device_sm90()). The kernel must begin with pdl_begin().
 template <class... P, class... A>
 void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream stream,
                 unsigned cluster, A&&... args) {
@@ -115,8 +129,9 @@ void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = cluster > 1 ? 2 : 1;
+  const bool pdl = device_sm90();
+  config.attrs = pdl ? attrs : attrs + 1;
+  config.numAttrs = (pdl ? 1 : 0) + (cluster > 1 ? 1 : 0);
   EPILOG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<A>(args)...));
 }
 

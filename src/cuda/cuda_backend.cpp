@@ -431,7 +431,9 @@ std::optional<DeviceProfile> cuda_device_profile() {
     cudaGetLastError();
     return std::nullopt;
   }
-  return DeviceProfile{prop.name, prop.multiProcessorCount, true};
+  DeviceProfile profile{prop.name, prop.multiProcessorCount, true};
+  profile.cc_major = prop.major;
+  return profile;
 }
 
 std::unique_ptr<Backend> make_cuda_backend() {

@@ -14,6 +14,7 @@ struct DeviceProfile {
   std::string name;
   int sm_count = 0;
   bool detected = false;  // read off a device, not a default
+  int cc_major = 9;       // compute capability: split-K's thread-block clusters need 9 (Hopper)
 };
 
 struct NodePlan {
