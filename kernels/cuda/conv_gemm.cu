@@ -12,7 +12,7 @@
 // Images of x and y lie ConvShape::x_image() / y_image() floats apart (more than an image when
 // x or y is a channel slab of a larger batch); within an image everything is contiguous.
 //
-// Three kernels; ConvTiles {m, n, k, stages} picks one:
+// Three kernels; ConvTiles {m, n, k, stages, splits} picks one:
 //   k = 72  halo   3x3, stride 1 or 2 (the same both ways), dilation 1, any padding
 //                  (conv_gemm_halo.cuh): m in {64, 128, 256} output pixels (1, 2 or 4 squares
 //                  of 8x8), n in {32, 64, 128}. On any other shape k = 72 runs the k = 32
@@ -21,7 +21,9 @@
 //   k = 32  gather everything else.
 //   k = 32 takes m, n in {32, 64, 128}. stages in {2, 3, 4} is the depth of the cp.async pipeline
 //   (gather and halo use fewer when the reduction has fewer steps, halo when shared memory holds
-//   fewer; the direct kernel's pipeline runs on from one tile into the next).
+//   fewer; the direct kernel's pipeline runs on from one tile into the next). splits > 1
+//   (Hopper) runs the gather kernel as split-K, also on 1x1 shapes (see Grid below).
+//   All three are launched with programmatic dependent launch (launch_pdl, launch.cuh).
 //
 // TF32 (all kernels): each operand is rounded to nearest as it leaves shared memory by adding
 // half a TF32 ulp to its bits (one integer add, see to_tf32), the tensor core then dropping the
