@@ -1,6 +1,9 @@
 // Kernel selection and tile sizes: pure functions, checked with worked numbers.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
+#include <vector>
+
 #include "epilog/graph/lowering.h"
 #include "epilog/graph/passes.h"
 #include "epilog/io/builder.h"
@@ -173,4 +176,33 @@ TEST_CASE("lowering: plans every node, honours a forced kernel, explains the cho
   CHECK(dp.nodes[0].kernel == "scalar");
   CHECK_THAT(dp.nodes[0].rule, Catch::StartsWith("forced gemm cannot run groups=16"));
   CHECK_FALSE(parse_conv_kernel("fast"));
+}
+
+// The kernels' multiply-shift division (shapes.h) on the host, against `/`: every divisor up to
+// 4096 and large ones, numerators near 0, near multiples of the divisor and near 2^31.
+TEST_CASE("kernel geometry: fast_div equals integer division below 2^31", "[lowering][shapes]") {
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (uint32_t d :
+       {6400u, 25600u, 65535u, 65536u, 65537u, 1000003u, (1u << 30) - 1, 1u << 30, (1u << 31) - 1})
+    divisors.push_back(d);
+  const int64_t top = (int64_t(1) << 31) - 1;
+  int64_t checked = 0, wrong = 0;
+  for (uint32_t d : divisors) {
+    const FastDiv f = make_fastdiv(d);
+    const auto check = [&](int64_t n) {
+      if (n < 0 || n > top) return;
+      ++checked;
+      if (fast_div(int(n), f) != int(n / d)) {
+        ++wrong;
+        if (wrong <= 5) FAIL_CHECK("fast_div(" << n << ", " << d << ") = " << fast_div(int(n), f));
+      }
+    };
+    for (int64_t n = 0; n < 3 * int64_t(d) && n < 20000; ++n) check(n);
+    for (int64_t k : {int64_t(7), int64_t(1000), top / d - 1, top / d})
+      for (int64_t e = -1; e <= 1; ++e) check(k * d + e);
+    for (int64_t n = top - 64; n <= top; ++n) check(n);
+  }
+  CHECK(checked > 4000000);
+  CHECK(wrong == 0);
 }

@@ -120,9 +120,6 @@ namespace epilog::cuda {
 namespace {
 
 using namespace conv_gemm_detail;
-using detail::fast_div;
-using detail::FastDiv;
-using detail::make_fastdiv;
 
 constexpr int kBK = 32;
 constexpr int kPadA = 4;  // As row pad: k rows 2t land 8t banks apart, pixels 2g add 2g

@@ -245,11 +245,11 @@ struct DwArgs {
   int cols, wp;  // staged columns of a row (% 4 == 0), and the shared-memory row stride
   int sh4;       // shared-memory column of a tile's first tap iw0 (see dw_stage)
   int blocks;    // n * c * mgroups * ctiles * rtiles (< 2^31)
-  detail::FastDiv div_rt, div_ct, div_mg, div_c;  // the grid decode's divisors
-  int64_t xs, ys;                                 // elements between images of x and of y
-  const float* res;                               // residual (y's shape) or null
-  int64_t rs;                                     // elements between its images
-  bool vec_in;                                    // 16-byte copies: w % 4 == 0, x aligned
+  FastDiv div_rt, div_ct, div_mg, div_c;  // the grid decode's divisors
+  int64_t xs, ys;                         // elements between images of x and of y
+  const float* res;                       // residual (y's shape) or null
+  int64_t rs;                             // elements between its images
+  bool vec_in;                            // 16-byte copies: w % 4 == 0, x aligned
   bool vec_out;  // float4 stores and residual loads: wo % 4 == 0, y and res aligned
   Activation act;
 };
@@ -332,13 +332,13 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
 
   for (int b = blockIdx.x; b < a.blocks; b += gridDim.x) {
     // -- grid decode: row tile fastest, then column tile, channel group, channel, image --
-    int t = detail::fast_div(b, a.div_rt);
+    int t = fast_div(b, a.div_rt);
     const int rt = b - t * a.rtiles;
-    int u = detail::fast_div(t, a.div_ct);
+    int u = fast_div(t, a.div_ct);
     const int ct = t - u * a.ctiles;
-    t = detail::fast_div(u, a.div_mg);
+    t = fast_div(u, a.div_mg);
     const int mg = u - t * a.mgroups;
-    const int img = detail::fast_div(t, a.div_c);
+    const int img = fast_div(t, a.div_c);
     const int ch = t - img * a.c;
 
     const int oh0 = rt * a.th, ow0 = ct * a.tw;
@@ -539,10 +539,10 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   if (smem > kDwMaxSmem || blocks() > INT_MAX) return false;
   a.th = int(th), a.rtiles = int(rtiles), a.mb = int(mb), a.mgroups = int(mgroups);
   a.blocks = int(blocks());
-  a.div_rt = detail::make_fastdiv(uint32_t(rtiles));
-  a.div_ct = detail::make_fastdiv(uint32_t(a.ctiles));
-  a.div_mg = detail::make_fastdiv(uint32_t(mgroups));
-  a.div_c = detail::make_fastdiv(uint32_t(a.c));
+  a.div_rt = make_fastdiv(uint32_t(rtiles));
+  a.div_ct = make_fastdiv(uint32_t(a.ctiles));
+  a.div_mg = make_fastdiv(uint32_t(mgroups));
+  a.div_c = make_fastdiv(uint32_t(a.c));
 
   const int64_t items = th * ncg;
   const int threads = int(std::clamp<int64_t>(

@@ -26,25 +26,6 @@ __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// q = n / d for 0 <= n < 2^31 as a multiply-high and a shift (Granlund-Montgomery): for the
-// index decodes a kernel runs per item or tile, where a real division (about 20 instructions in
-// 32 bits, far more in 64) would cost more than the work it indexes.
-struct FastDiv {
-  uint32_t mul, shift;
-};
-
-inline FastDiv make_fastdiv(uint32_t d) {
-  uint32_t shift = 0;
-  while ((uint64_t(1) << shift) < d) ++shift;
-  const uint64_t mul = ((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1;
-  return {uint32_t(mul), shift};
-}
-
-__device__ __forceinline__ int fast_div(int n, FastDiv d) {
-  const uint32_t u = uint32_t(n);
-  return int((__umulhi(u, d.mul) + u) >> d.shift);
-}
-
 // Division by a divisor fixed at launch, in a kernel's index type I (see dispatch): uint32_t
 // indices are below 2^31, so they take fast_div; int64_t ones a plain division.
 template <class I>

@@ -15,6 +15,31 @@ namespace epilog {
 
 enum class Activation : uint8_t { None, Silu, Relu, Sigmoid };
 
+// q = n / d for 0 <= n < 2^31 and 0 < d < 2^31 as a multiply-high and a shift
+// (Granlund-Montgomery): for the index decodes a kernel runs per item or tile, where a real
+// division (about 20 instructions in 32 bits, far more in 64) would cost more than the work it
+// indexes. tests/test_lowering.cpp checks it against `/`.
+struct FastDiv {
+  uint32_t mul, shift;
+};
+
+inline FastDiv make_fastdiv(uint32_t d) {
+  uint32_t shift = 0;
+  while ((uint64_t(1) << shift) < d) ++shift;
+  const uint64_t mul = ((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1;
+  return {uint32_t(mul), shift};
+}
+
+EPILOG_HD inline int fast_div(int n, FastDiv d) {
+  const uint32_t u = uint32_t(n);
+#ifdef __CUDA_ARCH__
+  const uint32_t hi = __umulhi(u, d.mul);
+#else
+  const uint32_t hi = uint32_t((uint64_t(u) * d.mul) >> 32);
+#endif
+  return int((hi + u) >> d.shift);
+}
+
 // num / (1 + e^-v). On the GPU through the exp2 and reciprocal units (ex2.approx, __fdividef):
 // an accurate expf and an IEEE division cost about four times the instructions, which dominated
 // the epilogue of memory-bound layers. The error stays within 3e-6 of the result for |v| <= 20
