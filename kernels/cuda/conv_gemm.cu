@@ -497,7 +497,7 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
   extern __shared__ __align__(16) float smem[];
   detail::pdl_begin();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int ktiles = (a.kg + kBK - 1) / kBK;
+  const int ktiles = a.ktiles;
   const int tiles = (a.m + BM - 1) / BM * a.n_tiles, step = int(gridDim.x);
   const int total = (tiles - int(blockIdx.x) + step - 1) / step * ktiles;  // this block's k tiles
   const uint32_t smem0 = smem_addr(smem);
@@ -549,19 +549,7 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
     }
     // Batchnorm and activation in place, then the residual (its loads fly together, no store
     // between them), then the stores; as in the halo kernel, also the faster order without one.
-#pragma unroll
-    for (int ni = 0; ni < T::kNI; ++ni)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = n0 + wn * T::kWN + 8 * ni + 2 * t + e;
-        const float sc = a.scale && n < a.k ? __ldg(a.scale + n) : 1.0f;
-        const float sf = a.shift && n < a.k ? __ldg(a.shift + n) : 0.0f;
-#pragma unroll
-        for (int mi = 0; mi < T::kMI; ++mi) {
-          acc[mi][ni][e] = activate(act.value, fmaf(acc[mi][ni][e], sc, sf));
-          acc[mi][ni][2 + e] = activate(act.value, fmaf(acc[mi][ni][2 + e], sc, sf));
-        }
-      }
+    scale_shift_act(acc, a.scale, a.shift, a.k, n0 + wn * T::kWN, t, act);
     if (a.res) {
 #pragma unroll
       for (int ni = 0; ni < T::kNI; ++ni)

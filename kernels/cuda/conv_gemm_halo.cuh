@@ -274,22 +274,9 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
   // Batchnorm and activation in place, then the residual, whose loads then all fly together
   // (no store between them to order them after), then the stores. This order also measured
   // faster without a residual than applying the activation on the way to each store.
-  auto finish = [&](auto act) {
-#pragma unroll
-    for (int ni = 0; ni < T::kNI; ++ni)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = n0 + wn * T::kWN + 8 * ni + 2 * t + e;
-        const float sc = a.scale && n < a.k ? __ldg(a.scale + n) : 1.0f;
-        const float sf = a.shift && n < a.k ? __ldg(a.shift + n) : 0.0f;
-#pragma unroll
-        for (int mi = 0; mi < T::kMI; ++mi)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            acc[mi][ni][2 * h + e] = activate(act.value, fmaf(acc[mi][ni][2 * h + e], sc, sf));
-      }
-  };
-  with_activation(a.act, finish);
+  with_activation(a.act, [&](auto act) {
+    scale_shift_act(acc, a.scale, a.shift, a.k, n0 + wn * T::kWN, t, act);
+  });
   if (a.res) {
     // The residual's offsets differ from y's by the image strides only (one image a warp).
     const float* __restrict__ r = a.res + img * (a.r_img - a.ys);

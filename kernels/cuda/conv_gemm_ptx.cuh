@@ -101,4 +101,27 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Batchnorm and activation in place over a warp's accumulators, acc[mi][ni] one m16n8 tile:
+// elements e and 2 + e are channel n0 + 8 ni + 2t + e (d0..d3 above), whatever pixels the
+// kernel maps their rows to. Channels past k read scale 1 and shift 0 (never stored).
+template <int MI, int NI, class Act>
+__device__ __forceinline__ void scale_shift_act(float (&acc)[MI][NI][4],
+                                                const float* __restrict__ scale,
+                                                const float* __restrict__ shift, int k, int n0,
+                                                int t, Act act) {
+#pragma unroll
+  for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = n0 + 8 * ni + 2 * t + e;
+      const float sc = scale && n < k ? __ldg(scale + n) : 1.0f;
+      const float sf = shift && n < k ? __ldg(shift + n) : 0.0f;
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        acc[mi][ni][e] = activate(act.value, fmaf(acc[mi][ni][e], sc, sf));
+        acc[mi][ni][2 + e] = activate(act.value, fmaf(acc[mi][ni][2 + e], sc, sf));
+      }
+    }
+}
+
 }  // namespace epilog::cuda::conv_gemm_detail
