@@ -2,6 +2,7 @@
 #include "epilog/graph/lowering.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "epilog/runtime/params.h"
 
@@ -53,6 +54,14 @@ constexpr int64_t kHaloMinChannels = 8;
 // under an 8x8 square): two stages (95 KB at n = 32) let two blocks share an SM, three do not.
 // b32_c16_32_3x3s2_320: 148.5 with 2 stages, 193.0 with 3.
 constexpr int kHaloStride2Stages = 2;
+// The halo kernel on warpgroup MMA (Hopper, stride 1; at stride 2 unmeasured): n covering Cout,
+// m = 256 for n = 128, else 128; then n, then m halves while the grid has under kHaloMinWaves
+// waves. b16_c128_128_3x3_40: 256x128 48.1 vs 128x128 55.7 and the mma.sync kernel's best 62.9;
+// b16_c64_64_3x3_80: 128x64 62.6 vs 256x64 71.7 and 69.0; b1_c16_16_3x3_160: 128x32 5.8 vs
+// 256x32 6.1 and 6.5; b1_c64_64_3x3_80 (100 squares): 128x32, 100 blocks, 9.9 vs 128x64 12.1
+// and the gather kernel's 13.0. As many stages as shared memory holds, up to 4 (256x128: 48.1
+// with 4, 48.4 with 3).
+constexpr int kHaloWgmmaStages = 4;
 
 // Split-K (the gather kernel; a tile's blocks form one thread-block cluster, which sums their
 // accumulators in shared memory): a block's k tiles run one after another, each paying a load
@@ -91,11 +100,36 @@ int smallest_covering(const std::vector<int>& sizes, int64_t extent) {
   return sizes.back();
 }
 
+// Squares of 8x8 outputs a halo kernel covers; a plane that 8 does not divide is padded up.
+int64_t halo_squares(const ConvShape& s) {
+  return s.n * ceil_div(s.ho, 8) * ceil_div(s.wo, 8);
+}
+
+// Blocks of m / 64 squares by n channels.
+int64_t halo_blocks(const ConvShape& s, int m, int n) {
+  return ceil_div(halo_squares(s), m / 64) * ceil_div(s.k, n);
+}
+
 bool halo_wins(const ConvShape& s, int n_tile, const DeviceProfile& device) {
   if (!conv_gemm_halo_fits(s) || s.c < kHaloMinChannels) return false;
-  // Blocks of 4 squares of 8x8 outputs; a plane that 8 does not divide is padded up.
-  const int64_t squares = s.n * ceil_div(s.ho, 8) * ceil_div(s.wo, 8);
-  return double(ceil_div(squares, 4) * ceil_div(s.k, n_tile)) >= kHaloMinWaves * device.sm_count;
+  return double(halo_blocks(s, 256, n_tile)) >= kHaloMinWaves * device.sm_count;
+}
+
+// The wgmma halo tiles for `s`, or nullopt where that kernel does not take it.
+std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
+                                          const DeviceProfile& device) {
+  if (!device.wgmma || !conv_gemm_halo_fits(s) || s.stride_h != 1 || s.c < kHaloMinChannels)
+    return std::nullopt;
+  const double min_blocks = kHaloMinWaves * device.sm_count;
+  int m = cover == 128 ? 256 : 128, n = cover;
+  while (double(halo_blocks(s, m, n)) < min_blocks && (n > 32 || m > 64)) {
+    if (n > 32)
+      n /= 2;
+    else
+      m /= 2;
+  }
+  if (double(halo_blocks(s, m, n)) < min_blocks) return std::nullopt;
+  return ConvTiles{m, n, 72, kHaloWgmmaStages, 1, true};
 }
 
 }  // namespace
@@ -119,6 +153,10 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
     case ConvKernel::Gemm: {
       const int cover = smallest_covering({32, 64, 128}, s.k);
       t.stages = 3;
+      if (const auto wg = halo_wgmma_tiles(s, cover, device)) {
+        t = *wg;
+        break;
+      }
       if (halo_wins(s, cover, device)) {
         t.m = 256;
         t.n = cover;
@@ -156,7 +194,7 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
   return t;
 }
 
-std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel) {
+std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel, const DeviceProfile& device) {
   std::vector<ConvTiles> out;
   if (kernel == ConvKernel::Tiled) {
     for (int m : {32, 64, 128})
@@ -173,6 +211,11 @@ std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel) {
     for (int m : {64, 128, 256})
       for (int n : {32, 64, 128})
         for (int stages : {2, 3, 4}) out.push_back({m, n, 72, stages});
+    // ...and on warpgroup MMA (stages past what shared memory holds run as many as fit).
+    if (device.wgmma)
+      for (int m : {64, 128, 256})
+        for (int n : {32, 64, 128})
+          for (int stages : {3, 4}) out.push_back({m, n, 72, stages, 1, true});
   }
   return out;
 }
@@ -198,6 +241,21 @@ Plan lower(Graph graph, const LowerOptions& options) {
       np.kernel = conv_kernel_name(c.kernel);
       np.rule = c.rule;
       np.tiles = conv_tiles(c.kernel, cs, options.profile);
+      if (np.tiles.wgmma) {
+        // The wgmma halo kernel reads its weights packed ahead; a weight that is not an
+        // initializer (known only at run time) keeps the mma.sync halo kernel.
+        const std::string& w = node.inputs[1];
+        if (graph.is_weight(w)) {
+          const Tensor weight = graph.weights.at(w).data.to(Device::CPU);
+          np.packed = Tensor::empty({halo_packed_floats(cs)});
+          pack_halo_weights(cs, static_cast<const float*>(weight.raw()),
+                            static_cast<float*>(np.packed.raw()));
+        } else {
+          DeviceProfile sync = options.profile;
+          sync.wgmma = false;
+          np.tiles = conv_tiles(c.kernel, cs, sync);
+        }
+      }
     } else {
       np.kernel = op_name(node.op);
       np.rule = "one kernel";
@@ -224,6 +282,7 @@ std::string explain(const Plan& plan) {
       if (np.tiles.k) tiles += fmt::format(" k={}", np.tiles.k);
       if (np.tiles.stages) tiles += fmt::format(" stages={}", np.tiles.stages);
       if (np.tiles.splits > 1) tiles += fmt::format(" splits={}", np.tiles.splits);
+      if (np.tiles.wgmma) tiles += " wgmma";
     }
     out += fmt::format("{:<24} {:<16} {:<46} {:<16} {:<40} {}\n", n.name, op_name(n.op), io,
                        np.kernel, np.rule, tiles);

@@ -19,8 +19,11 @@ ConvShape shape(int64_t n, int64_t cin, int64_t hw, int64_t cout, int64_t k, int
   return ConvShape{n, cin, hw, hw, cout, k, k, out, out, stride, stride, p, p, 1, 1, groups};
 }
 
+// A GPU with n SMs, without the warpgroup MMA kernels (the mma.sync halo kernel's rules).
 DeviceProfile sms(int n) {
-  return DeviceProfile{"test", n, false};
+  DeviceProfile p{"test", n, false};
+  p.wgmma = false;
+  return p;
 }
 
 }  // namespace
@@ -112,6 +115,31 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
     CHECK(t.k == r.want.k);
     CHECK(t.stages == r.want.stages);
     CHECK(t.splits == r.want.splits);
+    CHECK_FALSE(t.wgmma);
+  }
+  // With warpgroup MMA (Hopper, sm_90a build) the stride-1 halo layers take the wgmma kernel:
+  // n covers Cout, m = 256 for n = 128 else 128, halved (n first) while the grid is under half a
+  // wave; 4 stages. Stride 2 keeps the mma.sync halo kernel.
+  struct Wg {
+    ConvShape s;
+    ConvTiles want;
+  };
+  DeviceProfile hopper = sms(132);
+  hopper.wgmma = true;
+  for (const Wg& r : std::vector<Wg>{
+           {shape(16, 64, 80, 64, 3), {128, 64, 72, 4, 1, true}},     // 800 blocks
+           {shape(16, 128, 40, 128, 3), {256, 128, 72, 4, 1, true}},  // 100 blocks
+           {shape(1, 16, 160, 16, 3), {128, 32, 72, 4, 1, true}},     // 200 blocks
+           // 100 squares: 128x64 makes 50 blocks, 128x32 100 >= 66.
+           {shape(1, 64, 80, 64, 3), {128, 32, 72, 4, 1, true}},
+           // 9 squares: even 64x32 makes 36 blocks; the gather kernel, as without wgmma.
+           {shape(1, 128, 20, 128, 3),
+            conv_tiles(ConvKernel::Gemm, shape(1, 128, 20, 128, 3), sms(132))},
+           {shape(32, 16, 320, 32, 3, 2), {256, 32, 72, 2}},
+           {shape(1, 7, 640, 16, 3, 2), {128, 32, 32, 2}},  // no halo kernel: no wgmma
+       }) {
+    INFO("Cin " << r.s.c << " Cout " << r.s.k << " stride " << r.s.stride_h);
+    CHECK(conv_tiles(ConvKernel::Gemm, r.s, hopper) == r.want);
   }
   // Split-K's thread-block clusters need Hopper: before it, the same layer keeps whole tiles.
   DeviceProfile ampere = sms(108);

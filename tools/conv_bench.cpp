@@ -161,6 +161,15 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   DeviceBuffer dw(w_n), dscale(s.k), dshift(s.k), dgamma(s.k), dbeta(s.k), dmean(s.k), dvar(s.k),
       tmp(out_n);
   upload(dw.ptr, w);
+  // The weights packed for the wgmma halo kernel (lowering packs them once per model).
+  std::unique_ptr<DeviceBuffer> dpacked;
+  if (conv_gemm_halo_fits(s)) {
+    Tensor packed = Tensor::empty({halo_packed_floats(s)});
+    pack_halo_weights(s, w.f32(), packed.f32());
+    dpacked = std::make_unique<DeviceBuffer>(packed.numel());
+    upload(dpacked->ptr, packed);
+  }
+  const float* wp = dpacked ? dpacked->ptr : nullptr;
   auto up = [](DeviceBuffer& d, const std::vector<float>& v) {
     EPILOG_CUDA_CHECK(cudaMemcpy(d.ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
   };
@@ -214,7 +223,8 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
       cuda::conv_tiled(s, t, xb(r), dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, yb(r),
                        stream);
     else
-      cuda::conv_gemm(s, t, xb(r), dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, yb(r), stream);
+      cuda::conv_gemm(s, t, xb(r), dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, yb(r), stream,
+                      nullptr, wp);
   };
   for (ConvKernel kern : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm}) {
     if (!conv_supports(kern, s)) continue;
@@ -229,6 +239,13 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
     t = {std::min(t.m, 128), t.n, 32, t.stages};
     variants.push_back({"gemm_k32", [&fused, t](int r) { fused(ConvKernel::Gemm, t, r); }, 2e-3});
   }
+  // Where it picks the halo kernel on warpgroup MMA, the same kernel on mma.sync too.
+  if (conv_tiles(ConvKernel::Gemm, s, profile).wgmma) {
+    DeviceProfile sync = profile;
+    sync.wgmma = false;
+    const ConvTiles t = conv_tiles(ConvKernel::Gemm, s, sync);
+    variants.push_back({"gemm_mma", [&fused, t](int r) { fused(ConvKernel::Gemm, t, r); }, 2e-3});
+  }
   // Our unfused sequence: the selected kernel with an identity epilogue, batchnorm, silu.
   ConvChoice pick = select_conv_kernel(s, profile);
   ConvTiles pt = conv_tiles(pick.kernel, s, profile);
@@ -242,7 +259,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
                                            tmp.ptr, stream);
                         else
                           cuda::conv_gemm(s, pt, xb(r), dw.ptr, nullptr, nullptr, Activation::None,
-                                          tmp.ptr, stream);
+                                          tmp.ptr, stream, nullptr, wp);
                         cuda::batchnorm(s.n, s.k, s.ho * s.wo, tmp.ptr, dgamma.ptr, dbeta.ptr,
                                         dmean.ptr, dvar.ptr, 1e-5f, tmp.ptr, stream);
                         cuda::activation(Activation::Silu, out_n, tmp.ptr, yb(r), stream);
@@ -295,7 +312,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
       const ConvTiles picked = conv_tiles(kern, s, profile);
       ConvTiles best;
       double best_us = INFINITY, picked_us = INFINITY;
-      std::vector<ConvTiles> tiles = conv_built_tiles(kern);
+      std::vector<ConvTiles> tiles = conv_built_tiles(kern, profile);
       // Split-K at the tiles lowering picks: what its split rule is checked with.
       if (kern == ConvKernel::Gemm && picked.k == 32)
         for (int splits : {1, 2, 4, 8}) {
@@ -305,16 +322,18 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
         }
       for (const ConvTiles& t : tiles) {
         if (t.k == 72 && !conv_gemm_halo_fits(s)) continue;  // would run the k = 32 kernel
+        if (!conv_gemm_tiles_run(t, s)) continue;
         const double us = graph_time_us(stream, [&fused, kern, t](int r) { fused(kern, t, r); });
-        all.push_back({conv_kernel_name(kern), t.m, t.n, t.k, t.stages, t.splits, us});
+        all.push_back({conv_kernel_name(kern), t.m, t.n, t.k, t.stages, t.splits, t.wgmma, us});
         if (us < best_us) best_us = us, best = t;
         if (t == picked) picked_us = us;
       }
       std::printf(
-          "  %s sweep: fastest m=%d n=%d k=%d stages=%d splits=%d %.1f us; lowering's m=%d n=%d "
-          "k=%d stages=%d splits=%d %.1f us\n",
-          conv_kernel_name(kern), best.m, best.n, best.k, best.stages, best.splits, best_us,
-          picked.m, picked.n, picked.k, picked.stages, picked.splits, picked_us);
+          "  %s sweep: fastest m=%d n=%d k=%d stages=%d splits=%d%s %.1f us; lowering's m=%d "
+          "n=%d k=%d stages=%d splits=%d%s %.1f us\n",
+          conv_kernel_name(kern), best.m, best.n, best.k, best.stages, best.splits,
+          best.wgmma ? " wgmma" : "", best_us, picked.m, picked.n, picked.k, picked.stages,
+          picked.splits, picked.wgmma ? " wgmma" : "", picked_us);
     }
     row["sweep"] = all;
   }
@@ -322,7 +341,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   // The fastest of the fused kernels (and gemm tile shapes), and whether the selector's pick
   // is within 10% of it.
   double fastest = INFINITY;
-  for (const char* k : {"scalar", "tiled", "gemm", "gemm_k32"})
+  for (const char* k : {"scalar", "tiled", "gemm", "gemm_k32", "gemm_mma"})
     if (row.contains(std::string(k) + "_us") && !row[std::string(k) + "_us"].is_null())
       fastest = std::min(fastest, row[std::string(k) + "_us"].get<double>());
   std::string sel = std::string(conv_kernel_name(pick.kernel)) + "_us";

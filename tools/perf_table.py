@@ -25,7 +25,7 @@ def main():
     print(f"Card: {card['device']}, PyTorch {card['torch']}; measured in this run: copy "
           f"{card['copy_GBps']:.0f} GB/s, TF32 matmul {card['tf32_TFLOPs']:.0f} TFLOP/s, "
           f"fp32 {card['fp32_TFLOPs']:.0f} TFLOP/s.\n")
-    cols = ["shape", "GFLOP", "floor", "scalar", "tiled", "gemm", "gemm k32", "selected", "unfused3",
+    cols = ["shape", "GFLOP", "floor", "scalar", "tiled", "gemm", "gemm k32", "gemm mma", "selected", "unfused3",
             "cuDNN+ep", "eager3", "folded2", "fp16 cl", "x eager3", "x folded2", "% floor", "pick ok"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
@@ -49,7 +49,7 @@ def main():
         if not o["selector_ok"]:
             fails_pick.append(name)
         row = [name, f"{o['gflop']:.2f}", f(floor), f(o.get("scalar_us")), f(o.get("tiled_us")),
-               f(o.get("gemm_us")), f(o.get("gemm_k32_us")), f"{f(sel)} ({o['selected']})", f(o.get("unfused3_us")),
+               f(o.get("gemm_us")), f(o.get("gemm_k32_us")), f(o.get("gemm_mma_us")), f"{f(sel)} ({o['selected']})", f(o.get("unfused3_us")),
                f(o.get("cudnn+bn_silu_us")), f(t["eager3_us"]), f(t["folded2_us"]),
                f(t["fp16cl_us"]), f"{x_e:.2f}" if x_e else "-", f"{x_f:.2f}" if x_f else "-",
                f"{pct:.0f}" if pct else "-", "yes" if o["selector_ok"] else "NO"]

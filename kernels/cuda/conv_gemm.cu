@@ -16,7 +16,10 @@
 //   k = 72  halo   3x3, stride 1 or 2 (the same both ways), dilation 1, any padding
 //                  (conv_gemm_halo.cuh): m in {64, 128, 256} output pixels (1, 2 or 4 squares
 //                  of 8x8), n in {32, 64, 128}. On any other shape k = 72 runs the k = 32
-//                  kernels below with the same n and m capped at 128.
+//                  kernels below with the same n and m capped at 128. With `wgmma` the same
+//                  tiles on Hopper's warpgroup MMA (conv_gemm_wgmma.cuh; sm_90a builds on a
+//                  compute capability 9.0 GPU), reading the weights packed ahead of the run
+//                  (pack_halo_weights); stages 3 or 4, and no m = 256 with n >= 64 at stride 2.
 //   k = 32  direct 1x1, stride 1, no padding, ho*wo % 4 == 0, x 16-byte aligned: persistent.
 //   k = 32  gather everything else.
 //   k = 32 takes m, n in {32, 64, 128}. stages in {2, 3, 4} is the depth of the cp.async pipeline
@@ -114,6 +117,7 @@
 #include "conv_common.cuh"
 #include "conv_gemm_halo.cuh"
 #include "conv_gemm_ptx.cuh"
+#include "conv_gemm_wgmma.cuh"
 #include "epilog/kernels/cuda.h"
 
 namespace epilog::cuda {
@@ -694,40 +698,84 @@ void launch_halo(HaloArgs a, Stream stream) {
   check_launch("conv_gemm");
 }
 
+template <int BM, int BN, int S>
+void launch_halo_wgmma(HaloArgs a, Stream stream) {
+  using W = HaloWgTile<BM, BN, S>;
+  if constexpr (W::kMaxStages == 0) {
+    reject("the wgmma halo kernel has no m=" + std::to_string(BM) + " n=" + std::to_string(BN) +
+           " tile at stride " + std::to_string(S) + " (three stages exceed shared memory)");
+  } else {
+    auto kernel = conv_halo_wgmma_kernel<BM, BN, S>;
+    static std::atomic<uint64_t> opted_in{0};
+    opt_in(opted_in, W::smem_bytes(W::kMaxStages), kernel);
+    a.stages = a.stages < 3 ? 3 : a.stages > W::kMaxStages ? W::kMaxStages : a.stages;
+    const int64_t blocks = (int64_t(a.squares) + W::kSquares - 1) / W::kSquares * a.n_tiles;
+    check_grid(blocks);
+    detail::launch_pdl(kernel, unsigned(blocks), W::kThreads, W::smem_bytes(a.stages), stream, 1,
+                       a);
+    check_launch("conv_gemm");
+  }
+}
+
+template <int BM, int BN, int S>
+void launch_halo_any(HaloArgs a, bool wgmma, Stream stream) {
+  return wgmma ? launch_halo_wgmma<BM, BN, S>(a, stream) : launch_halo<BM, BN, S>(a, stream);
+}
+
 template <int S>
 void dispatch_halo(const ConvTiles& t, const HaloArgs& a, Stream stream) {
   switch (t.m * 1000 + t.n) {
     case 64032:
-      return launch_halo<64, 32, S>(a, stream);
+      return launch_halo_any<64, 32, S>(a, t.wgmma, stream);
     case 64064:
-      return launch_halo<64, 64, S>(a, stream);
+      return launch_halo_any<64, 64, S>(a, t.wgmma, stream);
     case 64128:
-      return launch_halo<64, 128, S>(a, stream);
+      return launch_halo_any<64, 128, S>(a, t.wgmma, stream);
     case 128032:
-      return launch_halo<128, 32, S>(a, stream);
+      return launch_halo_any<128, 32, S>(a, t.wgmma, stream);
     case 128064:
-      return launch_halo<128, 64, S>(a, stream);
+      return launch_halo_any<128, 64, S>(a, t.wgmma, stream);
     case 128128:
-      return launch_halo<128, 128, S>(a, stream);
+      return launch_halo_any<128, 128, S>(a, t.wgmma, stream);
     case 256032:
-      return launch_halo<256, 32, S>(a, stream);
+      return launch_halo_any<256, 32, S>(a, t.wgmma, stream);
     case 256064:
-      return launch_halo<256, 64, S>(a, stream);
+      return launch_halo_any<256, 64, S>(a, t.wgmma, stream);
     case 256128:
-      return launch_halo<256, 128, S>(a, stream);
+      return launch_halo_any<256, 128, S>(a, t.wgmma, stream);
   }
 }
 
 std::string tiles_str(const ConvTiles& t) {
   return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
-         " stages=" + std::to_string(t.stages) + " splits=" + std::to_string(t.splits);
+         " stages=" + std::to_string(t.stages) + " splits=" + std::to_string(t.splits) +
+         (t.wgmma ? " wgmma" : "");
 }
 
 }  // namespace
 
+bool wgmma_available() {
+#ifdef EPILOG_WGMMA
+  static std::atomic<int> cache[64];  // per device: 0 unknown, 1 yes, 2 no
+  int device = 0;
+  EPILOG_CUDA_CHECK(cudaGetDevice(&device));
+  int v = cache[device % 64].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0, minor = 0;
+    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    v = major == 9 && minor == 0 ? 1 : 2;
+    cache[device % 64].store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+#else
+  return false;
+#endif
+}
+
 void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const float* w,
                const float* scale, const float* shift, Activation act, float* y, Stream stream,
-               const float* residual) {
+               const float* residual, const float* packed) {
   if (s.groups != 1) reject("groups must be 1, got " + std::to_string(s.groups));
   const auto in = [](int v, std::initializer_list<int> set) {
     for (int e : set)
@@ -739,6 +787,12 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
                        in(tiles.splits, {1, 2, 4, 8});
   const bool halo_ok = tiles.k == kHaloK && in(tiles.m, {64, 128, 256}) &&
                        in(tiles.n, {32, 64, 128}) && tiles.splits == 1;
+  if (tiles.wgmma && !halo_ok)
+    reject("wgmma is a variant of the k = 72 halo kernel, got " + tiles_str(tiles));
+  if (tiles.wgmma && !wgmma_available())
+    reject(
+        "the wgmma halo kernel needs a compute capability 9.0 GPU and a build with sm_90a code "
+        "(EPILOG_CUDA_ARCH=90a)");
   if (!stages_ok || !(gemm_ok || halo_ok))
     reject("unsupported tiles " + tiles_str(tiles) +
            " (k = 32 with m, n in {32, 64, 128} and splits in {1, 2, 4, 8}, or k = 72 with m in "
@@ -773,6 +827,15 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     a.n_tiles = int((s.k + tiles.n - 1) / tiles.n);
     a.ctiles = int((s.c + kHaloC - 1) / kHaloC);
     a.stages = a.ctiles + 1 < tiles.stages ? a.ctiles + 1 : tiles.stages;
+    if (tiles.wgmma) {
+      if (!packed)
+        reject(
+            "the wgmma halo kernel reads the weights packed ahead (pack_halo_weights), got none");
+      if (halo_packed_floats(s) >= INT32_MAX) reject("packed weights span 2^31 floats or more");
+      a.wp = packed;
+      a.kpad = int(halo_packed_rows(s));
+      a.stages = tiles.stages;
+    }
     a.vec_b = s.c % 4 == 0 && aligned16(w);
     a.xs = int(s.x_image()), a.ys = int(s.y_image());
     a.res = residual, a.r_img = int(s.r_image());

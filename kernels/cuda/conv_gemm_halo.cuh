@@ -34,6 +34,8 @@ struct HaloArgs {
   int r_img;              // elements between its images
   bool vec_b;             // 16-byte weight copies: c % 4 == 0 and w 16-byte aligned
   Activation act;
+  const float* wp;  // the wgmma kernel's packed weights (pack_halo_weights), kpad rows a run
+  int kpad;
 };
 
 template <int BM, int BN, int S>
@@ -58,7 +60,6 @@ struct HaloTile {
   static constexpr int kLdB = kHaloK + 4;
   static constexpr int kStageFloats = kSquares * kPatch + BN * kLdB;
   static constexpr int kQ = (kPos + 31) / 32;  // patch positions per lane (lane + 32q)
-  static constexpr int kChannelsPerWarp = kHaloC / kWarpsN;
   static constexpr int kMaxSmem = 227 * 1024;
   static constexpr int kMaxStages = 4 * kStageFloats * 4 <= kMaxSmem   ? 4
                                     : 3 * kStageFloats * 4 <= kMaxSmem ? 3
@@ -80,39 +81,39 @@ struct HaloTile {
   }
 };
 
-template <int BM, int BN, int S>
-__global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
-    conv_halo_kernel(const HaloArgs a) {
+// The cp.async copies of one stage of the halo kernels, into HaloTile's staging layout: the
+// input patch under each square of the block (P[8][kCS]) and the block's weight rows
+// (Bs[BN][kLdB]). WarpsN warps share a square and split its 8 channel planes; every warp copies
+// weight rows. All copy state is decoded once per block.
+template <int BM, int BN, int S, int WarpsN>
+struct HaloLoader {
   using T = HaloTile<BM, BN, S>;
-  extern __shared__ __align__(16) float smem[];
-  detail::pdl_begin();
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
-  const int g = lane / 4, t = lane % 4;
-  const int n_tile = int(blockIdx.x % unsigned(a.n_tiles));
-  const int m_tile = int(blockIdx.x / unsigned(a.n_tiles));
-  const int n0 = n_tile * BN;
-  const int hw = a.h * a.w, kg = a.c * 9;
-  const uint32_t smem0 = smem_addr(smem);
-  constexpr uint32_t kStageBytes = 4 * T::kStageFloats;
+  static constexpr int kWarps = T::kSquares * WarpsN;
+  static constexpr int kChannelsPerWarp = kHaloC / WarpsN;
+  static constexpr int kRowsPerWarp = BN / kWarps;
+  static_assert(kHaloC % WarpsN == 0 && BN % kWarps == 0, "warps split channels and rows");
 
-  // -- this warp's square --
-  // Squares run over (image, row of squares, column of squares); a block takes kSquares
-  // consecutive ones, warp row wm the wm-th. Past the last square everything is masked.
-  const int sq = m_tile * T::kSquares + wm;
-  const bool sq_ok = sq < a.squares;
-  const int sqc = sq_ok ? sq : 0;
-  const int img = sqc / a.tiles_yx, sq_rem = sqc - img * a.tiles_yx;
-  const int sy = sq_rem / a.tiles_x, sx = sq_rem - sy * a.tiles_x;
-  const int oy0 = sy * kHaloSide, ox0 = sx * kHaloSide;
-
-  // -- copy state, fixed for the block --
+  const HaloArgs& a;
+  int wn, lane;
   // Patch: lane owns slots lane + 32q of each channel plane of its square. goff is the slot's
   // offset in an input channel plane (0 when outside the image), pbytes 4 inside, 0 outside
   // (zero fill: the padding).
   uint32_t goff[T::kQ];
   int pbytes[T::kQ];
-  {
+  bool last_q;  // the last slot group is partial
+  const float* x_img;
+  uint32_t patch_dst;
+  // Weights: warp w copies rows w, w + kWarps, ... of the block's BN; lane l < 18 the l-th
+  // 16-byte chunk of the 72 floats (or, 4 bytes at a time, floats l, l + 32, l + 64). Rows past
+  // k are skipped (their products only reach columns that are never stored).
+  int b_rows, b_lane;
+  const float* b_row;
+  uint32_t b_dst;
+
+  // Square wm of the block (sq_ok: it exists) has its outputs at (oy0, ox0) of image img.
+  __device__ __forceinline__ HaloLoader(const HaloArgs& args, uint32_t smem0, int warp, int wm,
+                                        int lane_, bool sq_ok, int img, int oy0, int ox0, int n0)
+      : a(args), wn(warp % WarpsN), lane(lane_) {
     const int iy0 = oy0 * S - a.pt, ix0 = ox0 * S - a.pl;
 #pragma unroll
     for (int q = 0; q < T::kQ; ++q) {
@@ -123,26 +124,25 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
       goff[q] = ok ? uint32_t(iy * a.w + ix) : 0u;
       pbytes[q] = ok ? 4 : 0;
     }
+    last_q = lane + 32 * (T::kQ - 1) < T::kPos;
+    x_img = a.x + size_t(img) * a.xs;
+    patch_dst = smem0 + 4 * (wm * T::kPatch + lane);
+    b_rows = a.k - n0 - warp;  // rows rr with rr * kWarps < b_rows exist
+    b_lane = a.vec_b ? 4 * (lane < kHaloK / 4 ? lane : 0) : lane;
+    b_row = a.wt + size_t(n0 + warp < a.k ? n0 + warp : 0) * (a.c * 9);
+    b_dst = smem0 + 4 * (T::kSquares * T::kPatch + warp * T::kLdB + b_lane);
   }
-  const bool last_q = lane + 32 * (T::kQ - 1) < T::kPos;  // the last slot group is partial
-  const float* const x_img = a.x + size_t(img) * a.xs;
-  const uint32_t patch_dst = smem0 + 4 * (wm * T::kPatch + lane);
-  // Weights: warp w copies rows w, w + kWarps, ... of the block's BN; lane l < 18 the l-th
-  // 16-byte chunk of the 72 floats (or, 4 bytes at a time, floats l, l + 32, l + 64). Rows past
-  // k are skipped (their products only reach columns that are never stored).
-  constexpr int kRowsPerWarp = BN / T::kWarps;
-  const int b_rows = a.k - n0 - warp;  // rows rr with rr * kWarps < b_rows exist
-  const int b_lane = a.vec_b ? 4 * (lane < kHaloK / 4 ? lane : 0) : lane;
-  const float* const b_row = a.wt + size_t(n0 + warp < a.k ? n0 + warp : 0) * kg;
-  const uint32_t b_dst = smem0 + 4 * (T::kSquares * T::kPatch + warp * T::kLdB + b_lane);
 
-  auto load_stage = [&](int stage, int kt) {
-    const uint32_t sbase = stage * kStageBytes;
-    const int c0 = kt * kHaloC;
-    // Patch: channels wn, wn + kWarpsN, ... of the stage's 8; a channel past c is all zeros.
+  // Stage kt (input channels 8kt ..) into the staging buffer sbase bytes past the first.
+  __device__ __forceinline__ void load(uint32_t sbase, int kt) const {
+    load_patch(sbase, kt);
+    load_weights(sbase, kt);
+  }
+  __device__ __forceinline__ void load_patch(uint32_t sbase, int kt) const {
+    const int c0 = kt * kHaloC, hw = a.h * a.w;
 #pragma unroll
-    for (int cc = 0; cc < T::kChannelsPerWarp; ++cc) {
-      const int cl = wn + cc * T::kWarpsN, c = c0 + cl;
+    for (int cc = 0; cc < kChannelsPerWarp; ++cc) {
+      const int cl = wn + cc * WarpsN, c = c0 + cl;
       const uint32_t dst = patch_dst + sbase + 4 * cl * T::kCS;
       if (c < a.c) {
         const float* plane = x_img + c * hw;
@@ -157,6 +157,9 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
         cp_async4_if(last_q, dst + 4 * 32 * (T::kQ - 1), a.x, 0);
       }
     }
+  }
+  __device__ __forceinline__ void load_weights(uint32_t sbase, int kt) const {
+    const int c0 = kt * kHaloC, kg = a.c * 9;
     // Weights: columns c0 * 9 .. + 72 of each row. Past the row's end (c % 8 != 0) zeros, read
     // from the stage's first column so that the (unread) source stays in bounds.
     const int c9 = c0 * 9;
@@ -169,9 +172,9 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
       // row's address live at once.
 #pragma unroll 4
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        cp_async16_if(lane_ok && rr * T::kWarps < b_rows, dst + 4 * rr * T::kWarps * T::kLdB, src,
+        cp_async16_if(lane_ok && rr * kWarps < b_rows, dst + 4 * rr * kWarps * T::kLdB, src,
                       in_row ? 16 : 0);
-        src += size_t(T::kWarps) * kg;
+        src += size_t(kWarps) * kg;
       }
     } else {
       int off[3];
@@ -186,13 +189,96 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
 #pragma unroll
         for (int p = 0; p < 3; ++p)
-          cp_async4_if((p < 2 || lane + 64 < kHaloK) && rr * T::kWarps < b_rows,
-                       dst + 4 * (rr * T::kWarps * T::kLdB + 32 * p), src + off[p],
-                       in_row[p] ? 4 : 0);
-        src += size_t(T::kWarps) * kg;
+          cp_async4_if((p < 2 || lane + 64 < kHaloK) && rr * kWarps < b_rows,
+                       dst + 4 * (rr * kWarps * T::kLdB + 32 * p), src + off[p], in_row[p] ? 4 : 0);
+        src += size_t(kWarps) * kg;
       }
     }
-  };
+  }
+};
+
+// The halo kernels' epilogue, straight from the accumulators: acc[mi][ni][2h + e] is channel
+// n0 + 8ni + 2t + e of output pixel pix[mi][h] (its offset in y, -1 when it is outside the
+// output). Batchnorm and activation in place, then the residual, whose loads then all fly
+// together (no store between them to order them after), then the stores. This order also
+// measured faster without a residual than applying the activation on the way to each store.
+template <int MI, int NI>
+__device__ __forceinline__ void halo_epilogue(const HaloArgs& a, float (&acc)[MI][NI][4],
+                                              const int (&pix)[MI][2], int img, int n0, int t) {
+  const int hwo = a.ho * a.wo;
+  with_activation(a.act,
+                  [&](auto act) { scale_shift_act(acc, a.scale, a.shift, a.k, n0, t, act); });
+  if (a.res) {
+    // The residual's offsets differ from y's by the image strides only (one image a square).
+    const float* __restrict__ r = a.res + img * (a.r_img - a.ys);
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int n = n0 + 8 * ni + 2 * t + e;
+        if (n >= a.k) continue;
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            if (pix[mi][h] >= 0) acc[mi][ni][2 * h + e] += __ldg(r + size_t(n) * hwo + pix[mi][h]);
+      }
+  }
+#pragma unroll
+  for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = n0 + 8 * ni + 2 * t + e;
+      if (n >= a.k) continue;
+      float* yn = a.y + size_t(n) * hwo;
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          if (pix[mi][h] >= 0) yn[pix[mi][h]] = acc[mi][ni][2 * h + e];
+    }
+}
+
+// A block's square geometry: square wm of tile m_tile (squares run over (image, row of squares,
+// column of squares); past the last one everything is masked).
+struct HaloSquare {
+  bool ok;
+  int img, oy0, ox0;
+  __device__ __forceinline__ HaloSquare(const HaloArgs& a, int sq) {
+    ok = sq < a.squares;
+    const int sqc = ok ? sq : 0;
+    img = sqc / a.tiles_yx;
+    const int rem = sqc - img * a.tiles_yx;
+    const int sy = rem / a.tiles_x, sx = rem - sy * a.tiles_x;
+    oy0 = sy * kHaloSide;
+    ox0 = sx * kHaloSide;
+  }
+  // y's offset of the square's pixel (row, col), or -1 outside the output.
+  __device__ __forceinline__ int pixel(const HaloArgs& a, int row, int col) const {
+    const int oy = oy0 + row, ox = ox0 + col;
+    return ok && oy < a.ho && ox < a.wo ? img * a.ys + oy * a.wo + ox : -1;
+  }
+};
+
+template <int BM, int BN, int S>
+__global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
+    conv_halo_kernel(const HaloArgs a) {
+  using T = HaloTile<BM, BN, S>;
+  extern __shared__ __align__(16) float smem[];
+  detail::pdl_begin();
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
+  const int g = lane / 4, t = lane % 4;
+  const int n_tile = int(blockIdx.x % unsigned(a.n_tiles));
+  const int m_tile = int(blockIdx.x / unsigned(a.n_tiles));
+  const int n0 = n_tile * BN;
+  const uint32_t smem0 = smem_addr(smem);
+  constexpr uint32_t kStageBytes = 4 * T::kStageFloats;
+
+  // A block takes kSquares consecutive squares, warp row wm the wm-th.
+  const HaloSquare sq(a, m_tile * T::kSquares + wm);
+  const HaloLoader<BM, BN, S, T::kWarpsN> loader(a, smem0, warp, wm, lane, sq.ok, sq.img, sq.oy0,
+                                                 sq.ox0, n0);
 
   float acc[T::kMI][T::kNI][4];
 #pragma unroll
@@ -210,7 +296,7 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
   // -- mainloop: one stage = 8 input channels, 9 k steps (one per tap) --
   const int stages = a.stages, ktiles = a.ctiles;
   for (int st = 0; st < stages - 1; ++st) {
-    if (st < ktiles) load_stage(st, st);
+    if (st < ktiles) loader.load(st * kStageBytes, st);
     cp_async_commit();
   }
   int read_stage = 0, write_stage = stages - 1;
@@ -218,7 +304,7 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
     cp_async_wait_stage(stages);
     // Stage kt is visible to all, and every warp is done with the stage the next copy overwrites.
     __syncthreads();
-    if (kt + stages - 1 < ktiles) load_stage(write_stage, kt + stages - 1);
+    if (kt + stages - 1 < ktiles) loader.load(write_stage * kStageBytes, kt + stages - 1);
     cp_async_commit();
     write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
 
@@ -259,53 +345,14 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
   }
   cp_async_wait<0>();
 
-  // -- batchnorm + activation epilogue, straight from the accumulators --
   // acc[mi][ni][2h + e] is pixel (row mi + 4h, column g) of the square, channel 2t + e of n8
   // tile ni: 8 lanes store 8 consecutive floats of one output row (a full 32-byte sector).
-  const int hwo = a.ho * a.wo;
   int pix[T::kMI][2];
 #pragma unroll
   for (int mi = 0; mi < T::kMI; ++mi)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int oy = oy0 + mi + 4 * h, ox = ox0 + g;
-      pix[mi][h] = sq_ok && oy < a.ho && ox < a.wo ? img * a.ys + oy * a.wo + ox : -1;
-    }
-  // Batchnorm and activation in place, then the residual, whose loads then all fly together
-  // (no store between them to order them after), then the stores. This order also measured
-  // faster without a residual than applying the activation on the way to each store.
-  with_activation(a.act, [&](auto act) {
-    scale_shift_act(acc, a.scale, a.shift, a.k, n0 + wn * T::kWN, t, act);
-  });
-  if (a.res) {
-    // The residual's offsets differ from y's by the image strides only (one image a warp).
-    const float* __restrict__ r = a.res + img * (a.r_img - a.ys);
-#pragma unroll
-    for (int ni = 0; ni < T::kNI; ++ni)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = n0 + wn * T::kWN + 8 * ni + 2 * t + e;
-        if (n >= a.k) continue;
-#pragma unroll
-        for (int mi = 0; mi < T::kMI; ++mi)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            if (pix[mi][h] >= 0) acc[mi][ni][2 * h + e] += __ldg(r + size_t(n) * hwo + pix[mi][h]);
-      }
-  }
-#pragma unroll
-  for (int ni = 0; ni < T::kNI; ++ni)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int n = n0 + wn * T::kWN + 8 * ni + 2 * t + e;
-      if (n >= a.k) continue;
-      float* yn = a.y + size_t(n) * hwo;
-#pragma unroll
-      for (int mi = 0; mi < T::kMI; ++mi)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          if (pix[mi][h] >= 0) yn[pix[mi][h]] = acc[mi][ni][2 * h + e];
-    }
+    for (int h = 0; h < 2; ++h) pix[mi][h] = sq.pixel(a, mi + 4 * h, g);
+  halo_epilogue(a, acc, pix, sq.img, n0 + wn * T::kWN, t);
 }
 
 }  // namespace epilog::cuda::conv_gemm_detail

@@ -202,7 +202,8 @@ void conv(const Ctx& c, In in, Out out) {
     case ConvKernel::Tiled:
       return cuda::conv_tiled(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream, res);
     case ConvKernel::Gemm:
-      return cuda::conv_gemm(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream, res);
+      return cuda::conv_gemm(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream, res,
+                             c.plan.packed.defined() ? dev(c.plan.packed) : nullptr);
   }
 }
 
@@ -433,6 +434,7 @@ std::optional<DeviceProfile> cuda_device_profile() {
   }
   DeviceProfile profile{prop.name, prop.multiProcessorCount, true};
   profile.cc_major = prop.major;
+  profile.wgmma = cuda::wgmma_available();
   return profile;
 }
 

@@ -24,6 +24,8 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
     fail("executor: the plan was lowered for {}, the backend runs on {}", device_name(plan_.device),
          device_name(backend_.device()));
   for (const auto& [name, w] : graph_.weights) weights_[name] = w.data.to(backend_.device());
+  for (NodePlan& np : plan_.nodes)
+    if (np.packed.defined()) np.packed = np.packed.to(backend_.device());
   // Free each intermediate right after its last reader.
   std::map<std::string, size_t> last_use;
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {

@@ -31,8 +31,9 @@ ConvChoice select_conv_kernel(const ConvShape& shape, const DeviceProfile& devic
 ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& shape, const DeviceProfile& device);
 
 // Every tile combination a kernel is compiled for (the headers of conv_tiled.cu and
-// conv_gemm.cu): what the GPU tests run each kernel with and what `conv_bench --sweep` times.
-std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel);
+// conv_gemm.cu) that can run on `device` (the wgmma tiles only where device.wgmma): what the GPU
+// tests run each kernel with and what `conv_bench --sweep` times.
+std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel, const DeviceProfile& device);
 
 struct LowerOptions {
   Device device = Device::CPU;

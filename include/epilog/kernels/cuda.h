@@ -31,9 +31,14 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
 void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                 const float* scale, const float* shift, Activation act, float* y, Stream stream,
                 const float* residual = nullptr);
+// t.wgmma (the 3x3 halo kernel on warpgroup MMA) also needs `packed`: w packed on the device as
+// pack_halo_weights (shapes.h) lays it out.
 void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                const float* scale, const float* shift, Activation act, float* y, Stream stream,
-               const float* residual = nullptr);
+               const float* residual = nullptr, const float* packed = nullptr);
+// Whether conv_gemm can run ConvTiles::wgmma on the current device: a compute capability 9.0
+// GPU, and this build has sm_90a code (EPILOG_CUDA_ARCH=90a, the default).
+bool wgmma_available();
 
 // The epilogue alone, as an elementwise pass over [outer, channels, inner]:
 // y = act(x * scale[c] + shift[c]). Another library's convolution followed by this is the

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #ifdef __CUDACC__
 #define EPILOG_HD __host__ __device__
@@ -107,10 +108,12 @@ struct ConvTiles {
   int k = 0;       // reduction slice (Cin*Kh*Kw) staged per step
   int stages = 0;  // shared-memory pipeline depth (gemm)
   int splits = 1;  // gemm k = 32: blocks (one cluster) each output tile's reduction is split over
+  bool wgmma = false;  // gemm k = 72: the halo kernel on Hopper's warpgroup MMA
 };
 
 inline bool operator==(const ConvTiles& a, const ConvTiles& b) {
-  return a.m == b.m && a.n == b.n && a.k == b.k && a.stages == b.stages && a.splits == b.splits;
+  return a.m == b.m && a.n == b.n && a.k == b.k && a.stages == b.stages && a.splits == b.splits &&
+         a.wgmma == b.wgmma;
 }
 
 inline const char* conv_kernel_name(ConvKernel kernel) {
@@ -137,6 +140,61 @@ inline bool conv_supports(ConvKernel kernel, const ConvShape& s) {
 inline bool conv_gemm_halo_fits(const ConvShape& s) {
   return s.groups == 1 && s.r == 3 && s.s == 3 && s.dil_h == 1 && s.dil_w == 1 &&
          s.stride_h == s.stride_w && (s.stride_h == 1 || s.stride_h == 2);
+}
+
+// -- gemm's halo kernel on warpgroup MMA (ConvTiles::wgmma, conv_gemm_wgmma.cuh) --
+// Its shared memory for `stages` stages of m / 64 squares by n channels at stride `stride`: each
+// stage holds the input patches (8 channel planes of kCS floats each per square, as the mma.sync
+// halo kernel stages them) and the stage's packed weights (72 n floats); besides, two buffers of
+// the patches rewritten for the tensor cores (8 x kPos floats per square).
+constexpr int64_t halo_wgmma_smem_bytes(int m, int n, int stride, int stages) {
+  const int64_t side = 7 * stride + 3, pos = side * side, cs = (pos + 23) / 32 * 32 + 8;
+  const int64_t squares = m / 64;
+  return 4 * (stages * (squares * 8 * cs + 72 * n) + 2 * squares * 8 * pos);
+}
+// Its pipeline depth for those tiles: at most 4, at least 3 (two stages in flight besides the
+// one being copied), 0 where 3 stages exceed the 227 KB a block may have.
+constexpr int halo_wgmma_max_stages(int m, int n, int stride) {
+  constexpr int64_t kMaxSmem = 227 * 1024;
+  return halo_wgmma_smem_bytes(m, n, stride, 4) <= kMaxSmem   ? 4
+         : halo_wgmma_smem_bytes(m, n, stride, 3) <= kMaxSmem ? 3
+                                                              : 0;
+}
+
+// Whether gemm runs `t` on `s`: every tile runs every shape but the wgmma halo tiles whose three
+// stages exceed shared memory (m = 256 with n >= 64 at stride 2; conv_gemm rejects them). A halo
+// tile on a shape the halo kernel does not take runs the k = 32 kernel.
+inline bool conv_gemm_tiles_run(const ConvTiles& t, const ConvShape& s) {
+  return !(t.wgmma && conv_gemm_halo_fits(s) &&
+           halo_wgmma_max_stages(t.m, t.n, int(s.stride_h)) == 0);
+}
+
+// The weights as the wgmma halo kernel reads them, packed once ahead of the runs: for each stage
+// of 8 input channels kt, tap (i, j) and chunk of 4 channels, tc = 2 (3i + j) + chunk, kpad rows
+// n of 4 floats, P[((kt * 18 + tc) * kpad + n) * 4 + e] = w[n, 8kt + 4 chunk + e, i, j], 0 past
+// Cout or Cin; kpad is Cout rounded up to 128, so that every n tile reads whole rows. Each value
+// is rounded to TF32 (to nearest: half a TF32 ulp added to its bits; the tensor core ignores the
+// low 13), as the mma.sync kernels round their operands on the fly.
+inline int64_t halo_packed_rows(const ConvShape& s) {
+  return (s.k + 127) / 128 * 128;
+}
+inline int64_t halo_packed_floats(const ConvShape& s) {
+  return (s.c + 7) / 8 * 72 * halo_packed_rows(s);
+}
+inline void pack_halo_weights(const ConvShape& s, const float* w, float* out) {
+  const int64_t kpad = halo_packed_rows(s), stages = (s.c + 7) / 8;
+  for (int64_t kt = 0; kt < stages; ++kt)
+    for (int64_t tc = 0; tc < 18; ++tc)
+      for (int64_t n = 0; n < kpad; ++n)
+        for (int64_t e = 0; e < 4; ++e) {
+          const int64_t c = 8 * kt + 4 * (tc & 1) + e, tap = tc >> 1;
+          float v = n < s.k && c < s.c ? w[(n * s.c + c) * 9 + tap] : 0.0f;
+          uint32_t bits;
+          std::memcpy(&bits, &v, 4);
+          bits += 0x1000u;
+          std::memcpy(&v, &bits, 4);
+          out[((kt * 18 + tc) * kpad + n) * 4 + e] = v;
+        }
 }
 
 // NCHW pooling window geometry; padding is top, left, bottom, right.

@@ -15,6 +15,7 @@ struct DeviceProfile {
   int sm_count = 0;
   bool detected = false;  // read off a device, not a default
   int cc_major = 9;       // compute capability: split-K's thread-block clusters need 9 (Hopper)
+  bool wgmma = true;      // Hopper's warpgroup MMA: compute capability 9.0 and sm_90a code built
 };
 
 struct NodePlan {
@@ -22,6 +23,7 @@ struct NodePlan {
   std::string rule;    // why this kernel (the selector's rule, or the override)
   ConvKernel conv = ConvKernel::Scalar;
   ConvTiles tiles;
+  Tensor packed;  // tiles.wgmma: the weights as pack_halo_weights lays them out
 };
 
 struct Plan {

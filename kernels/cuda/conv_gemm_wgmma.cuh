@@ -1,0 +1,237 @@
+// The 3x3 halo kernel of conv_gemm.cu on Hopper's warpgroup MMA (wgmma, sm_90a builds only):
+// the same tiles, staging and epilogue as conv_halo_kernel (conv_gemm_halo.cuh), its MMAs issued
+// by a warpgroup from shared memory instead of by each warp from registers.
+//
+// Why: the mma.sync kernel's warps spend most of their issue slots loading and rounding
+// fragments (Nsight Compute); a wgmma m64nNk8 reads both operands straight from shared memory.
+// The weights come packed ahead of the run because rewriting them per stage in the kernel cost
+// a third of its time (b16_c128_128_3x3_40: 62 us, 42 with that rewrite left out).
+//
+// Block: m / 64 warpgroups, warpgroup s owning square s of the block (64 output pixels, 8 x 8)
+// and all n channels: per tap, one wgmma.m64nNk8 with N = n. Row r of its M = 64 is the square's
+// pixel (r / 8, r % 8), so warp w of the warpgroup holds rows 16w + g and 16w + g + 8, pixels
+// (2w, g) and (2w + 1, g), channels 8ni + 2t + e in acc[0][ni][2h + e] (h = 0, 1).
+// Operands: TF32 wgmma takes both K-major, in 8-row x 16-byte "core matrices" (no swizzle):
+//   A of square s, tap (i, j): OpA[2 chunks][kPos][4 channels], chunk = channel / 4, so the
+//     8 pixels of one output row, patch slots (oy*S + i)*kPW + slot(j + S*ox), lie on 8
+//     consecutive slots (16 bytes apart); output rows are S*kPW slots apart (the stride-dimension
+//     offset), the two channel chunks kPos slots apart (the leading-dimension offset);
+//   B of tap (i, j): OpB[9 taps][2 chunks][n][4 channels]: 8 channel rows a core matrix, rows of
+//     one chunk 16 bytes apart, the chunks n * 16 bytes apart.
+// Pipeline: `stages` stage buffers, each the input patches as the loader's cp.async copies
+// stage them (HaloTile's layout) and the stage's weights, copied 16 bytes at a time from the
+// weights packed ahead of the run (pack_halo_weights: already in OpB's layout and rounded to
+// TF32). Per stage the block rewrites the patches into one of two operand buffers in OpA's
+// layout, rounding them to TF32 on the way (wgmma, like mma, would truncate), and each warpgroup
+// issues its nine wgmmas; one wgmma group stays in flight across iterations, so copies run
+// stages - 2 stages ahead (a stage's weights are read by its wgmmas until the next iteration).
+#pragma once
+
+#include <cstdint>
+
+#include "conv_gemm_halo.cuh"
+
+namespace epilog::cuda::conv_gemm_detail {
+
+template <int BM, int BN, int S>
+struct HaloWgTile {
+  using T = HaloTile<BM, BN, S>;
+  static constexpr int kSquares = T::kSquares, kThreads = 128 * kSquares, kNI = BN / 8;
+  static constexpr int kOpA = 8 * T::kPos;  // one square's patch: 2 chunks x kPos slots x 4
+  static constexpr int kOpB = kHaloK * BN;  // 9 taps x 2 chunks x BN rows x 4
+  // A stage: the staged patches (HaloTile's), then the packed weights.
+  static constexpr int kStageFloats = kSquares * T::kPatch + kOpB;
+  static constexpr int kMaxStages = halo_wgmma_max_stages(BM, BN, S);
+  static constexpr size_t smem_bytes(int stages) {
+    return sizeof(float) * (size_t(stages) * kStageFloats + 2 * kSquares * kOpA);
+  }
+  static_assert(kMaxStages == 0 ||
+                    smem_bytes(kMaxStages) == size_t(halo_wgmma_smem_bytes(BM, BN, S, kMaxStages)),
+                "shapes.h sizes the same buffers");
+  static_assert(kOpA % 4 == 0 && kStageFloats % 4 == 0, "16-byte aligned buffers");
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// A shared-memory matrix descriptor, no swizzle: start address, leading-dimension (K) and
+// stride-dimension (M or N) byte offsets between core matrices, each in 16-byte units.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3ffff) >> 4) | uint64_t((lbo & 0x3ffff) >> 4) << 16 |
+         uint64_t((sbo & 0x3ffff) >> 4) << 32;
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Orders this thread's ordinary shared-memory stores before the tensor cores' reads.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+#define EPILOG_D4(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+
+// D[64 x 8NI] += A[64 x 8] * B[8 x 8NI], TF32 operands from shared memory, fp32 accumulators.
+template <int NI>
+__device__ __forceinline__ void wgmma_tf32(float (&d)[NI][4], uint64_t a, uint64_t b);
+
+template <>
+__device__ __forceinline__ void wgmma_tf32<4>(float (&d)[4][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, "
+      "1;\n}\n"
+      : EPILOG_D4(0), EPILOG_D4(1), EPILOG_D4(2), EPILOG_D4(3)
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_tf32<8>(float (&d)[8][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+      : EPILOG_D4(0), EPILOG_D4(1), EPILOG_D4(2), EPILOG_D4(3), EPILOG_D4(4), EPILOG_D4(5),
+        EPILOG_D4(6), EPILOG_D4(7)
+      : "l"(a), "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_tf32<16>(float (&d)[16][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, "
+      "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, "
+      "%55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+      : EPILOG_D4(0), EPILOG_D4(1), EPILOG_D4(2), EPILOG_D4(3), EPILOG_D4(4), EPILOG_D4(5),
+        EPILOG_D4(6), EPILOG_D4(7), EPILOG_D4(8), EPILOG_D4(9), EPILOG_D4(10), EPILOG_D4(11),
+        EPILOG_D4(12), EPILOG_D4(13), EPILOG_D4(14), EPILOG_D4(15)
+      : "l"(a), "l"(b));
+}
+
+#undef EPILOG_D4
+
+// Four floats of shared memory, each rounded to TF32 (see to_tf32), stored as one 16-byte vector.
+__device__ __forceinline__ void store_tf32x4(float* dst, float v0, float v1, float v2, float v3) {
+  *reinterpret_cast<uint4*>(dst) = make_uint4(to_tf32(v0), to_tf32(v1), to_tf32(v2), to_tf32(v3));
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <int BM, int BN, int S>
+__global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads, 1)
+    conv_halo_wgmma_kernel(const HaloArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = HaloTile<BM, BN, S>;
+  using W = HaloWgTile<BM, BN, S>;
+  extern __shared__ __align__(16) float smem[];
+  detail::pdl_begin();
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wg = warp / 4, wtid = tid % 128;  // warpgroup = square of the block
+  const int t = lane % 4;
+  const int n_tile = int(blockIdx.x % unsigned(a.n_tiles));
+  const int m_tile = int(blockIdx.x / unsigned(a.n_tiles));
+  const int n0 = n_tile * BN;
+  const uint32_t smem0 = smem_addr(smem);
+  constexpr uint32_t kStageBytes = 4 * W::kStageFloats;
+  const int stages = a.stages, ktiles = a.ctiles;
+  float* const op0 = smem + stages * W::kStageFloats;  // operand buffers 0 and 1
+  const uint32_t op0_addr = smem_addr(op0);
+
+  const HaloSquare sq(a, m_tile * W::kSquares + wg);
+  const HaloLoader<BM, BN, S, 4> loader(a, smem0, warp, wg, lane, sq.ok, sq.img, sq.oy0, sq.ox0,
+                                        n0);
+  // Packed weights: chunk id (< 18 BN) of a stage is row id % BN of run tc = id / BN, 16 bytes.
+  const float* const wp = a.wp + size_t(n0) * 4;
+  const uint32_t b_dst = smem0 + 4 * W::kSquares * T::kPatch;
+  auto load = [&](int stage, int kt) {
+    const uint32_t sbase = stage * kStageBytes;
+    loader.load_patch(sbase, kt);
+    const float* src = wp + size_t(kt) * 18 * a.kpad * 4;
+#pragma unroll
+    for (int id = tid; id < 18 * BN; id += W::kThreads)
+      cp_async16(b_dst + sbase + 16 * id, src + (id / BN * a.kpad + id % BN) * 4, true);
+  };
+
+  float acc[1][W::kNI][4];
+#pragma unroll
+  for (int ni = 0; ni < W::kNI; ++ni)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
+
+  // Descriptors: A of this square in operand buffer 0 (buffer 1 lies kOpStep 16-byte units on),
+  // B in stage 0 (stage s lies s * kStageBytes on).
+  const uint32_t a_addr = op0_addr + 4 * wg * W::kOpA;
+  constexpr uint64_t kOpStep = uint64_t(W::kSquares * W::kOpA * 4 / 16);
+
+  for (int st = 0; st < stages - 2; ++st) {
+    if (st < ktiles) load(st, st);
+    cp_async_commit();
+  }
+  int read_stage = 0, write_stage = stages - 2;
+  for (int kt = 0; kt < ktiles; ++kt) {
+    // Stage kt's copies are done once at most stages - 3 younger groups are pending.
+    if (stages >= 4)
+      cp_async_wait<1>();
+    else
+      cp_async_wait<0>();
+    // Stage kt is visible to all; every warpgroup's wgmmas of stage kt - 2 are done (the wait
+    // at the end of the last iteration), so its stage and operand buffers may be rewritten.
+    __syncthreads();
+    if (kt + stages - 2 < ktiles) load(write_stage, kt + stages - 2);
+    cp_async_commit();
+    write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
+
+    // -- this warpgroup's patch -> OpA, rounded to TF32: item (chunk, slot) gathers 4 planes --
+    const float* p = smem + read_stage * W::kStageFloats + wg * T::kPatch;
+    float* o = op0 + (kt & 1) * (W::kSquares * W::kOpA) + wg * W::kOpA;
+#pragma unroll
+    for (int it = wtid; it < 2 * T::kPos; it += 128) {
+      const int chunk = it >= T::kPos, slot = it - chunk * T::kPos;
+      const float* src = p + 4 * chunk * T::kCS + slot;
+      store_tf32x4(o + 4 * it, src[0], src[T::kCS], src[2 * T::kCS], src[3 * T::kCS]);
+    }
+    // This thread's copies (waited for above) and stores, before the tensor cores read them.
+    fence_proxy_async();
+    __syncthreads();
+
+    // -- nine wgmmas, one a tap --
+    const uint64_t a_buf = (kt & 1) * kOpStep;
+    const uint32_t b_addr = b_dst + read_stage * kStageBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int tap = 0; tap < 9; ++tap) {
+      const int i = tap / 3, j = tap % 3;
+      const uint32_t a_tap = a_addr + 16 * (i * T::kPW + T::col_slot(j));
+      wgmma_tf32<W::kNI>(acc[0], wgmma_desc(a_tap, 16 * T::kPos, 16 * S * T::kPW) + a_buf,
+                         wgmma_desc(b_addr + 16 * 2 * BN * tap, 16 * BN, 128));
+    }
+    wgmma_commit();
+    wgmma_wait<1>();
+    read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
+  }
+  wgmma_wait<0>();
+  cp_async_wait<0>();
+
+  // Rows 16w + g and + 8 of the warpgroup's M are pixels (2w, g) and (2w + 1, g).
+  const int w4 = warp % 4, g = lane / 4;
+  int pix[1][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) pix[0][h] = sq.pixel(a, 2 * w4 + h, g);
+  halo_epilogue(a, acc, pix, sq.img, n0, t);
+#else
+  __trap();  // built without sm_90a code: conv_gemm never launches it then
+#endif
+}
+
+}  // namespace epilog::cuda::conv_gemm_detail
