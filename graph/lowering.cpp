@@ -50,17 +50,24 @@ constexpr double kHaloMinWaves = 0.5;
 // ...and from this many input channels: a stage holds 8, and with fewer its MMAs and copies are
 // partly zeros: b1_c3_16_3x3s2_640, 400 blocks, 14.0 vs the gather kernel's 10.3.
 constexpr int64_t kHaloMinChannels = 8;
+// ...and where the 8x8 squares waste little of the output plane: at least this fraction of
+// their pixels exist. A 16x128x40x40 -> 256 stride-2 layer (20x20 outputs in 24x24 of squares,
+// 69%): halo 72.7 vs the gather kernel's 50.7; at batch 1 16.4 vs 10.9. At stride 1 a
+// 16x128x20x20 -> 128 layer: wgmma halo 27.9 (128x128) vs the gather kernel's 29.0, a tie.
+constexpr double kHaloMinUseful = 0.8;
 // At stride 2 a block's input patches are 2.9 times those of stride 1 (17x17 vs 10x10 inputs
 // under an 8x8 square): two stages (95 KB at n = 32) let two blocks share an SM, three do not.
 // b32_c16_32_3x3s2_320: 148.5 with 2 stages, 193.0 with 3.
 constexpr int kHaloStride2Stages = 2;
-// The halo kernel on warpgroup MMA (Hopper, stride 1; at stride 2 unmeasured): n covering Cout,
-// m = 256 for n = 128, else 128; then n, then m halves while the grid has under kHaloMinWaves
-// waves. b16_c128_128_3x3_40: 256x128 48.1 vs 128x128 55.7 and the mma.sync kernel's best 62.9;
+// The halo kernel on warpgroup MMA (Hopper), at stride 1: n covering Cout, m = 256 for
+// n = 128, else 128; while the grid has under kHaloMinWaves waves, m halves to 128, then n, then
+// m. b16_c128_128_3x3_40: 256x128 48.1 vs 128x128 55.7 and the mma.sync kernel's best 62.9;
 // b16_c64_64_3x3_80: 128x64 62.6 vs 256x64 71.7 and 69.0; b1_c16_16_3x3_160: 128x32 5.8 vs
 // 256x32 6.1 and 6.5; b1_c64_64_3x3_80 (100 squares): 128x32, 100 blocks, 9.9 vs 128x64 12.1
-// and the gather kernel's 13.0. As many stages as shared memory holds, up to 4 (256x128: 48.1
-// with 4, 48.4 with 3).
+// and the gather kernel's 13.0. As many stages as shared memory holds, up to 4
+// (256x128: 48.1 with 4, 48.4 with 3). At stride 2 it wins on some layers and loses on others
+// (b1_c32_64_3x3s2_160 8.1 vs 9.0; b32_c16_32_3x3s2_320 212.5 vs 147.6), so stride 2 keeps the
+// mma.sync kernel.
 constexpr int kHaloWgmmaStages = 4;
 
 // Split-K (the gather kernel; a tile's blocks form one thread-block cluster, which sums their
@@ -110,20 +117,27 @@ int64_t halo_blocks(const ConvShape& s, int m, int n) {
   return ceil_div(halo_squares(s), m / 64) * ceil_div(s.k, n);
 }
 
+// Whether a halo kernel may take `s` at all: its window, enough input channels, little waste.
+bool halo_takes(const ConvShape& s) {
+  return conv_gemm_halo_fits(s) && s.c >= kHaloMinChannels &&
+         double(s.ho * s.wo) >= kHaloMinUseful * double(ceil_div(s.ho, 8) * ceil_div(s.wo, 8) * 64);
+}
+
 bool halo_wins(const ConvShape& s, int n_tile, const DeviceProfile& device) {
-  if (!conv_gemm_halo_fits(s) || s.c < kHaloMinChannels) return false;
+  if (!halo_takes(s)) return false;
   return double(halo_blocks(s, 256, n_tile)) >= kHaloMinWaves * device.sm_count;
 }
 
 // The wgmma halo tiles for `s`, or nullopt where that kernel does not take it.
 std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
                                           const DeviceProfile& device) {
-  if (!device.wgmma || !conv_gemm_halo_fits(s) || s.stride_h != 1 || s.c < kHaloMinChannels)
-    return std::nullopt;
+  if (!device.wgmma || !halo_takes(s) || s.stride_h != 1) return std::nullopt;
   const double min_blocks = kHaloMinWaves * device.sm_count;
   int m = cover == 128 ? 256 : 128, n = cover;
   while (double(halo_blocks(s, m, n)) < min_blocks && (n > 32 || m > 64)) {
-    if (n > 32)
+    if (m > 128)
+      m /= 2;
+    else if (n > 32)
       n /= 2;
     else
       m /= 2;
@@ -247,9 +261,9 @@ Plan lower(Graph graph, const LowerOptions& options) {
         const std::string& w = node.inputs[1];
         if (graph.is_weight(w)) {
           const Tensor weight = graph.weights.at(w).data.to(Device::CPU);
-          np.packed = Tensor::empty({halo_packed_floats(cs)});
-          pack_halo_weights(cs, static_cast<const float*>(weight.raw()),
-                            static_cast<float*>(np.packed.raw()));
+          np.packed = Tensor::empty({wgmma_packed_floats(cs)});
+          pack_wgmma_weights(cs, static_cast<const float*>(weight.raw()),
+                             static_cast<float*>(np.packed.raw()));
         } else {
           DeviceProfile sync = options.profile;
           sync.wgmma = false;

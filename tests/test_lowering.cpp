@@ -92,6 +92,9 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
       {ConvKernel::Gemm, shape(16, 128, 40, 128, 3), 132, {256, 128, 72, 3}},
       // 3x3 stride 2: the halo kernel too, 32 x 20 x 20 squares: 3200 blocks, with 2 stages.
       {ConvKernel::Gemm, shape(32, 16, 320, 32, 3, 2), 132, {256, 32, 72, 2}},
+      // 3x3 stride 2 onto 20x20 (69% of its squares): the gather kernel, though 4-square
+      // blocks would make 144.
+      {ConvKernel::Gemm, shape(16, 128, 40, 256, 3, 2), 132, {128, 128, 32, 3, 2}},
       // 3x3 with 7 input channels (under a stage's 8): the gather kernel, though 400 blocks.
       {ConvKernel::Gemm, shape(1, 7, 640, 16, 3, 2), 132, {128, 32, 32, 2}},
       // 8 input channels: the halo kernel.
@@ -118,8 +121,8 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
     CHECK_FALSE(t.wgmma);
   }
   // With warpgroup MMA (Hopper, sm_90a build) the stride-1 halo layers take the wgmma kernel:
-  // n covers Cout, m = 256 for n = 128 else 128, halved (n first) while the grid is under half a
-  // wave; 4 stages. Stride 2 keeps the mma.sync halo kernel.
+  // n covers Cout, m = 256 for n = 128 else 128; while the grid is under half a wave m halves to
+  // 128, then n, then m; 4 stages. Stride 2 keeps the mma.sync halo kernel.
   struct Wg {
     ConvShape s;
     ConvTiles want;
@@ -132,9 +135,14 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(1, 16, 160, 16, 3), {128, 32, 72, 4, 1, true}},     // 200 blocks
            // 100 squares: 128x64 makes 50 blocks, 128x32 100 >= 66.
            {shape(1, 64, 80, 64, 3), {128, 32, 72, 4, 1, true}},
-           // 9 squares: even 64x32 makes 36 blocks; the gather kernel, as without wgmma.
-           {shape(1, 128, 20, 128, 3),
-            conv_tiles(ConvKernel::Gemm, shape(1, 128, 20, 128, 3), sms(132))},
+           // 400 squares, Cout 256: 256x128 makes 200 blocks.
+           {shape(16, 128, 40, 256, 3), {256, 128, 72, 4, 1, true}},
+           // 100 squares (36x36 planes, 81% of their squares): 256x128 makes 25 blocks,
+           // 128x128 50, 128x64 100.
+           {shape(4, 128, 36, 128, 3), {128, 64, 72, 4, 1, true}},
+           // A 20x20 plane fills 69% of its 3x3 squares: the gather kernel, as without wgmma.
+           {shape(16, 128, 20, 128, 3),
+            conv_tiles(ConvKernel::Gemm, shape(16, 128, 20, 128, 3), sms(132))},
            {shape(32, 16, 320, 32, 3, 2), {256, 32, 72, 2}},
            {shape(1, 7, 640, 16, 3, 2), {128, 32, 32, 2}},  // no halo kernel: no wgmma
        }) {

@@ -164,8 +164,8 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   // The weights packed for the wgmma halo kernel (lowering packs them once per model).
   std::unique_ptr<DeviceBuffer> dpacked;
   if (conv_gemm_halo_fits(s)) {
-    Tensor packed = Tensor::empty({halo_packed_floats(s)});
-    pack_halo_weights(s, w.f32(), packed.f32());
+    Tensor packed = Tensor::empty({wgmma_packed_floats(s)});
+    pack_wgmma_weights(s, w.f32(), packed.f32());
     dpacked = std::make_unique<DeviceBuffer>(packed.numel());
     upload(dpacked->ptr, packed);
   }

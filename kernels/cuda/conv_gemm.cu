@@ -19,7 +19,7 @@
 //                  kernels below with the same n and m capped at 128. With `wgmma` the same
 //                  tiles on Hopper's warpgroup MMA (conv_gemm_wgmma.cuh; sm_90a builds on a
 //                  compute capability 9.0 GPU), reading the weights packed ahead of the run
-//                  (pack_halo_weights); stages 3 or 4, and no m = 256 with n >= 64 at stride 2.
+//                  (pack_wgmma_weights); stages 3 or 4, and no m = 256 with n >= 64 at stride 2.
 //   k = 32  direct 1x1, stride 1, no padding, ho*wo % 4 == 0, x 16-byte aligned: persistent.
 //   k = 32  gather everything else.
 //   k = 32 takes m, n in {32, 64, 128}. stages in {2, 3, 4} is the depth of the cp.async pipeline
@@ -783,20 +783,19 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     return false;
   };
   const bool stages_ok = tiles.stages >= 2 && tiles.stages <= 4;
-  const bool gemm_ok = tiles.k == kBK && in(tiles.m, {32, 64, 128}) && in(tiles.n, {32, 64, 128}) &&
-                       in(tiles.splits, {1, 2, 4, 8});
+  const bool gemm_ok = !tiles.wgmma && tiles.k == kBK && in(tiles.m, {32, 64, 128}) &&
+                       in(tiles.n, {32, 64, 128}) && in(tiles.splits, {1, 2, 4, 8});
   const bool halo_ok = tiles.k == kHaloK && in(tiles.m, {64, 128, 256}) &&
                        in(tiles.n, {32, 64, 128}) && tiles.splits == 1;
-  if (tiles.wgmma && !halo_ok)
-    reject("wgmma is a variant of the k = 72 halo kernel, got " + tiles_str(tiles));
   if (tiles.wgmma && !wgmma_available())
     reject(
         "the wgmma halo kernel needs a compute capability 9.0 GPU and a build with sm_90a code "
         "(EPILOG_CUDA_ARCH=90a)");
   if (!stages_ok || !(gemm_ok || halo_ok))
     reject("unsupported tiles " + tiles_str(tiles) +
-           " (k = 32 with m, n in {32, 64, 128} and splits in {1, 2, 4, 8}, or k = 72 with m in "
-           "{64, 128, 256}, n in {32, 64, 128} and no splits; stages in {2, 3, 4})");
+           " (k = 32 with m, n in {32, 64, 128} and splits in {1, 2, 4, 8}; k = 72, also with "
+           "wgmma, with m in {64, 128, 256}, n in {32, 64, 128} and no splits; stages in "
+           "{2, 3, 4})");
   const int64_t m = s.n * s.ho * s.wo, kg = s.c * s.r * s.s;
   if (m == 0 || s.k == 0) return;
   constexpr int64_t kSmall = int64_t(1) << 28;
@@ -830,10 +829,10 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     if (tiles.wgmma) {
       if (!packed)
         reject(
-            "the wgmma halo kernel reads the weights packed ahead (pack_halo_weights), got none");
-      if (halo_packed_floats(s) >= INT32_MAX) reject("packed weights span 2^31 floats or more");
+            "the wgmma halo kernel reads the weights packed ahead (pack_wgmma_weights), got none");
+      if (wgmma_packed_floats(s) >= INT32_MAX) reject("packed weights span 2^31 floats or more");
       a.wp = packed;
-      a.kpad = int(halo_packed_rows(s));
+      a.kpad = int(wgmma_packed_rows(s));
       a.stages = tiles.stages;
     }
     a.vec_b = s.c % 4 == 0 && aligned16(w);
@@ -843,8 +842,10 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     return s.stride_h == 1 ? dispatch_halo<1>(tiles, a, stream)
                            : dispatch_halo<2>(tiles, a, stream);
   }
-  // k = 72 on a shape the halo kernel does not take runs the k = 32 kernel at the same n.
+  // k = 72 (with wgmma or not) on a shape the halo kernel does not take runs the k = 32 kernels
+  // at the same n.
   ConvTiles t = tiles;
+  t.wgmma = false;
   if (t.k == kHaloK) {
     t.k = kBK;
     if (t.m > 128) t.m = 128;

@@ -34,7 +34,7 @@ struct HaloArgs {
   int r_img;              // elements between its images
   bool vec_b;             // 16-byte weight copies: c % 4 == 0 and w 16-byte aligned
   Activation act;
-  const float* wp;  // the wgmma kernel's packed weights (pack_halo_weights), kpad rows a run
+  const float* wp;  // the wgmma kernel's packed weights (pack_wgmma_weights), kpad rows a run
   int kpad;
 };
 

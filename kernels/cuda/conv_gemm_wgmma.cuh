@@ -20,7 +20,7 @@
 //     one chunk 16 bytes apart, the chunks n * 16 bytes apart.
 // Pipeline: `stages` stage buffers, each the input patches as the loader's cp.async copies
 // stage them (HaloTile's layout) and the stage's weights, copied 16 bytes at a time from the
-// weights packed ahead of the run (pack_halo_weights: already in OpB's layout and rounded to
+// weights packed ahead of the run (pack_wgmma_weights: already in OpB's layout and rounded to
 // TF32). Per stage the block rewrites the patches into one of two operand buffers in OpA's
 // layout, rounding them to TF32 on the way (wgmma, like mma, would truncate), and each warpgroup
 // issues its nine wgmmas; one wgmma group stays in flight across iterations, so copies run

@@ -57,6 +57,8 @@ const std::vector<Geometry> kGeometries = {
     {"1x1 stride 2",               3,  5, 13,  7, 37, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, 1},
     {"1x1 plane % 4 == 0",         3, 12, 16, 12, 40, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
     {"1x1 padded",                 1,  7,  5,  7,  9, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {"1x1 64-pixel slabs",         3, 40,  8, 24, 70, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+    {"1x1 8x8 planes",             5, 72,  8,  8, 37, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
     {"3x3 pad 1",                  1,  8, 17, 15, 37, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
     {"3x3 stride 2 pad 1",         3, 19, 15, 13, 13, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
     {"3x3 pad 0",                  1,  3, 11,  9, 16, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 1},
@@ -87,7 +89,8 @@ const Activation kActivations[] = {Activation::None, Activation::Silu, Activatio
 
 std::string tiles_str(const ConvTiles& t) {
   return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
-         " stages=" + std::to_string(t.stages) + " splits=" + std::to_string(t.splits);
+         " stages=" + std::to_string(t.stages) + " splits=" + std::to_string(t.splits) +
+         (t.wgmma ? " wgmma" : "");
 }
 
 std::string shape_desc(const ConvShape& s) {
@@ -183,8 +186,8 @@ Outcome run(const Case& cc, uint64_t seed) {
       // The wgmma halo kernel's weights, packed on the host as lowering packs them.
       Tensor dpacked;
       if (cc.tiles.wgmma && conv_gemm_halo_fits(s)) {
-        Tensor packed = Tensor::empty({halo_packed_floats(s)});
-        pack_halo_weights(s, w.f32(), packed.f32());
+        Tensor packed = Tensor::empty({wgmma_packed_floats(s)});
+        pack_wgmma_weights(s, w.f32(), packed.f32());
         dpacked = packed.to(Device::CUDA);
       }
       cuda::conv_gemm(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr, pres,
@@ -242,7 +245,7 @@ void check(const Case& cc, uint64_t seed, const std::string& what) {
 // r % 4 and, past the lowering's tiles, activation (r + r / 4) % 4, so that every pair of the
 // two meets in 16 consecutive runs; runs 3 to 5 of every 6 read and write channel slabs, runs
 // 5 to 9 of every 10 add a residual.
-void check_kernel(ConvKernel kernel) {
+void check_kernel(ConvKernel kernel, bool wgmma_only = false) {
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
   uint64_t seed = 1000 * (static_cast<uint64_t>(kernel) + 1);
   int r = 0;
@@ -251,12 +254,13 @@ void check_kernel(ConvKernel kernel) {
     if (!conv_supports(kernel, s)) continue;
     const ConvTiles lowered = conv_tiles(kernel, s, profile);
     for (Activation act : kActivations) {
+      if (wgmma_only) break;
       check({kernel, lowered, s, r % 2 == 0, r / 2 % 2 == 0, act, r / 3 % 2 == 1, r / 5 % 2 == 1},
             seed += 5, std::string(g.name) + " (lowering's tiles)");
       ++r;
     }
     for (const ConvTiles& t : conv_built_tiles(kernel, profile)) {
-      if (!conv_gemm_tiles_run(t, s)) continue;
+      if (!conv_gemm_tiles_run(t, s) || (wgmma_only && !t.wgmma)) continue;
       check({kernel, t, s, r % 2 == 0, r / 2 % 2 == 0, kActivations[(r + r / 4) % 4],
              r / 3 % 2 == 1, r / 5 % 2 == 1},
             seed += 5, g.name);
@@ -290,6 +294,16 @@ TEST_CASE("gpu conv: tiled kernel forced on the shape matrix, every built tile",
 TEST_CASE("gpu conv: gemm kernel forced on the shape matrix, every built tile",
           "[gpu][conv][gemm]") {
   check_kernel(ConvKernel::Gemm);
+}
+
+// The wgmma tiles alone (also part of the case above): small enough to run under
+// compute-sanitizer. Without warpgroup MMA on this GPU or build there are none, and it says so.
+TEST_CASE("gpu conv: gemm's wgmma halo tiles on the shape matrix", "[gpu][conv][wgmma]") {
+  if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
+    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
+    return;
+  }
+  check_kernel(ConvKernel::Gemm, true);
 }
 
 // Layers of the benchmark suite (shared/bench/conv_shapes.json, padding k/2) at full size, as

@@ -171,18 +171,18 @@ inline bool conv_gemm_tiles_run(const ConvTiles& t, const ConvShape& s) {
 
 // The weights as the wgmma halo kernel reads them, packed once ahead of the runs: for each stage
 // of 8 input channels kt, tap (i, j) and chunk of 4 channels, tc = 2 (3i + j) + chunk, kpad rows
-// n of 4 floats, P[((kt * 18 + tc) * kpad + n) * 4 + e] = w[n, 8kt + 4 chunk + e, i, j], 0 past
+// n of 4 floats: P[((kt * 18 + tc) * kpad + n) * 4 + e] = w[n, 8kt + 4 chunk + e, i, j], 0 past
 // Cout or Cin; kpad is Cout rounded up to 128, so that every n tile reads whole rows. Each value
 // is rounded to TF32 (to nearest: half a TF32 ulp added to its bits; the tensor core ignores the
 // low 13), as the mma.sync kernels round their operands on the fly.
-inline int64_t halo_packed_rows(const ConvShape& s) {
+inline int64_t wgmma_packed_rows(const ConvShape& s) {
   return (s.k + 127) / 128 * 128;
 }
-inline int64_t halo_packed_floats(const ConvShape& s) {
-  return (s.c + 7) / 8 * 72 * halo_packed_rows(s);
+inline int64_t wgmma_packed_floats(const ConvShape& s) {
+  return (s.c + 7) / 8 * 72 * wgmma_packed_rows(s);
 }
-inline void pack_halo_weights(const ConvShape& s, const float* w, float* out) {
-  const int64_t kpad = halo_packed_rows(s), stages = (s.c + 7) / 8;
+inline void pack_wgmma_weights(const ConvShape& s, const float* w, float* out) {
+  const int64_t kpad = wgmma_packed_rows(s), stages = (s.c + 7) / 8;
   for (int64_t kt = 0; kt < stages; ++kt)
     for (int64_t tc = 0; tc < 18; ++tc)
       for (int64_t n = 0; n < kpad; ++n)

@@ -23,7 +23,7 @@ struct NodePlan {
   std::string rule;    // why this kernel (the selector's rule, or the override)
   ConvKernel conv = ConvKernel::Scalar;
   ConvTiles tiles;
-  Tensor packed;  // tiles.wgmma: the weights as pack_halo_weights lays them out
+  Tensor packed;  // tiles.wgmma: the weights as pack_wgmma_weights lays them out
 };
 
 struct Plan {
