@@ -64,11 +64,13 @@ constexpr int kHaloStride2Stages = 2;
 // m. b16_c128_128_3x3_40: 256x128 48.1 vs 128x128 55.7 and the mma.sync kernel's best 62.9;
 // b16_c64_64_3x3_80: 128x64 62.6 vs 256x64 71.7 and 69.0; b1_c16_16_3x3_160: 128x32 5.8 vs
 // 256x32 6.1 and 6.5; b1_c64_64_3x3_80 (100 squares): 128x32, 100 blocks, 9.9 vs 128x64 12.1
-// and the gather kernel's 13.0. As many stages as shared memory holds, up to 4
-// (256x128: 48.1 with 4, 48.4 with 3). At stride 2 it wins on some layers and loses on others
+// and the gather kernel's 13.0. 3 pipeline stages: a fourth lets fewer blocks share an SM and
+// only pays on deep reductions (16x16x160x160 -> 16: 53.7 with 3, 54.5 with 4; 16x32x80x80 ->
+// 32: 26.9 vs 28.3; b1_c16_16_3x3_160 6.2 vs 6.5; b16_c128_128_3x3_40 48.4 vs 48.1;
+// b1_c64_64_3x3_80 10.3 vs 9.9). At stride 2 it wins on some layers and loses on others
 // (b1_c32_64_3x3s2_160 8.1 vs 9.0; b32_c16_32_3x3s2_320 212.5 vs 147.6), so stride 2 keeps the
 // mma.sync kernel.
-constexpr int kHaloWgmmaStages = 4;
+constexpr int kHaloWgmmaStages = 3;
 
 // Split-K (the gather kernel; a tile's blocks form one thread-block cluster, which sums their
 // accumulators in shared memory): a block's k tiles run one after another, each paying a load

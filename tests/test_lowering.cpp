@@ -122,7 +122,7 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
   }
   // With warpgroup MMA (Hopper, sm_90a build) the stride-1 halo layers take the wgmma kernel:
   // n covers Cout, m = 256 for n = 128 else 128; while the grid is under half a wave m halves to
-  // 128, then n, then m; 4 stages. Stride 2 keeps the mma.sync halo kernel.
+  // 128, then n, then m; 3 stages. Stride 2 keeps the mma.sync halo kernel.
   struct Wg {
     ConvShape s;
     ConvTiles want;
@@ -130,16 +130,16 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
   DeviceProfile hopper = sms(132);
   hopper.wgmma = true;
   for (const Wg& r : std::vector<Wg>{
-           {shape(16, 64, 80, 64, 3), {128, 64, 72, 4, 1, true}},     // 800 blocks
-           {shape(16, 128, 40, 128, 3), {256, 128, 72, 4, 1, true}},  // 100 blocks
-           {shape(1, 16, 160, 16, 3), {128, 32, 72, 4, 1, true}},     // 200 blocks
+           {shape(16, 64, 80, 64, 3), {128, 64, 72, 3, 1, true}},     // 800 blocks
+           {shape(16, 128, 40, 128, 3), {256, 128, 72, 3, 1, true}},  // 100 blocks
+           {shape(1, 16, 160, 16, 3), {128, 32, 72, 3, 1, true}},     // 200 blocks
            // 100 squares: 128x64 makes 50 blocks, 128x32 100 >= 66.
-           {shape(1, 64, 80, 64, 3), {128, 32, 72, 4, 1, true}},
+           {shape(1, 64, 80, 64, 3), {128, 32, 72, 3, 1, true}},
            // 400 squares, Cout 256: 256x128 makes 200 blocks.
-           {shape(16, 128, 40, 256, 3), {256, 128, 72, 4, 1, true}},
+           {shape(16, 128, 40, 256, 3), {256, 128, 72, 3, 1, true}},
            // 100 squares (36x36 planes, 81% of their squares): 256x128 makes 25 blocks,
            // 128x128 50, 128x64 100.
-           {shape(4, 128, 36, 128, 3), {128, 64, 72, 4, 1, true}},
+           {shape(4, 128, 36, 128, 3), {128, 64, 72, 3, 1, true}},
            // A 20x20 plane fills 69% of its 3x3 squares: the gather kernel, as without wgmma.
            {shape(16, 128, 20, 128, 3),
             conv_tiles(ConvKernel::Gemm, shape(16, 128, 20, 128, 3), sms(132))},
