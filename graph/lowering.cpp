@@ -258,11 +258,13 @@ Plan lower(Graph graph, const LowerOptions& options) {
       np.rule = c.rule;
       np.tiles = conv_tiles(c.kernel, cs, options.profile);
       if (np.tiles.wgmma) {
-        // The wgmma halo kernel reads its weights packed ahead; a weight that is not an
+        // The wgmma halo kernel reads its weights packed ahead; a weight that is not a float32
         // initializer (known only at run time) keeps the mma.sync halo kernel.
         const std::string& w = node.inputs[1];
-        if (graph.is_weight(w)) {
-          const Tensor weight = graph.weights.at(w).data.to(Device::CPU);
+        const Tensor* init = graph.is_weight(w) ? &graph.weights.at(w).data : nullptr;
+        if (init && init->dtype() == DType::F32) {
+          Tensor weight = init->to(Device::CPU);
+          if (!weight.contiguous()) weight = weight.clone();
           np.packed = Tensor::empty({wgmma_packed_floats(cs)});
           pack_wgmma_weights(cs, static_cast<const float*>(weight.raw()),
                              static_cast<float*>(np.packed.raw()));

@@ -1,12 +1,15 @@
 // Kernel selection and tile sizes: pure functions, checked with worked numbers.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "epilog/graph/lowering.h"
 #include "epilog/graph/passes.h"
 #include "epilog/io/builder.h"
+#include "epilog/runtime/params.h"
 
 using namespace epilog;
 
@@ -154,6 +157,68 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
   ampere.cc_major = 8;
   CHECK(conv_tiles(ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), sms(108)).splits == 2);
   CHECK(conv_tiles(ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), ampere).splits == 1);
+}
+
+TEST_CASE("lowering: the wgmma halo kernel's weights are packed in its layout, rounded to TF32",
+          "[lowering]") {
+  // 16 x 12 x 40 x 40 -> 20, 3x3: 400 squares of the wgmma halo kernel; Cin 12 fills one and a
+  // half stages of 8 channels, Cout 20 a fraction of the 128 packed rows.
+  auto build = [](bool weight_is_input) {
+    Builder b(7);
+    Val x = b.input("x", {16, 12, 40, 40});
+    Val w = weight_is_input
+                ? b.input("w", {20, 12, 3, 3})
+                : b.weight("conv.weight", {20, 12, 3, 3}, OpKind::FusedConv2d, "weight");
+    Val scale = b.weight("conv.scale", {20}, OpKind::FusedConv2d, "scale");
+    Val shift = b.weight("conv.shift", {20}, OpKind::FusedConv2d, "shift");
+    Attrs a;
+    a.set("stride", std::vector<int64_t>{1, 1});
+    a.set("padding", std::vector<int64_t>{1, 1, 1, 1});
+    a.set("groups", int64_t(1));
+    a.set("activation", std::string("silu"));
+    b.output(b.node(OpKind::FusedConv2d, {x, w, scale, shift}, a, "conv")[0]);
+    return b.build();
+  };
+  LowerOptions cuda;
+  cuda.device = Device::CUDA;
+  const Graph g = build(false);
+  const Plan p = lower(g, cuda);
+  REQUIRE(p.nodes[0].tiles.wgmma);
+  const ConvShape s = conv_shape(g, g.nodes[0]);
+  const Tensor& packed = p.nodes[0].packed;
+  REQUIRE(packed.defined());
+  REQUIRE(packed.numel() == wgmma_packed_floats(s));
+  CHECK(packed.numel() == 2 * 72 * 128);  // 2 stages x 18 runs x 128 rows x 4 channels
+  const Tensor& w = g.weights.at("conv.weight").data;
+  int zeros = 0;
+  for (int64_t kt = 0; kt < 2; ++kt)
+    for (int64_t tap = 0; tap < 9; ++tap)
+      for (int64_t chunk = 0; chunk < 2; ++chunk)
+        for (int64_t n = 0; n < 128; ++n)
+          for (int64_t e = 0; e < 4; ++e) {
+            const int64_t c = 8 * kt + 4 * chunk + e;
+            // What the tensor core reads is the top 19 bits: the weight rounded to 11
+            // significant bits, ties away from zero; 0 past Cout and Cin.
+            uint32_t bits;
+            std::memcpy(&bits, &packed.f32()[(((kt * 9 + tap) * 2 + chunk) * 128 + n) * 4 + e], 4);
+            bits &= ~0x1fffu;
+            float read;
+            std::memcpy(&read, &bits, 4);
+            if (n >= 20 || c >= 12) {
+              zeros += read == 0.0f;
+              continue;
+            }
+            int exp = 0;
+            const double m = std::frexp(double(w.f32()[(n * 12 + c) * 9 + tap]), &exp);
+            REQUIRE(double(read) == std::ldexp(std::round(std::ldexp(m, 11)), exp - 11));
+          }
+  CHECK(zeros == 2 * 9 * 2 * 128 * 4 - 20 * 12 * 9);
+
+  // A weight known only at run time cannot be packed: the mma.sync halo kernel.
+  const Plan q = lower(build(true), cuda);
+  CHECK_FALSE(q.nodes[0].tiles.wgmma);
+  CHECK(q.nodes[0].tiles.k == 72);
+  CHECK_FALSE(q.nodes[0].packed.defined());
 }
 
 TEST_CASE("lowering: plans every node, honours a forced kernel, explains the choice",
