@@ -756,18 +756,15 @@ std::string tiles_str(const ConvTiles& t) {
 
 bool wgmma_available() {
 #ifdef EPILOG_WGMMA
-  static std::atomic<int> cache[64];  // per device: 0 unknown, 1 yes, 2 no
-  int device = 0;
-  EPILOG_CUDA_CHECK(cudaGetDevice(&device));
-  int v = cache[device % 64].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0, minor = 0;
+  // sm_90a code runs on compute capability 9.0 only. Read once, as device_sm90 (launch.cuh).
+  static const bool available = [] {
+    int device = 0, major = 0, minor = 0;
+    EPILOG_CUDA_CHECK(cudaGetDevice(&device));
     EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    v = major == 9 && minor == 0 ? 1 : 2;
-    cache[device % 64].store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
+    return major == 9 && minor == 0;
+  }();
+  return available;
 #else
   return false;
 #endif
