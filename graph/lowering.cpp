@@ -52,9 +52,12 @@ constexpr double kHaloMinWaves = 0.5;
 constexpr int64_t kHaloMinChannels = 8;
 // ...and where the 8x8 squares waste little of the output plane: at least this fraction of
 // their pixels exist. A 16x128x40x40 -> 256 stride-2 layer (20x20 outputs in 24x24 of squares,
-// 69%): halo 72.7 vs the gather kernel's 50.7; at batch 1 16.4 vs 10.9. At stride 1 a
-// 16x128x20x20 -> 128 layer: wgmma halo 27.9 (128x128) vs the gather kernel's 29.0, a tie.
+// 69%): halo 72.7 vs the gather kernel's 50.7; at batch 1 16.4 vs 10.9.
 constexpr double kHaloMinUseful = 0.8;
+// The wgmma halo kernel (stride 1) wins at 69%: a 16x128x20x20 -> 128 layer, 128x128 tiles,
+// 23.8 vs the gather kernel's 29.1 (2026-12-01; 27.9 vs 29.0 before its per-warpgroup barrier).
+// Below that it was not measured, so it is not chosen there.
+constexpr double kHaloWgmmaMinUseful = 0.68;
 // At stride 2 a block's input patches are 2.9 times those of stride 1 (17x17 vs 10x10 inputs
 // under an 8x8 square): two stages (95 KB at n = 32) let two blocks share an SM, three do not.
 // b32_c16_32_3x3s2_320: 148.5 with 2 stages, 193.0 with 3.
@@ -120,9 +123,9 @@ int64_t halo_blocks(const ConvShape& s, int m, int n) {
 }
 
 // Whether a halo kernel may take `s` at all: its window, enough input channels, little waste.
-bool halo_takes(const ConvShape& s) {
+bool halo_takes(const ConvShape& s, double min_useful = kHaloMinUseful) {
   return conv_gemm_halo_fits(s) && s.c >= kHaloMinChannels &&
-         double(s.ho * s.wo) >= kHaloMinUseful * double(ceil_div(s.ho, 8) * ceil_div(s.wo, 8) * 64);
+         double(s.n * s.ho * s.wo) >= min_useful * double(halo_squares(s) * 64);
 }
 
 bool halo_wins(const ConvShape& s, int n_tile, const DeviceProfile& device) {
@@ -133,7 +136,7 @@ bool halo_wins(const ConvShape& s, int n_tile, const DeviceProfile& device) {
 // The wgmma halo tiles for `s`, or nullopt where that kernel does not take it.
 std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
                                           const DeviceProfile& device) {
-  if (!device.wgmma || !halo_takes(s) || s.stride_h != 1) return std::nullopt;
+  if (!device.wgmma || !halo_takes(s, kHaloWgmmaMinUseful) || s.stride_h != 1) return std::nullopt;
   const double min_blocks = kHaloMinWaves * device.sm_count;
   int m = cover == 128 ? 256 : 128, n = cover;
   while (double(halo_blocks(s, m, n)) < min_blocks && (n > 32 || m > 64)) {
@@ -265,8 +268,8 @@ Plan lower(Graph graph, const LowerOptions& options) {
         if (init && init->dtype() == DType::F32) {
           Tensor weight = init->to(Device::CPU);
           if (!weight.contiguous()) weight = weight.clone();
-          np.packed = Tensor::empty({wgmma_packed_floats(cs)});
-          pack_wgmma_weights(cs, static_cast<const float*>(weight.raw()),
+          np.packed = Tensor::empty({wgmma_packed_floats(cs, np.tiles.n)});
+          pack_wgmma_weights(cs, np.tiles.n, static_cast<const float*>(weight.raw()),
                              static_cast<float*>(np.packed.raw()));
         } else {
           DeviceProfile sync = options.profile;

@@ -143,9 +143,12 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            // 100 squares (36x36 planes, 81% of their squares): 256x128 makes 25 blocks,
            // 128x128 50, 128x64 100.
            {shape(4, 128, 36, 128, 3), {128, 64, 72, 3, 1, true}},
-           // A 20x20 plane fills 69% of its 3x3 squares: the gather kernel, as without wgmma.
-           {shape(16, 128, 20, 128, 3),
-            conv_tiles(ConvKernel::Gemm, shape(16, 128, 20, 128, 3), sms(132))},
+           // A 20x20 plane fills 69% of its 3x3 squares: enough for wgmma (144 squares; 256x128
+           // makes 36 blocks, 128x128 72); a 12x12 one fills 56%: the gather kernel, as without
+           // wgmma.
+           {shape(16, 128, 20, 128, 3), {128, 128, 72, 3, 1, true}},
+           {shape(16, 128, 12, 128, 3),
+            conv_tiles(ConvKernel::Gemm, shape(16, 128, 12, 128, 3), sms(132))},
            {shape(32, 16, 320, 32, 3, 2), {256, 32, 72, 2}},
            {shape(1, 7, 640, 16, 3, 2), {128, 32, 32, 2}},  // no halo kernel: no wgmma
        }) {
@@ -162,7 +165,7 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
 TEST_CASE("lowering: the wgmma halo kernel's weights are packed in its layout, rounded to TF32",
           "[lowering]") {
   // 16 x 12 x 40 x 40 -> 20, 3x3: 400 squares of the wgmma halo kernel; Cin 12 fills one and a
-  // half stages of 8 channels, Cout 20 a fraction of the 128 packed rows.
+  // half stages of 8 channels, Cout 20 a fraction of the 32 packed rows of its one n tile.
   auto build = [](bool weight_is_input) {
     Builder b(7);
     Val x = b.input("x", {16, 12, 40, 40});
@@ -187,20 +190,21 @@ TEST_CASE("lowering: the wgmma halo kernel's weights are packed in its layout, r
   const ConvShape s = conv_shape(g, g.nodes[0]);
   const Tensor& packed = p.nodes[0].packed;
   REQUIRE(packed.defined());
-  REQUIRE(packed.numel() == wgmma_packed_floats(s));
-  CHECK(packed.numel() == 2 * 72 * 128);  // 2 stages x 18 runs x 128 rows x 4 channels
+  REQUIRE(p.nodes[0].tiles.n == 32);
+  REQUIRE(packed.numel() == wgmma_packed_floats(s, 32));
+  CHECK(packed.numel() == 2 * 72 * 32);  // 2 stages x 18 runs x 32 rows x 4 channels
   const Tensor& w = g.weights.at("conv.weight").data;
   int zeros = 0;
   for (int64_t kt = 0; kt < 2; ++kt)
     for (int64_t tap = 0; tap < 9; ++tap)
       for (int64_t chunk = 0; chunk < 2; ++chunk)
-        for (int64_t n = 0; n < 128; ++n)
+        for (int64_t n = 0; n < 32; ++n)
           for (int64_t e = 0; e < 4; ++e) {
             const int64_t c = 8 * kt + 4 * chunk + e;
             // What the tensor core reads is the top 19 bits: the weight rounded to 11
             // significant bits, ties away from zero; 0 past Cout and Cin.
             uint32_t bits;
-            std::memcpy(&bits, &packed.f32()[(((kt * 9 + tap) * 2 + chunk) * 128 + n) * 4 + e], 4);
+            std::memcpy(&bits, &packed.f32()[(((kt * 9 + tap) * 2 + chunk) * 32 + n) * 4 + e], 4);
             bits &= ~0x1fffu;
             float read;
             std::memcpy(&read, &bits, 4);
@@ -212,7 +216,7 @@ TEST_CASE("lowering: the wgmma halo kernel's weights are packed in its layout, r
             const double m = std::frexp(double(w.f32()[(n * 12 + c) * 9 + tap]), &exp);
             REQUIRE(double(read) == std::ldexp(std::round(std::ldexp(m, 11)), exp - 11));
           }
-  CHECK(zeros == 2 * 9 * 2 * 128 * 4 - 20 * 12 * 9);
+  CHECK(zeros == 2 * 9 * 2 * 32 * 4 - 20 * 12 * 9);
 
   // A weight known only at run time cannot be packed: the mma.sync halo kernel.
   const Plan q = lower(build(true), cuda);

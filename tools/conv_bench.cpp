@@ -161,15 +161,20 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   DeviceBuffer dw(w_n), dscale(s.k), dshift(s.k), dgamma(s.k), dbeta(s.k), dmean(s.k), dvar(s.k),
       tmp(out_n);
   upload(dw.ptr, w);
-  // The weights packed for the wgmma halo kernel (lowering packs them once per model).
-  std::unique_ptr<DeviceBuffer> dpacked;
-  if (conv_gemm_halo_fits(s)) {
-    Tensor packed = Tensor::empty({wgmma_packed_floats(s)});
-    pack_wgmma_weights(s, w.f32(), packed.f32());
-    dpacked = std::make_unique<DeviceBuffer>(packed.numel());
-    upload(dpacked->ptr, packed);
-  }
-  const float* wp = dpacked ? dpacked->ptr : nullptr;
+  // The weights packed for the wgmma halo kernel's n = 32, 64 and 128 (lowering packs them once
+  // per model, for the tiles it picks).
+  std::unique_ptr<DeviceBuffer> dpacked[3];
+  if (conv_gemm_halo_fits(s))
+    for (int i = 0; i < 3; ++i) {
+      Tensor packed = Tensor::empty({wgmma_packed_floats(s, 32 << i)});
+      pack_wgmma_weights(s, 32 << i, w.f32(), packed.f32());
+      dpacked[i] = std::make_unique<DeviceBuffer>(packed.numel());
+      upload(dpacked[i]->ptr, packed);
+    }
+  auto wp = [&](const ConvTiles& t) -> const float* {
+    const int i = t.n == 32 ? 0 : t.n == 64 ? 1 : 2;
+    return t.wgmma && dpacked[i] ? dpacked[i]->ptr : nullptr;
+  };
   auto up = [](DeviceBuffer& d, const std::vector<float>& v) {
     EPILOG_CUDA_CHECK(cudaMemcpy(d.ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
   };
@@ -224,7 +229,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
                        stream);
     else
       cuda::conv_gemm(s, t, xb(r), dw.ptr, dscale.ptr, dshift.ptr, Activation::Silu, yb(r), stream,
-                      nullptr, wp);
+                      nullptr, wp(t));
   };
   for (ConvKernel kern : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm}) {
     if (!conv_supports(kern, s)) continue;
@@ -259,7 +264,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
                                            tmp.ptr, stream);
                         else
                           cuda::conv_gemm(s, pt, xb(r), dw.ptr, nullptr, nullptr, Activation::None,
-                                          tmp.ptr, stream, nullptr, wp);
+                                          tmp.ptr, stream, nullptr, wp(pt));
                         cuda::batchnorm(s.n, s.k, s.ho * s.wo, tmp.ptr, dgamma.ptr, dbeta.ptr,
                                         dmean.ptr, dvar.ptr, 1e-5f, tmp.ptr, stream);
                         cuda::activation(Activation::Silu, out_n, tmp.ptr, yb(r), stream);

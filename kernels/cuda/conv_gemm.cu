@@ -827,9 +827,9 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
       if (!packed)
         reject(
             "the wgmma halo kernel reads the weights packed ahead (pack_wgmma_weights), got none");
-      if (wgmma_packed_floats(s) >= INT32_MAX) reject("packed weights span 2^31 floats or more");
+      if (wgmma_packed_floats(s, tiles.n) >= INT32_MAX)
+        reject("packed weights span 2^31 floats or more");
       a.wp = packed;
-      a.kpad = int(wgmma_packed_rows(s));
       a.stages = tiles.stages;
     }
     a.vec_b = s.c % 4 == 0 && aligned16(w);

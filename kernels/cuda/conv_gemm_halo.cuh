@@ -34,8 +34,7 @@ struct HaloArgs {
   int r_img;              // elements between its images
   bool vec_b;             // 16-byte weight copies: c % 4 == 0 and w 16-byte aligned
   Activation act;
-  const float* wp;  // the wgmma kernel's packed weights (pack_wgmma_weights), kpad rows a run
-  int kpad;
+  const float* wp;  // the wgmma kernel's weights, packed for its n (pack_wgmma_weights)
 };
 
 template <int BM, int BN, int S>

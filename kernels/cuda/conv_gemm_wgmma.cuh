@@ -21,10 +21,12 @@
 // Pipeline: `stages` stage buffers, each the input patches as the loader's cp.async copies
 // stage them (HaloTile's layout) and the stage's weights, copied 16 bytes at a time from the
 // weights packed ahead of the run (pack_wgmma_weights: already in OpB's layout and rounded to
-// TF32). Per stage the block rewrites the patches into one of two operand buffers in OpA's
-// layout, rounding them to TF32 on the way (wgmma, like mma, would truncate), and each warpgroup
-// issues its nine wgmmas; one wgmma group stays in flight across iterations, so copies run
-// stages - 2 stages ahead (a stage's weights are read by its wgmmas until the next iteration).
+// TF32; the first stages' before the wait for the previous kernel, which does not write them).
+// Per stage each warpgroup rewrites its square's patch into one of two operand buffers in OpA's
+// layout, rounding it to TF32 on the way (wgmma, like mma, would truncate), and issues its nine
+// wgmmas after a barrier of its own (only it reads its OpA); one wgmma group stays in flight
+// across iterations, so copies run stages - 2 stages ahead (a stage's weights are read by its
+// wgmmas until the next iteration).
 #pragma once
 
 #include <cstdint>
@@ -121,6 +123,11 @@ __device__ __forceinline__ void wgmma_tf32<16>(float (&d)[16][4], uint64_t a, ui
 
 #undef EPILOG_D4
 
+// Barrier `id` (1..4; 0 is __syncthreads) over the 128 threads of one warpgroup.
+__device__ __forceinline__ void warpgroup_sync(int id) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+
 // Four floats of shared memory, each rounded to TF32 (see to_tf32), stored as one 16-byte vector.
 __device__ __forceinline__ void store_tf32x4(float* dst, float v0, float v1, float v2, float v3) {
   *reinterpret_cast<uint4*>(dst) = make_uint4(to_tf32(v0), to_tf32(v1), to_tf32(v2), to_tf32(v3));
@@ -135,7 +142,6 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads, 1)
   using T = HaloTile<BM, BN, S>;
   using W = HaloWgTile<BM, BN, S>;
   extern __shared__ __align__(16) float smem[];
-  detail::pdl_begin();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wg = warp / 4, wtid = tid % 128;  // warpgroup = square of the block
   const int t = lane % 4;
@@ -151,16 +157,17 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads, 1)
   const HaloSquare sq(a, m_tile * W::kSquares + wg);
   const HaloLoader<BM, BN, S, 4> loader(a, smem0, warp, wg, lane, sq.ok, sq.img, sq.oy0, sq.ox0,
                                         n0);
-  // Packed weights: chunk id (< 18 BN) of a stage is row id % BN of run tc = id / BN, 16 bytes.
-  const float* const wp = a.wp + size_t(n0) * 4;
+  // Packed weights: this n tile's stages one after another, each kOpB floats as OpB lays them.
+  // Thread tid copies 16-byte chunks tid, tid + kThreads, ... of a stage's.
+  const float* const wp = a.wp + size_t(n_tile) * ktiles * W::kOpB + 4 * tid;
   const uint32_t b_dst = smem0 + 4 * W::kSquares * T::kPatch;
-  auto load = [&](int stage, int kt) {
-    const uint32_t sbase = stage * kStageBytes;
-    loader.load_patch(sbase, kt);
-    const float* src = wp + size_t(kt) * 18 * a.kpad * 4;
+  auto load_weights = [&](int stage, int kt) {
+    const float* src = wp + size_t(kt) * W::kOpB;
+    const uint32_t dst = b_dst + stage * kStageBytes + 16 * tid;
 #pragma unroll
-    for (int id = tid; id < 18 * BN; id += W::kThreads)
-      cp_async16(b_dst + sbase + 16 * id, src + (id / BN * a.kpad + id % BN) * 4, true);
+    for (int id = 0; id < W::kOpB / 4; id += W::kThreads)
+      if (W::kOpB / 4 % W::kThreads == 0 || id + tid < W::kOpB / 4)
+        cp_async16(dst + 16 * id, src + 4 * id, true);
   };
 
   float acc[1][W::kNI][4];
@@ -174,8 +181,12 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads, 1)
   const uint32_t a_addr = op0_addr + 4 * wg * W::kOpA;
   constexpr uint64_t kOpStep = uint64_t(W::kSquares * W::kOpA * 4 / 16);
 
+  // The weights are no output of the kernel before this one: their first stages' copies start
+  // before waiting for it (programmatic dependent launch), the input's after.
+  for (int st = 0; st < stages - 2 && st < ktiles; ++st) load_weights(st, st);
+  detail::pdl_begin();
   for (int st = 0; st < stages - 2; ++st) {
-    if (st < ktiles) load(st, st);
+    if (st < ktiles) loader.load_patch(st * kStageBytes, st);
     cp_async_commit();
   }
   int read_stage = 0, write_stage = stages - 2;
@@ -185,10 +196,15 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads, 1)
       cp_async_wait<1>();
     else
       cp_async_wait<0>();
+    // This thread's copies of stage kt, before the tensor cores read them (its weights).
+    fence_proxy_async();
     // Stage kt is visible to all; every warpgroup's wgmmas of stage kt - 2 are done (the wait
     // at the end of the last iteration), so its stage and operand buffers may be rewritten.
     __syncthreads();
-    if (kt + stages - 2 < ktiles) load(write_stage, kt + stages - 2);
+    if (kt + stages - 2 < ktiles) {
+      load_weights(write_stage, kt + stages - 2);
+      loader.load_patch(write_stage * kStageBytes, kt + stages - 2);
+    }
     cp_async_commit();
     write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
 
@@ -201,9 +217,9 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads, 1)
       const float* src = p + 4 * chunk * T::kCS + slot;
       store_tf32x4(o + 4 * it, src[0], src[T::kCS], src[2 * T::kCS], src[3 * T::kCS]);
     }
-    // This thread's copies (waited for above) and stores, before the tensor cores read them.
+    // This warpgroup's stores, before its tensor cores read them: only it reads its OpA.
     fence_proxy_async();
-    __syncthreads();
+    warpgroup_sync(1 + wg);
 
     // -- nine wgmmas, one a tap --
     const uint64_t a_buf = (kt & 1) * kOpStep;

@@ -186,8 +186,8 @@ Outcome run(const Case& cc, uint64_t seed) {
       // The wgmma halo kernel's weights, packed on the host as lowering packs them.
       Tensor dpacked;
       if (cc.tiles.wgmma && conv_gemm_halo_fits(s)) {
-        Tensor packed = Tensor::empty({wgmma_packed_floats(s)});
-        pack_wgmma_weights(s, w.f32(), packed.f32());
+        Tensor packed = Tensor::empty({wgmma_packed_floats(s, cc.tiles.n)});
+        pack_wgmma_weights(s, cc.tiles.n, w.f32(), packed.f32());
         dpacked = packed.to(Device::CUDA);
       }
       cuda::conv_gemm(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr, pres,

@@ -32,7 +32,7 @@ void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const fl
                 const float* scale, const float* shift, Activation act, float* y, Stream stream,
                 const float* residual = nullptr);
 // t.wgmma (the 3x3 halo kernel on warpgroup MMA) also needs `packed`: w packed on the device as
-// pack_wgmma_weights (shapes.h) lays it out.
+// pack_wgmma_weights (shapes.h) lays it out for tiles of t.n channels.
 void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                const float* scale, const float* shift, Activation act, float* y, Stream stream,
                const float* residual = nullptr, const float* packed = nullptr);

@@ -169,32 +169,31 @@ inline bool conv_gemm_tiles_run(const ConvTiles& t, const ConvShape& s) {
            halo_wgmma_max_stages(t.m, t.n, int(s.stride_h)) == 0);
 }
 
-// The weights as the wgmma halo kernel reads them, packed once ahead of the runs: for each stage
-// of 8 input channels kt, tap (i, j) and chunk of 4 channels, tc = 2 (3i + j) + chunk, kpad rows
-// n of 4 floats: P[((kt * 18 + tc) * kpad + n) * 4 + e] = w[n, 8kt + 4 chunk + e, i, j], 0 past
-// Cout or Cin; kpad is Cout rounded up to 128, so that every n tile reads whole rows. Each value
-// is rounded to TF32 (to nearest: half a TF32 ulp added to its bits; the tensor core ignores the
-// low 13), as the mma.sync kernels round their operands on the fly.
-inline int64_t wgmma_packed_rows(const ConvShape& s) {
-  return (s.k + 127) / 128 * 128;
+// The weights as the wgmma halo kernel reads them with tiles of n output channels, packed once
+// ahead of the runs: for each n tile nt, stage of 8 input channels kt, tap (i, j) and chunk of
+// 4 channels, tc = 2 (3i + j) + chunk, n rows r of 4 floats:
+// P[(((nt * stages + kt) * 18 + tc) * n + r) * 4 + e] = w[nt n + r, 8kt + 4 chunk + e, i, j],
+// 0 past Cout or Cin, so that a block's stage is one contiguous run. Each value is rounded to
+// TF32 (to nearest: half a TF32 ulp added to its bits; the tensor core ignores the low 13), as
+// the mma.sync kernels round their operands on the fly.
+inline int64_t wgmma_packed_floats(const ConvShape& s, int n) {
+  return (s.k + n - 1) / n * n * ((s.c + 7) / 8) * 72;
 }
-inline int64_t wgmma_packed_floats(const ConvShape& s) {
-  return (s.c + 7) / 8 * 72 * wgmma_packed_rows(s);
-}
-inline void pack_wgmma_weights(const ConvShape& s, const float* w, float* out) {
-  const int64_t kpad = wgmma_packed_rows(s), stages = (s.c + 7) / 8;
-  for (int64_t kt = 0; kt < stages; ++kt)
-    for (int64_t tc = 0; tc < 18; ++tc)
-      for (int64_t n = 0; n < kpad; ++n)
-        for (int64_t e = 0; e < 4; ++e) {
-          const int64_t c = 8 * kt + 4 * (tc & 1) + e, tap = tc >> 1;
-          float v = n < s.k && c < s.c ? w[(n * s.c + c) * 9 + tap] : 0.0f;
-          uint32_t bits;
-          std::memcpy(&bits, &v, 4);
-          bits += 0x1000u;
-          std::memcpy(&v, &bits, 4);
-          out[((kt * 18 + tc) * kpad + n) * 4 + e] = v;
-        }
+inline void pack_wgmma_weights(const ConvShape& s, int n, const float* w, float* out) {
+  const int64_t tiles = (s.k + n - 1) / n, stages = (s.c + 7) / 8;
+  for (int64_t nt = 0; nt < tiles; ++nt)
+    for (int64_t kt = 0; kt < stages; ++kt)
+      for (int64_t tc = 0; tc < 18; ++tc)
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t e = 0; e < 4; ++e) {
+            const int64_t k = nt * n + r, c = 8 * kt + 4 * (tc & 1) + e, tap = tc >> 1;
+            float v = k < s.k && c < s.c ? w[(k * s.c + c) * 9 + tap] : 0.0f;
+            uint32_t bits;
+            std::memcpy(&bits, &v, 4);
+            bits += 0x1000u;
+            std::memcpy(&v, &bits, 4);
+            out[(((nt * stages + kt) * 18 + tc) * n + r) * 4 + e] = v;
+          }
 }
 
 // NCHW pooling window geometry; padding is top, left, bottom, right.
