@@ -218,6 +218,33 @@ TEST_CASE("lowering: the wgmma halo kernel's weights are packed in its layout, r
           }
   CHECK(zeros == 2 * 9 * 2 * 32 * 4 - 20 * 12 * 9);
 
+  // Cout 40 in tiles of 32: tile 1 follows all of tile 0's stages, its rows past Cout zero.
+  const ConvShape s40 = shape(1, 12, 8, 40, 3);
+  std::vector<float> w40(40 * 12 * 9), p40(size_t(wgmma_packed_floats(s40, 32)));
+  for (size_t i = 0; i < w40.size(); ++i) w40[i] = float(i + 1);  // all distinct
+  pack_wgmma_weights(s40, 32, w40.data(), p40.data());
+  CHECK(p40.size() == 2 * 2 * 72 * 32);  // 2 n tiles x 2 stages x 18 runs x 32 rows x 4
+  auto at = [&](int64_t nt, int64_t kt, int64_t tc, int64_t r, int64_t e) {
+    uint32_t bits;
+    std::memcpy(&bits, &p40[size_t((((nt * 2 + kt) * 18 + tc) * 32 + r) * 4 + e)], 4);
+    bits &= ~0x1fffu;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return v;
+  };
+  auto tf32 = [](float v) {  // as checked above: rounded to nearest, low 13 bits dropped
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    bits = (bits + 0x1000u) & ~0x1fffu;
+    std::memcpy(&v, &bits, 4);
+    return v;
+  };
+  // Output channel 35 = tile 1, row 3; input channel 9 = stage 1, chunk 0, element 1; tap 4.
+  CHECK(at(1, 1, 2 * 4, 3, 1) == tf32(w40[(35 * 12 + 9) * 9 + 4]));
+  CHECK(at(0, 0, 2 * 8 + 1, 31, 3) == tf32(w40[(31 * 12 + 7) * 9 + 8]));
+  CHECK(at(1, 0, 0, 8, 0) == 0.0f);  // channel 40: past Cout
+  CHECK(at(1, 1, 1, 0, 0) == 0.0f);  // input channel 12: past Cin
+
   // A weight known only at run time cannot be packed: the mma.sync halo kernel.
   const Plan q = lower(build(true), cuda);
   CHECK_FALSE(q.nodes[0].tiles.wgmma);
