@@ -1,5 +1,5 @@
-// fused_conv2d on the SIMT cores, one of two paths chosen per shape inside conv_scalar: the
-// kernel that runs every shape (the only one for groups > 1), and a depthwise path.
+// fused_conv2d on the SIMT cores, one of three paths chosen per shape inside conv_scalar: the
+// kernel that runs every shape (the only one for groups > 1), a depthwise path, and a stem path.
 //
 // Math: y[n, k, oh, ow] = act(acc * scale[k] + shift[k]) (+ residual[n, k, oh, ow]) with
 //   acc = sum_{c < cg, i < r, j < s} x[n, g*cg + c, oh*sh - pad_t + i*dh, ow*sw - pad_l + j*dw]
@@ -58,6 +58,18 @@
 // broadcasts. A shape whose window for a single output row exceeds kDwMaxSmem (huge
 // dilations or strides) takes the general path. Planes narrower than about 16 leave lanes idle
 // (a block is one plane): a multi-plane block would fill them.
+//
+// Stem path (conv_scalar_stem_fits: groups == 1, a dense 3x3 window, dilation 1, stride 1 or 2
+// across, Cin <= 4, Cout <= 16 - an image network's first layer). An output pixel reads only
+// Cin * 9 <= 36 inputs, so the general path's one output per thread would read each input once
+// per output channel; here a thread item is 4 consecutive outputs along ow of one output row, all
+// output channels: it reads the (4 - 1) * sw + 3 input columns under them once per window row
+// and channel into registers (as three float4s from the 16-byte aligned column below them when
+// w % 4 == 0 and x is aligned), the weights (staged in shared memory as [c][i][j][16], zero past
+// Cout) as float4 broadcasts, 16 FMAs for each, and stores each channel's 4 outputs as one
+// float4 (when wo % 4 == 0 and y is aligned). Grid: one-dimensional, grid-stride over items =
+// n * ho * ceil(wo / 4), item = (img, oh, column group), column group fastest (neighbour threads
+// read neighbour columns), decoded with multiply-shift divisions.
 //
 // Restrictions: none on stride, padding (bottom/right padding only shows in ho/wo), dilation or
 // groups. One input plane (h*w) and one output plane (ho*wo) must fit in int32. tiles are not
@@ -583,6 +595,178 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   return true;
 }
 
+// -- stem path (see the header comment) --
+
+constexpr int kStemK = 16;  // output channels a thread item holds (Cout <= 16)
+constexpr int kStemV = 4;   // consecutive outputs along ow a thread item computes
+constexpr int kStemC = 4;   // input channels at most
+
+struct StemArgs {
+  const float* x;
+  const float* wt;
+  const float* scale;
+  const float* shift;
+  float* y;
+  const float* res;  // residual (y's shape) or null
+  int c, h, w, k, ho, wo;
+  int sh, pt, pl;
+  int sh4;      // VecIn: the first input column's offset in its 16-byte group, (-pl) mod 4
+  int cgroups;  // ceil(wo / 4)
+  int items;    // n * ho * cgroups (< 2^31)
+  FastDiv div_cg, div_ho;
+  int64_t xs, ys, rs;  // elements between images of x, y and the residual
+  bool vec_out;        // float4 stores and residual loads: wo % 4 == 0, y and res aligned
+  Activation act;
+};
+
+template <int SW, bool VecIn>
+__global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a) {
+  __shared__ __align__(16) float ws[kStemC * 9 * kStemK];
+  __shared__ float affine[2 * kStemK];
+  // The weights and factors are no output of the kernel before this one: staged before
+  // waiting for it (programmatic dependent launch).
+  for (int e = threadIdx.x; e < kStemC * 9 * kStemK; e += kThreads) {
+    const int k = e % kStemK, tap = e / kStemK;  // tap = (c * 3 + i) * 3 + j
+    ws[e] = k < a.k && tap < a.c * 9 ? __ldg(a.wt + k * a.c * 9 + tap) : 0.0f;
+  }
+  if (threadIdx.x < kStemK) {
+    const int k = threadIdx.x;
+    const detail::ChannelAffine f =
+        k < a.k ? detail::channel_affine(a.scale, a.shift, k) : detail::ChannelAffine{1.0f, 0.0f};
+    affine[k] = f.scale;
+    affine[kStemK + k] = f.shift;
+  }
+  detail::pdl_begin();
+  __syncthreads();
+
+  // Input columns under an item per window row: from iw0 on, or (VecIn) from the aligned
+  // column sh4 below iw0, whole float4s.
+  constexpr int kIn = (kStemV - 1) * SW + 3;
+  constexpr int kVecs = (3 + kIn + 3) / 4;
+  constexpr int kRead = VecIn ? 4 * kVecs : kIn;
+  const int sh4 = VecIn ? a.sh4 : 0;
+  const int hw = a.h * a.w, npix = a.ho * a.wo;
+  for (int item = blockIdx.x * kThreads + threadIdx.x; item < a.items;
+       item += gridDim.x * kThreads) {
+    const int q = fast_div(item, a.div_cg), cgp = item - q * a.cgroups;
+    const int img = fast_div(q, a.div_ho), oh = q - img * a.ho;
+    const int ow0 = cgp * kStemV, ih0 = oh * a.sh - a.pt, iw0 = ow0 * SW - a.pl - sh4;
+    float acc[kStemK][kStemV] = {};
+    const float* __restrict__ xp = a.x + int64_t(img) * a.xs;
+    for (int c = 0; c < a.c; ++c, xp += hw) {
+      // Rows one at a time (unrolled, the rows' inputs live together and spill at stride 2).
+#pragma unroll 1
+      for (int i = 0; i < 3; ++i) {
+        const int ih = ih0 + i;
+        if (unsigned(ih) >= unsigned(a.h)) continue;
+        const float* __restrict__ row = xp + ih * a.w;
+        float in[kIn];
+        if constexpr (VecIn) {
+          // w % 4 == 0: a float4 lies wholly inside the row or wholly outside it.
+          float raw[kRead];
+#pragma unroll
+          for (int u = 0; u < kVecs; ++u) {
+            const int iw = iw0 + 4 * u;
+            const float4 v = unsigned(iw) < unsigned(a.w)
+                                 ? __ldg(reinterpret_cast<const float4*>(row + iw))
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            raw[4 * u] = v.x, raw[4 * u + 1] = v.y, raw[4 * u + 2] = v.z, raw[4 * u + 3] = v.w;
+          }
+#pragma unroll
+          for (int u = 0; u < kIn; ++u)
+            in[u] = sh4 == 0 ? raw[u] : sh4 == 1 ? raw[u + 1] : sh4 == 2 ? raw[u + 2] : raw[u + 3];
+        } else {
+#pragma unroll
+          for (int u = 0; u < kIn; ++u)
+            in[u] = unsigned(iw0 + u) < unsigned(a.w) ? __ldg(row + iw0 + u) : 0.0f;
+        }
+        const float4* wv = reinterpret_cast<const float4*>(ws + (c * 3 + i) * 3 * kStemK);
+#pragma unroll
+        for (int j = 0; j < 3; ++j)
+#pragma unroll
+          for (int k4 = 0; k4 < kStemK / 4; ++k4) {
+            const float4 w4 = wv[j * kStemK / 4 + k4];
+#pragma unroll
+            for (int v = 0; v < kStemV; ++v) {
+              const float xv = in[v * SW + j];
+              acc[4 * k4][v] = fmaf(xv, w4.x, acc[4 * k4][v]);
+              acc[4 * k4 + 1][v] = fmaf(xv, w4.y, acc[4 * k4 + 1][v]);
+              acc[4 * k4 + 2][v] = fmaf(xv, w4.z, acc[4 * k4 + 2][v]);
+              acc[4 * k4 + 3][v] = fmaf(xv, w4.w, acc[4 * k4 + 3][v]);
+            }
+          }
+      }
+    }
+    const int64_t yo = int64_t(img) * a.ys + int64_t(oh) * a.wo + ow0;
+    const int64_t ro = int64_t(img) * a.rs + int64_t(oh) * a.wo + ow0;
+    detail::with_activation(a.act, [&](auto act) {
+#pragma unroll
+      for (int k = 0; k < kStemK; ++k) {
+        if (k >= a.k) break;
+        float o[kStemV];
+#pragma unroll
+        for (int v = 0; v < kStemV; ++v)
+          o[v] = activate(act.value, fmaf(acc[k][v], affine[k], affine[kStemK + k]));
+        if (a.vec_out) {
+          if (a.res) {
+            const float4 r = __ldg(reinterpret_cast<const float4*>(a.res + ro + int64_t(k) * npix));
+            o[0] += r.x, o[1] += r.y, o[2] += r.z, o[3] += r.w;
+          }
+          *reinterpret_cast<float4*>(a.y + yo + int64_t(k) * npix) =
+              make_float4(o[0], o[1], o[2], o[3]);
+        } else {
+#pragma unroll
+          for (int v = 0; v < kStemV; ++v) {
+            if (ow0 + v >= a.wo) break;
+            if (a.res) o[v] += __ldg(a.res + ro + int64_t(k) * npix + v);
+            a.y[yo + int64_t(k) * npix + v] = o[v];
+          }
+        }
+      }
+    });
+  }
+}
+
+// The stem path where conv_scalar_stem_fits; false otherwise (or past its int32 item count).
+bool launch_stem(const ConvShape& s, const float* x, const float* w, const float* scale,
+                 const float* shift, Activation act, float* y, const float* residual,
+                 Stream stream) {
+  if (!conv_scalar_stem_fits(s)) return false;
+  const int64_t cgroups = detail::ceil_div(s.wo, kStemV), items = s.n * s.ho * cgroups;
+  if (items > INT_MAX - int64_t(kThreads) * detail::max_blocks()) return false;
+  StemArgs a;
+  a.x = x;
+  a.wt = w;
+  a.scale = scale;
+  a.shift = shift;
+  a.y = y;
+  a.res = residual;
+  a.c = int(s.c), a.h = int(s.h), a.w = int(s.w);
+  a.k = int(s.k), a.ho = int(s.ho), a.wo = int(s.wo);
+  a.sh = int(s.stride_h), a.pt = int(s.pad_t), a.pl = int(s.pad_l);
+  a.sh4 = int(((-s.pad_l) % 4 + 4) % 4);
+  a.cgroups = int(cgroups);
+  a.items = int(items);
+  a.div_cg = make_fastdiv(uint32_t(cgroups));
+  a.div_ho = make_fastdiv(uint32_t(s.ho));
+  a.xs = s.x_image(), a.ys = s.y_image(), a.rs = s.r_image();
+  // Images and planes of x, y and the residual start 16-byte aligned when their rows do.
+  const bool vec_in = s.w % 4 == 0 && s.x_image() % 4 == 0 && detail::aligned16(x);
+  a.vec_out = s.wo % 4 == 0 && s.y_image() % 4 == 0 && s.r_image() % 4 == 0 &&
+              detail::aligned16(y) && (!residual || detail::aligned16(residual));
+  a.act = act;
+  const int blocks = detail::grid_for(items, kThreads);
+  const auto launch = [&](auto kernel) {
+    detail::launch_pdl(kernel, blocks, kThreads, 0, stream, 1, a);
+  };
+  if (s.stride_w == 1)
+    launch(vec_in ? conv_stem_kernel<1, true> : conv_stem_kernel<1, false>);
+  else
+    launch(vec_in ? conv_stem_kernel<2, true> : conv_stem_kernel<2, false>);
+  check_launch("conv_scalar (stem)");
+  return true;
+}
+
 }  // namespace
 
 void conv_scalar(const ConvShape& s, const float* x, const float* w, const float* scale,
@@ -597,6 +781,7 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
                 "conv_scalar planes {}x{} -> {}x{} exceed int32", s.h, s.w, s.ho, s.wo);
   EPILOG_ASSERT(x && w && y);
   EPILOG_ASSERT(s.n <= INT_MAX && s.k <= INT_MAX, "conv_scalar n {} k {}", s.n, s.k);
+  if (launch_stem(s, x, w, scale, shift, act, y, residual, stream)) return;
   if (s.c == s.groups && launch_depthwise(s, x, w, scale, shift, act, y, residual, stream)) return;
   const int64_t pix_blocks = detail::ceil_div(s.ho * s.wo, kThreads);
 

@@ -69,6 +69,10 @@ const std::vector<Geometry> kGeometries = {
     {"3x3 Cin 1",                  1,  1, 13, 11, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
     {"3x3 several tiles each way", 3, 20, 21, 19, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
     {"3x3 stride 2 many squares",  3, 24, 37, 35, 70, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
+    // The scalar kernel's stem path: rows of 4k floats (16-byte loads) and 8 outputs (float4
+    // stores), then odd sizes.
+    {"3x3 stride 2, an RGB stem",  3,  3, 17, 24, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
+    {"3x3 stem, odd sizes",        3,  3, 17, 21, 16, 3, 3, 2, 2, 2, 1, 1, 2, 1, 1, 1},
     {"5x5 pad 2",                  1,  9, 15, 19, 33, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1},
     {"5x5 stride 2 asymmetric",    3,  4, 17, 13, 13, 5, 5, 2, 2, 1, 2, 2, 1, 1, 1, 1},
     {"5x5 dilation 2",             1,  5, 10,  9,  7, 5, 5, 1, 1, 4, 4, 4, 4, 2, 2, 1},
