@@ -92,14 +92,23 @@ constexpr int64_t kSplitMinKTiles = 8;
 // goes to scalar's stem path, a thread computing 4 pixels x all output channels from one read of
 // its inputs, from this many of its 256-item blocks per SM: 3 -> 16 channels, 640x640 at stride
 // 2, 1600 blocks (batch 16) 85.8 vs gemm 118.0, 400 (batch 4) 26.8 vs 32.1, but 100 (batch 1)
-// 11.2 vs 10.0. Two blocks of it fit an SM.
+// 11.2 vs 10.0. Two blocks of it fit an SM. Measured at 3 input channels; 1, 2 and 4 take the
+// same path unmeasured.
 constexpr double kStemMinBlocksPerSm = 2.0;
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+}  // namespace
 
 ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile& device) {
   const int64_t reduction = s.c / s.groups * s.r * s.s;
   if (s.groups != 1) return {ConvKernel::Scalar, "groups > 1: only scalar handles groups"};
   if (conv_scalar_stem_fits(s)) {
-    const int64_t blocks = (s.n * s.ho * ((s.wo + 3) / 4) + 255) / 256;
+    const int64_t blocks = ceil_div(conv_scalar_stem_items(s), kScalarThreads);
     if (double(blocks) >= kStemMinBlocksPerSm * device.sm_count)
       return {ConvKernel::Scalar,
               fmt::format("3x3, {} -> {} channels, {} blocks >= {} per SM: scalar's stem path", s.c,
@@ -114,10 +123,6 @@ ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile& device) {
 }
 
 namespace {
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
 
 // The smallest of `sizes` (ascending) that covers `extent`, else the largest.
 int smallest_covering(const std::vector<int>& sizes, int64_t extent) {
@@ -173,7 +178,7 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
   ConvTiles t;
   switch (kernel) {
     case ConvKernel::Scalar:
-      t.m = 256;  // threads per block, one output each
+      t.m = kScalarThreads;  // threads per block, one output each
       t.n = 1;
       break;
     case ConvKernel::Tiled:

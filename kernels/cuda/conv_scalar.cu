@@ -88,7 +88,7 @@
 namespace epilog::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kScalarThreads;
 
 // By value, so the kernel reads it from the parameter bank. int fields: within-plane offsets
 // are int32 (checked by the launcher); plane bases are formed in int64.
@@ -482,6 +482,12 @@ int64_t round_up(int64_t a, int64_t b) {
   return detail::ceil_div(a, b) * b;
 }
 
+// Where a row's first tap, input column ow0 * sw - pad_l with ow0 % 4 == 0, lies in its 16-byte
+// group: the same for every tile and item, (-pad_l) mod 4.
+int first_tap_phase(const ConvShape& s) {
+  return int(((-s.pad_l) % 4 + 4) % 4);
+}
+
 // Tiles, staging geometry and launch of the depthwise path; false when one tile row's staging
 // does not fit kDwMaxSmem or the grid reaches 2^31 blocks (the caller then runs the general path).
 bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const float* scale,
@@ -512,8 +518,7 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   a.vec_in = s.w % 4 == 0 && detail::aligned16(x);
   // float4 stores, and residual loads: the residual's image stride is a multiple of the plane.
   a.vec_out = s.wo % 4 == 0 && detail::aligned16(y) && (!res || detail::aligned16(res));
-  // A tile's first tap iw0 = ow0 * sw - pad_l with ow0 % 4 == 0, so iw0 mod 4 is the launch's.
-  a.sh4 = a.vec_in ? int(((-s.pad_l) % 4 + 4) % 4) : 0;
+  a.sh4 = a.vec_in ? first_tap_phase(s) : 0;
 
   // Columns: ncg items of 4 outputs across a tile row, column tiles balanced.
   const int64_t ncg_all = detail::ceil_div(s.wo, kDwV);
@@ -597,9 +602,9 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
 
 // -- stem path (see the header comment) --
 
-constexpr int kStemK = 16;  // output channels a thread item holds (Cout <= 16)
-constexpr int kStemV = 4;   // consecutive outputs along ow a thread item computes
-constexpr int kStemC = 4;   // input channels at most
+constexpr int kStemK = kStemMaxCout;      // output channels a thread item holds
+constexpr int kStemV = kStemItemOutputs;  // consecutive outputs along ow a thread item computes
+constexpr int kStemC = kStemMaxCin;       // input channels at most
 
 struct StemArgs {
   const float* x;
@@ -732,7 +737,7 @@ bool launch_stem(const ConvShape& s, const float* x, const float* w, const float
                  const float* shift, Activation act, float* y, const float* residual,
                  Stream stream) {
   if (!conv_scalar_stem_fits(s)) return false;
-  const int64_t cgroups = detail::ceil_div(s.wo, kStemV), items = s.n * s.ho * cgroups;
+  const int64_t cgroups = detail::ceil_div(s.wo, kStemV), items = conv_scalar_stem_items(s);
   if (items > INT_MAX - int64_t(kThreads) * detail::max_blocks()) return false;
   StemArgs a;
   a.x = x;
@@ -744,7 +749,7 @@ bool launch_stem(const ConvShape& s, const float* x, const float* w, const float
   a.c = int(s.c), a.h = int(s.h), a.w = int(s.w);
   a.k = int(s.k), a.ho = int(s.ho), a.wo = int(s.wo);
   a.sh = int(s.stride_h), a.pt = int(s.pad_t), a.pl = int(s.pad_l);
-  a.sh4 = int(((-s.pad_l) % 4 + 4) % 4);
+  a.sh4 = first_tap_phase(s);
   a.cgroups = int(cgroups);
   a.items = int(items);
   a.div_cg = make_fastdiv(uint32_t(cgroups));

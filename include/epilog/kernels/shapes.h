@@ -134,12 +134,19 @@ inline bool conv_supports(ConvKernel kernel, const ConvShape& s) {
   return kernel == ConvKernel::Scalar || s.groups == 1;
 }
 
-// The shapes conv_scalar's stem path takes (conv_scalar.cu): a dense 3x3 window, dilation 1,
-// stride 1 or 2 across, over at most 4 input channels into at most 16 output channels - the
-// first layer of an image network, whose reduction (27 for RGB) is too shallow for gemm's tiles.
+// conv_scalar's stem path (conv_scalar.cu): a dense 3x3 window, dilation 1, stride 1 or 2
+// across, over at most kStemMaxCin input channels into at most kStemMaxCout output channels -
+// the first layer of an image network, whose reduction (27 for RGB) is too shallow for gemm's
+// tiles. Its thread items are kStemItemOutputs consecutive outputs along a row, all channels.
+constexpr int kStemMaxCin = 4, kStemMaxCout = 16, kStemItemOutputs = 4;
+// Threads per block of conv_scalar's general and stem kernels.
+constexpr int kScalarThreads = 256;
 inline bool conv_scalar_stem_fits(const ConvShape& s) {
-  return s.groups == 1 && s.r == 3 && s.s == 3 && s.c <= 4 && s.k <= 16 && s.dil_h == 1 &&
-         s.dil_w == 1 && (s.stride_w == 1 || s.stride_w == 2);
+  return s.groups == 1 && s.r == 3 && s.s == 3 && s.c <= kStemMaxCin && s.k <= kStemMaxCout &&
+         s.dil_h == 1 && s.dil_w == 1 && (s.stride_w == 1 || s.stride_w == 2);
+}
+inline int64_t conv_scalar_stem_items(const ConvShape& s) {
+  return s.n * s.ho * ((s.wo + kStemItemOutputs - 1) / kStemItemOutputs);
 }
 
 // The shapes gemm's 3x3 "halo" kernel takes (ConvTiles::k == 72, conv_gemm.cu): a dense 3x3
