@@ -75,6 +75,16 @@ constexpr int kHaloStride2Stages = 2;
 // mma.sync kernel.
 constexpr int kHaloWgmmaStages = 3;
 
+// The 1x1 direct kernel on warpgroup MMA (Hopper), from kDirectWgmmaMinCout output channels and
+// one wave of its tiles: 64 pixels (one warpgroup) by 128 channels, or 32 below 128, so that
+// several blocks share an SM and one's epilogue runs under another's MMAs; 4 stages from
+// kGemmDeepInput input channels, else 2. b16_c256_256_1x1_40: 64x128 with 4 stages 33.9 us
+// (3 stages 34.8), 128x128 (one block an SM) 40.8, the mma.sync direct kernel's best 39.6;
+// b16_c64_64_1x1_80: 64x32 with 2 stages 21.7 (64x64 22.8) vs 23.6. Not measured below 64.
+constexpr int64_t kDirectWgmmaMinCout = 64;
+constexpr double kDirectWgmmaMinWaves = 1.0;
+constexpr int64_t kGemmDeepInput = 128;
+
 // Split-K (the gather kernel; a tile's blocks form one thread-block cluster, which sums their
 // accumulators in shared memory): a block's k tiles run one after another, each paying a load
 // latency, so a small grid over a deep reduction waits on the chain, not on the SMs. Splits
@@ -195,6 +205,12 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         t = *wg;
         break;
       }
+      const int direct_n = s.k >= 128 ? 128 : 32;
+      if (device.wgmma && conv_gemm_direct_fits(s) && s.k >= kDirectWgmmaMinCout &&
+          double(ceil_div(pixels, 64) * ceil_div(s.k, direct_n)) >= kDirectWgmmaMinWaves * sms) {
+        t = {64, direct_n, 32, s.c >= kGemmDeepInput ? 4 : 2, 1, true};
+        break;
+      }
       if (halo_wins(s, cover, device)) {
         t.m = 256;
         t.n = cover;
@@ -249,11 +265,16 @@ std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel, const DeviceProfile& 
     for (int m : {64, 128, 256})
       for (int n : {32, 64, 128})
         for (int stages : {2, 3, 4}) out.push_back({m, n, 72, stages});
-    // ...and on warpgroup MMA (stages past what shared memory holds run as many as fit).
-    if (device.wgmma)
+    // ...and on warpgroup MMA (stages past what shared memory holds run as many as fit), with
+    // the 1x1 direct kernel's tiles (on other shapes they run the mma.sync k = 32 kernels).
+    if (device.wgmma) {
       for (int m : {64, 128, 256})
         for (int n : {32, 64, 128})
           for (int stages : {3, 4}) out.push_back({m, n, 72, stages, 1, true});
+      for (int m : {64, 128})
+        for (int n : {32, 64, 128})
+          for (int stages : {2, 3, 4}) out.push_back({m, n, 32, stages, 1, true});
+    }
   }
   return out;
 }
@@ -280,15 +301,15 @@ Plan lower(Graph graph, const LowerOptions& options) {
       np.rule = c.rule;
       np.tiles = conv_tiles(c.kernel, cs, options.profile);
       if (np.tiles.wgmma) {
-        // The wgmma halo kernel reads its weights packed ahead; a weight that is not a float32
-        // initializer (known only at run time) keeps the mma.sync halo kernel.
+        // The wgmma kernels read their weights packed ahead; a weight that is not a float32
+        // initializer (known only at run time) keeps the mma.sync kernels.
         const std::string& w = node.inputs[1];
         const Tensor* init = graph.is_weight(w) ? &graph.weights.at(w).data : nullptr;
         if (init && init->dtype() == DType::F32) {
           Tensor weight = init->to(Device::CPU);
           if (!weight.contiguous()) weight = weight.clone();
-          np.packed = Tensor::empty({wgmma_packed_floats(cs, np.tiles.n)});
-          pack_wgmma_weights(cs, np.tiles.n, static_cast<const float*>(weight.raw()),
+          np.packed = Tensor::empty({wgmma_packed_floats(cs, np.tiles)});
+          pack_wgmma_weights(cs, np.tiles, static_cast<const float*>(weight.raw()),
                              static_cast<float*>(np.packed.raw()));
         } else {
           DeviceProfile sync = options.profile;

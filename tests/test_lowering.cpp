@@ -155,6 +155,16 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
             conv_tiles(ConvKernel::Gemm, shape(16, 128, 12, 128, 3), sms(132))},
            {shape(32, 16, 320, 32, 3, 2), {256, 32, 72, 2}},
            {shape(1, 7, 640, 16, 3, 2), {128, 32, 32, 2}},  // no halo kernel: no wgmma
+           // 1x1, stride 1, from 64 output channels: the direct kernel on wgmma from one wave
+           // of 64 x 128 tiles, 64 x 32 below 128 channels; 4 stages from 128 input channels.
+           // At batch 1 (25 x 2 tiles), or with 32 channels, the mma.sync kernels.
+           {shape(16, 256, 40, 256, 1), {64, 128, 32, 4, 1, true}},
+           {shape(16, 64, 80, 64, 1), {64, 32, 32, 2, 1, true}},
+           {shape(16, 128, 80, 64, 1), {64, 32, 32, 4, 1, true}},
+           {shape(1, 256, 40, 256, 1),
+            conv_tiles(ConvKernel::Gemm, shape(1, 256, 40, 256, 1), sms(132))},
+           {shape(16, 64, 80, 32, 1),
+            conv_tiles(ConvKernel::Gemm, shape(16, 64, 80, 32, 1), sms(132))},
        }) {
     INFO("Cin " << r.s.c << " Cout " << r.s.k << " stride " << r.s.stride_h);
     CHECK(conv_tiles(ConvKernel::Gemm, r.s, hopper) == r.want);
@@ -195,7 +205,7 @@ TEST_CASE("lowering: the wgmma halo kernel's weights are packed in its layout, r
   const Tensor& packed = p.nodes[0].packed;
   REQUIRE(packed.defined());
   REQUIRE(p.nodes[0].tiles.n == 32);
-  REQUIRE(packed.numel() == wgmma_packed_floats(s, 32));
+  REQUIRE(packed.numel() == wgmma_packed_floats(s, p.nodes[0].tiles));
   CHECK(packed.numel() == 2 * 72 * 32);  // 2 stages x 18 runs x 32 rows x 4 channels
   const Tensor& w = g.weights.at("conv.weight").data;
   int zeros = 0;
@@ -224,9 +234,10 @@ TEST_CASE("lowering: the wgmma halo kernel's weights are packed in its layout, r
 
   // Cout 40 in tiles of 32: tile 1 follows all of tile 0's stages, its rows past Cout zero.
   const ConvShape s40 = shape(1, 12, 8, 40, 3);
-  std::vector<float> w40(40 * 12 * 9), p40(size_t(wgmma_packed_floats(s40, 32)));
+  const ConvTiles halo32{128, 32, 72, 3, 1, true};
+  std::vector<float> w40(40 * 12 * 9), p40(size_t(wgmma_packed_floats(s40, halo32)));
   for (size_t i = 0; i < w40.size(); ++i) w40[i] = float(i + 1);  // all distinct
-  pack_wgmma_weights(s40, 32, w40.data(), p40.data());
+  pack_wgmma_weights(s40, halo32, w40.data(), p40.data());
   CHECK(p40.size() == 2 * 2 * 72 * 32);  // 2 n tiles x 2 stages x 18 runs x 32 rows x 4
   auto at = [&](int64_t nt, int64_t kt, int64_t tc, int64_t r, int64_t e) {
     uint32_t bits;
@@ -254,6 +265,53 @@ TEST_CASE("lowering: the wgmma halo kernel's weights are packed in its layout, r
   CHECK_FALSE(q.nodes[0].tiles.wgmma);
   CHECK(q.nodes[0].tiles.k == 72);
   CHECK_FALSE(q.nodes[0].packed.defined());
+}
+
+TEST_CASE("lowering: the wgmma direct kernel's 1x1 weights are packed in its layout",
+          "[lowering]") {
+  // 40 -> 72 channels, 1x1: Cin fills one and a quarter stages of 32, Cout two n tiles of 64.
+  const ConvShape s = shape(16, 40, 40, 72, 1);
+  REQUIRE(conv_gemm_direct_fits(s));
+  const ConvTiles t{128, 64, 32, 4, 1, true};
+  REQUIRE(conv_gemm_wgmma_kernel(t, s) == WgmmaKernel::Direct);
+  std::vector<float> w(72 * 40), p(size_t(wgmma_packed_floats(s, t)));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0f + float(i) / 4096.0f;  // all distinct
+  pack_wgmma_weights(s, t, w.data(), p.data());
+  CHECK(p.size() == 2 * 2 * 32 * 64);  // 2 n tiles x 2 stages x 32 channels x 64 rows
+  auto at = [&](int64_t nt, int64_t kt, int64_t q, int64_t r, int64_t e) {
+    return p[size_t((((nt * 2 + kt) * 8 + q) * 64 + r) * 4 + e)];
+  };
+  auto tf32 = [](float v) {  // what the tensor core reads of the rounded value
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    bits = (bits + 0x1000u) & ~0x1fffu;
+    std::memcpy(&v, &bits, 4);
+    return v;
+  };
+  auto read = [](float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    bits &= ~0x1fffu;
+    std::memcpy(&v, &bits, 4);
+    return v;
+  };
+  // Run q holds k step q / 2; column e of its first half is channel 2e of the step, of its
+  // second 2e + 1. Output channel 70 = tile 1 row 6; input channel 37 = stage 1, step 0, 2*2 + 1.
+  CHECK(read(at(1, 1, 1, 6, 2)) == tf32(w[70 * 40 + 37]));
+  // Channel 13 = stage 0, step 1 (8..15), 2*2 + 1: run 3, column 2.
+  CHECK(read(at(0, 0, 3, 5, 2)) == tf32(w[5 * 40 + 13]));
+  CHECK(read(at(0, 0, 2, 5, 0)) == tf32(w[5 * 40 + 8]));
+  CHECK(read(at(1, 0, 0, 8, 0)) == 0.0f);  // output channel 72: past Cout
+  CHECK(read(at(0, 1, 2, 0, 0)) == 0.0f);  // input channel 40: past Cin
+  // Every weight lands exactly once; the rest reads as zero.
+  int nonzero = 0;
+  for (float v : p) nonzero += read(v) != 0.0f;
+  CHECK(nonzero == 72 * 40);
+
+  // Tiles the direct kernel does not take pack nothing: a 3x3 shape, or k = 72 on a 1x1 one.
+  CHECK(wgmma_packed_floats(shape(16, 40, 40, 72, 3), t) == 0);
+  CHECK(wgmma_packed_floats(s, ConvTiles{128, 64, 72, 3, 1, true}) == 0);
+  CHECK(wgmma_packed_floats(s, ConvTiles{128, 64, 32, 4, 1, false}) == 0);
 }
 
 TEST_CASE("lowering: plans every node, honours a forced kernel, explains the choice",

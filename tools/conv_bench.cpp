@@ -161,19 +161,23 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   DeviceBuffer dw(w_n), dscale(s.k), dshift(s.k), dgamma(s.k), dbeta(s.k), dmean(s.k), dvar(s.k),
       tmp(out_n);
   upload(dw.ptr, w);
-  // The weights packed for the wgmma halo kernel's n = 32, 64 and 128 (lowering packs them once
-  // per model, for the tiles it picks).
-  std::unique_ptr<DeviceBuffer> dpacked[3];
-  if (conv_gemm_halo_fits(s))
+  // The weights packed for the wgmma kernels' n = 32, 64 and 128: the halo kernel's (k = 72) or
+  // the direct kernel's (k = 32), whichever takes the shape (lowering packs them once per model,
+  // for the tiles it picks).
+  std::unique_ptr<DeviceBuffer> dpacked[2][3];
+  for (int kind = 0; kind < 2; ++kind)
     for (int i = 0; i < 3; ++i) {
-      Tensor packed = Tensor::empty({wgmma_packed_floats(s, 32 << i)});
-      pack_wgmma_weights(s, 32 << i, w.f32(), packed.f32());
-      dpacked[i] = std::make_unique<DeviceBuffer>(packed.numel());
-      upload(dpacked[i]->ptr, packed);
+      const ConvTiles t{64, 32 << i, kind ? 72 : 32, 3, 1, true};
+      if (conv_gemm_wgmma_kernel(t, s) == WgmmaKernel::None) continue;
+      Tensor packed = Tensor::empty({wgmma_packed_floats(s, t)});
+      pack_wgmma_weights(s, t, w.f32(), packed.f32());
+      dpacked[kind][i] = std::make_unique<DeviceBuffer>(packed.numel());
+      upload(dpacked[kind][i]->ptr, packed);
     }
   auto wp = [&](const ConvTiles& t) -> const float* {
     const int i = t.n == 32 ? 0 : t.n == 64 ? 1 : 2;
-    return t.wgmma && dpacked[i] ? dpacked[i]->ptr : nullptr;
+    const auto& d = dpacked[t.k == 72][i];
+    return t.wgmma && d ? d->ptr : nullptr;
   };
   auto up = [](DeviceBuffer& d, const std::vector<float>& v) {
     EPILOG_CUDA_CHECK(cudaMemcpy(d.ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
@@ -244,7 +248,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
     t = {std::min(t.m, 128), t.n, 32, t.stages};
     variants.push_back({"gemm_k32", [&fused, t](int r) { fused(ConvKernel::Gemm, t, r); }, 2e-3});
   }
-  // Where it picks the halo kernel on warpgroup MMA, the same kernel on mma.sync too.
+  // Where it picks a kernel on warpgroup MMA, the same kernel on mma.sync too.
   if (conv_tiles(ConvKernel::Gemm, s, profile).wgmma) {
     DeviceProfile sync = profile;
     sync.wgmma = false;
@@ -319,7 +323,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
       double best_us = INFINITY, picked_us = INFINITY;
       std::vector<ConvTiles> tiles = conv_built_tiles(kern, profile);
       // Split-K at the tiles lowering picks: what its split rule is checked with.
-      if (kern == ConvKernel::Gemm && picked.k == 32)
+      if (kern == ConvKernel::Gemm && picked.k == 32 && !picked.wgmma)
         for (int splits : {1, 2, 4, 8}) {
           ConvTiles t = picked;
           t.splits = splits;

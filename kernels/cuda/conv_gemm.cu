@@ -186,6 +186,7 @@ struct GemmArgs {
   int xs, ys;        // elements between images of x and of y
   const float* res;  // residual (y's shape) or null
   int r_img;         // elements between its images
+  const float* wp;   // the weights packed for the wgmma direct kernel (pack_wgmma_weights)
   FastDiv div_rs, div_s;
   bool vec_b;   // 16-byte weight copies
   bool vec_y;   // float4 output stores (k = 32 gather kernel)
@@ -485,6 +486,86 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
   }
 }
 
+// -- the persistent direct kernels' copy position: block b takes tiles b, b + gridDim.x, ...
+// (n tiles fastest, so that the blocks resident together share their A tiles in L2); `tile` and
+// `kt` are the tile and k tile its next copy fills, `a_loader` that tile's A loader.
+template <class T>
+struct DirectCursor {
+  int tile, kt = 0;
+  DirectA<T> a_loader;
+
+  __device__ __forceinline__ DirectCursor(const GemmArgs& a, int tid)
+      : tile(int(blockIdx.x)), a_loader(a, int(blockIdx.x) / a.n_tiles * T::BM, tid) {}
+  // This block's k tiles, all of its tiles together.
+  static __device__ __forceinline__ int block_ktiles(const GemmArgs& a) {
+    const int tiles = (a.m + T::BM - 1) / T::BM * a.n_tiles, step = int(gridDim.x);
+    return (tiles - int(blockIdx.x) + step - 1) / step * a.ktiles;
+  }
+  __device__ __forceinline__ int n_tile(const GemmArgs& a) const { return tile % a.n_tiles; }
+  __device__ __forceinline__ void advance(const GemmArgs& a, int tid) {
+    if (++kt < a.ktiles) return;
+    kt = 0;
+    tile += int(gridDim.x);
+    a_loader = DirectA<T>(a, tile / a.n_tiles * T::BM, tid);
+  }
+};
+
+// -- the direct kernels' batchnorm + activation epilogue of one tile, from the accumulators --
+// acc[mi][ni][e] and acc[mi][ni][2 + e]: pixels m + 16 mi and m + 16 mi + 1 (m even; hw is even,
+// so a pair never straddles two images), channel n + 8 ni + 2t + e.
+template <int MI, int NI, class Act>
+__device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[MI][NI][4], int m,
+                                                int n, int t, Act act) {
+  const int hw = a.h * a.w;
+  int pix[MI], rpix[MI];  // y's and the residual's offsets (channel 0)
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+    const int mm = m + 16 * mi;
+    const int img = mm / hw;
+    pix[mi] = mm < a.m ? img * a.ys + (mm - img * hw) : -1;
+    rpix[mi] = img * a.r_img + (mm - img * hw);
+  }
+  // Batchnorm and activation in place, then the residual (its loads fly together, no store
+  // between them), then the stores; as in the halo kernel, also the faster order without one.
+  scale_shift_act(acc, a.scale, a.shift, a.k, n, t, act);
+  if (a.res) {
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = n + 8 * ni + 2 * t + e;
+        if (c >= a.k) continue;
+        const float* __restrict__ rc = a.res + size_t(c) * hw;
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+          if (pix[mi] < 0) continue;
+          acc[mi][ni][e] += __ldg(rc + rpix[mi]);
+          acc[mi][ni][2 + e] += __ldg(rc + rpix[mi] + 1);
+        }
+      }
+  }
+#pragma unroll
+  for (int ni = 0; ni < NI; ++ni) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = n + 8 * ni + 2 * t + e;
+      if (c >= a.k) continue;
+      float* yc = a.y + size_t(c) * hw;
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        if (pix[mi] < 0) continue;
+        const float2 v = {acc[mi][ni][e], acc[mi][ni][2 + e]};
+        if (a.vec2_y) {
+          *reinterpret_cast<float2*>(yc + pix[mi]) = v;
+        } else {
+          yc[pix[mi]] = v.x;
+          yc[pix[mi] + 1] = v.y;
+        }
+      }
+    }
+  }
+}
+
 // -- the persistent direct kernel (1x1, stride 1, unpadded: A is x itself) --
 // Block b takes tiles b, b + gridDim.x, ... (n tiles fastest, so that the blocks resident
 // together share their A tiles in L2) and runs one pipeline through all of their k tiles: the
@@ -501,27 +582,17 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
   extern __shared__ __align__(16) float smem[];
   detail::pdl_begin();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int ktiles = a.ktiles;
-  const int tiles = (a.m + BM - 1) / BM * a.n_tiles, step = int(gridDim.x);
-  const int total = (tiles - int(blockIdx.x) + step - 1) / step * ktiles;  // this block's k tiles
+  const int ktiles = a.ktiles, step = int(gridDim.x);
+  const int total = DirectCursor<T>::block_ktiles(a);
   const uint32_t smem0 = smem_addr(smem);
   constexpr uint32_t kStageBytes = 4 * T::kStageFloats, kBOffset = 4 * kBK * T::kLdA;
-  const int hw = a.h * a.w;
 
-  // Copy position: the tile and k tile that load_next copies.
-  int ld_tile = int(blockIdx.x), ld_kt = 0;
-  int ld_n0 = ld_tile % a.n_tiles * BN;
-  DirectA<T> ld_a(a, ld_tile / a.n_tiles * BM, tid);
+  DirectCursor<T> ld(a, tid);
   auto load_next = [&](int stage) {
     const uint32_t as = smem0 + stage * kStageBytes;
-    ld_a.load(a, as, ld_kt * kBK);
-    load_b<T>(a, as + kBOffset, ld_n0, ld_kt * kBK, tid);
-    if (++ld_kt == ktiles) {
-      ld_kt = 0;
-      ld_tile += step;
-      ld_n0 = ld_tile % a.n_tiles * BN;
-      ld_a = DirectA<T>(a, ld_tile / a.n_tiles * BM, tid);
-    }
+    ld.a_loader.load(a, as, ld.kt * kBK);
+    load_b<T>(a, as + kBOffset, ld.n_tile(a) * BN, ld.kt * kBK, tid);
+    ld.advance(a, tid);
   };
 
   const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
@@ -538,58 +609,9 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
         for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
   };
 
-  // -- batchnorm + activation epilogue of one tile, from the accumulators --
-  // acc[mi][ni][e] and acc[mi][ni][2 + e]: pixels 2g and 2g + 1 of MMA tile mi (hw is even, so
-  // a pair never straddles two images), channel 2t + e of n8 tile ni.
   auto store_tile = [&](int tile, auto act) {
-    const int m0 = tile / a.n_tiles * BM, n0 = tile % a.n_tiles * BN;
-    int pix[T::kMI], rpix[T::kMI];  // y's and the residual's offsets (channel 0)
-#pragma unroll
-    for (int mi = 0; mi < T::kMI; ++mi) {
-      const int m = m0 + wm * T::kWM + 16 * mi + 2 * g;
-      const int img = m / hw;
-      pix[mi] = m < a.m ? img * a.ys + (m - img * hw) : -1;
-      rpix[mi] = img * a.r_img + (m - img * hw);
-    }
-    // Batchnorm and activation in place, then the residual (its loads fly together, no store
-    // between them), then the stores; as in the halo kernel, also the faster order without one.
-    scale_shift_act(acc, a.scale, a.shift, a.k, n0 + wn * T::kWN, t, act);
-    if (a.res) {
-#pragma unroll
-      for (int ni = 0; ni < T::kNI; ++ni)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int n = n0 + wn * T::kWN + 8 * ni + 2 * t + e;
-          if (n >= a.k) continue;
-          const float* __restrict__ rn = a.res + size_t(n) * hw;
-#pragma unroll
-          for (int mi = 0; mi < T::kMI; ++mi) {
-            if (pix[mi] < 0) continue;
-            acc[mi][ni][e] += __ldg(rn + rpix[mi]);
-            acc[mi][ni][2 + e] += __ldg(rn + rpix[mi] + 1);
-          }
-        }
-    }
-#pragma unroll
-    for (int ni = 0; ni < T::kNI; ++ni) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = n0 + wn * T::kWN + 8 * ni + 2 * t + e;
-        if (n >= a.k) continue;
-        float* yn = a.y + size_t(n) * hw;
-#pragma unroll
-        for (int mi = 0; mi < T::kMI; ++mi) {
-          if (pix[mi] < 0) continue;
-          const float2 v = {acc[mi][ni][e], acc[mi][ni][2 + e]};
-          if (a.vec2_y) {
-            *reinterpret_cast<float2*>(yn + pix[mi]) = v;
-          } else {
-            yn[pix[mi]] = v.x;
-            yn[pix[mi] + 1] = v.y;
-          }
-        }
-      }
-    }
+    direct_epilogue(a, acc, tile / a.n_tiles * BM + wm * T::kWM + 2 * g,
+                    tile % a.n_tiles * BN + wn * T::kWN, t, act);
   };
 
   // -- mainloop over this block's tiles --
@@ -618,6 +640,124 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
   cp_async_wait<0>();
 }
 
+// -- the persistent direct kernel on warpgroup MMA (k = 32 with wgmma; sm_90a builds only) --
+// The same tiles, copies of A, pipeline over the block's tiles and epilogue as
+// conv_direct_kernel; the MMAs are wgmma.m64nNk8 with A from registers and B from shared memory.
+// Why: the mma.sync kernel loads and rounds a fragment of A and of B for every m16n8k8; here a
+// thread loads A once per k step for all n channels, and the tensor cores read B themselves.
+// Block: BM / 64 warpgroups; warpgroup v owns pixels [64v, +64) of the tile and all BN channels.
+// A, As[k][pixel] as staged (pixels contiguous), relabeled as the mma.sync kernels do (file
+// comment): row g (g + 8) of warp w's 16 is pixel 16w + 2g (+ 1), column t (t + 4) of k step s
+// is k row 8s + 2t (+ 1), so (a0, a1) and (a2, a3) are one 8-byte load each and the accumulators
+// hold the pixel pairs direct_epilogue stores. B, the weights packed ahead in that column order
+// (pack_wgmma_weights, rounded to TF32): a stage is 8 runs q of BN rows x 4 channels, runs 2s and
+// 2s + 1 the two halves of k step s, i.e. wgmma's K-major core matrices of 8 rows x 16 bytes,
+// the halves BN * 16 bytes apart. Each k tile's wgmmas are waited for before the next one's
+// fragments are loaded (they take the same registers), so copies run stages - 1 ahead, as in
+// conv_direct_kernel.
+template <int BM_, int BN_>
+struct WgDirectTile {
+  static constexpr int BM = BM_, BN = BN_, kThreads = 2 * BM, kNI = BN / 8;
+  static constexpr int kLdA = BM + kPadA, kBFloats = kBK * BN;
+  static constexpr int kStageFloats = kBK * kLdA + kBFloats;
+  // Two 64-channel blocks share an SM (128 registers each at 256 threads).
+  static constexpr int kMinBlocks = BN <= 64 ? 2 : 1;
+  static constexpr size_t smem_bytes(int stages) { return 4 * size_t(stages) * kStageFloats; }
+  static_assert(kBFloats / 4 % kThreads == 0, "whole 16-byte weight copies a thread");
+};
+
+template <int BM, int BN>
+__global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<BM, BN>::kMinBlocks)
+    conv_direct_wgmma_kernel(const GemmArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using T = WgDirectTile<BM, BN>;
+  extern __shared__ __align__(16) float smem[];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int ktiles = a.ktiles, step = int(gridDim.x);
+  const int total = DirectCursor<T>::block_ktiles(a);
+  const uint32_t smem0 = smem_addr(smem);
+  constexpr uint32_t kStageBytes = 4 * T::kStageFloats, kBOffset = 4 * kBK * T::kLdA;
+
+  // The packed weights hold each n tile's k tiles one after another, kBFloats each.
+  DirectCursor<T> ld(a, tid);
+  auto load_next = [&](int stage) {
+    const uint32_t as = smem0 + stage * kStageBytes;
+    ld.a_loader.load(a, as, ld.kt * kBK);
+    const float* src = a.wp + (size_t(ld.n_tile(a)) * ktiles + ld.kt) * T::kBFloats + 4 * tid;
+#pragma unroll
+    for (int i = 0; i < T::kBFloats / 4; i += T::kThreads)
+      cp_async16(as + kBOffset + 16 * (i + tid), src + 4 * i, true);
+    ld.advance(a, tid);
+  };
+
+  const int wg = warp / 4, w4 = warp % 4, g = lane / 4, t = lane % 4;
+  const int a_frag = 2 * t * T::kLdA + 64 * wg + 16 * w4 + 2 * g;
+  float acc[1][T::kNI][4];
+  auto clear = [&] {
+#pragma unroll
+    for (int ni = 0; ni < T::kNI; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
+  };
+
+  // -- mainloop over this block's tiles --
+  const int stages = a.stages;
+  detail::pdl_begin();
+  for (int st = 0; st < stages - 1; ++st) {
+    if (st < total) load_next(st);
+    cp_async_commit();
+  }
+  clear();
+  int read_stage = 0, write_stage = stages - 1, tile = int(blockIdx.x), kt = 0;
+  for (int it = 0; it < total; ++it) {
+    cp_async_wait_stage(stages);
+    // This thread's weight copies of stage it, before the tensor cores read them.
+    fence_proxy_async();
+    // Stage it is visible to all, and every warpgroup's wgmmas are done with the stage the next
+    // copy overwrites (each waits for its own below).
+    __syncthreads();
+    if (it + stages - 1 < total) load_next(write_stage);
+    cp_async_commit();
+    write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
+
+    const float* as = smem + read_stage * T::kStageFloats;
+    uint32_t af[kBK / 8][4];
+#pragma unroll
+    for (int ks = 0; ks < kBK / 8; ++ks) {
+      const float2 lo = *reinterpret_cast<const float2*>(as + a_frag + 8 * ks * T::kLdA);
+      const float2 hi = *reinterpret_cast<const float2*>(as + a_frag + (8 * ks + 1) * T::kLdA);
+      af[ks][0] = to_tf32(lo.x);
+      af[ks][1] = to_tf32(lo.y);
+      af[ks][2] = to_tf32(hi.x);
+      af[ks][3] = to_tf32(hi.y);
+    }
+    const uint32_t b_addr = smem0 + read_stage * kStageBytes + kBOffset;
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kBK / 8; ++ks)
+      wgmma_tf32_rs<T::kNI>(acc[0], af[ks], wgmma_desc(b_addr + 16 * 2 * BN * ks, 16 * BN, 128));
+    wgmma_commit();
+    // The next k tile's fragments go to the same registers, which the wgmmas read until they
+    // are done: waiting here is what ptxas would otherwise insert (two register sets in turn
+    // made it wait after every wgmma instead).
+    wgmma_wait<0>();
+    read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
+    if (++kt == ktiles) {
+      with_activation(a.act, [&](auto act) {
+        direct_epilogue(a, acc, tile / a.n_tiles * BM + 64 * wg + 16 * w4 + 2 * g,
+                        tile % a.n_tiles * BN, t, act);
+      });
+      clear();
+      kt = 0;
+      tile += step;
+    }
+  }
+  cp_async_wait<0>();
+#else
+  __trap();  // built without sm_90a code: conv_gemm never launches it then
+#endif
+}
+
 [[noreturn]] void reject(const std::string& what) {
   throw std::invalid_argument("[conv_gemm] " + what);
 }
@@ -641,10 +781,11 @@ void check_grid(int64_t blocks) {
 }
 
 // Resident blocks per SM of a kernel at a given dynamic shared memory, times the SMs: the
-// persistent kernel's grid. Asked once per device and pipeline depth (stages 2..4).
+// persistent kernels' grid. Asked once per device and pipeline depth (stages 2..4) and cached
+// in `cache`, one per kernel instantiation (tiles differ in threads, registers and shared memory).
+using ResidentCache = std::atomic<int>[64][3];
 template <class Kernel>
-int resident_blocks(Kernel* kernel, int threads, size_t smem, int stages) {
-  static std::atomic<int> cache[64][3];
+int resident_blocks(ResidentCache& cache, Kernel* kernel, int threads, size_t smem, int stages) {
   int device = 0;
   EPILOG_CUDA_CHECK(cudaGetDevice(&device));
   std::atomic<int>& slot = cache[device % 64][stages - 2];
@@ -668,9 +809,10 @@ void launch(const GemmArgs& a, bool direct, Stream stream) {
     using T = DirectTile<BM, BN>;
     auto kernel = conv_direct_kernel<BM, BN>;
     static std::atomic<uint64_t> opted_in{0};
+    static ResidentCache resident_cache{};
     opt_in(opted_in, T::smem_bytes(4), kernel);
     const size_t smem = T::smem_bytes(a.stages);
-    const int64_t resident = resident_blocks(kernel, T::kThreads, smem, a.stages);
+    const int64_t resident = resident_blocks(resident_cache, kernel, T::kThreads, smem, a.stages);
     const unsigned blocks = unsigned(tiles < resident ? tiles : resident);
     detail::launch_pdl(kernel, blocks, T::kThreads, smem, stream, 1, a);
   } else {
@@ -682,6 +824,22 @@ void launch(const GemmArgs& a, bool direct, Stream stream) {
     detail::launch_pdl(kernel, unsigned(tiles * a.splits), T::kThreads, T::smem_bytes(a.stages),
                        stream, unsigned(a.splits), a);
   }
+  check_launch("conv_gemm");
+}
+
+template <int BM, int BN>
+void launch_direct_wgmma(const GemmArgs& a, Stream stream) {
+  using T = WgDirectTile<BM, BN>;
+  const int64_t tiles = (int64_t(a.m) + BM - 1) / BM * a.n_tiles;
+  check_grid(tiles);
+  auto kernel = conv_direct_wgmma_kernel<BM, BN>;
+  static std::atomic<uint64_t> opted_in{0};
+  static ResidentCache resident_cache{};
+  opt_in(opted_in, T::smem_bytes(4), kernel);
+  const size_t smem = T::smem_bytes(a.stages);
+  const int64_t resident = resident_blocks(resident_cache, kernel, T::kThreads, smem, a.stages);
+  const unsigned blocks = unsigned(tiles < resident ? tiles : resident);
+  detail::launch_pdl(kernel, blocks, T::kThreads, smem, stream, 1, a);
   check_launch("conv_gemm");
 }
 
@@ -780,19 +938,27 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     return false;
   };
   const bool stages_ok = tiles.stages >= 2 && tiles.stages <= 4;
-  const bool gemm_ok = !tiles.wgmma && tiles.k == kBK && in(tiles.m, {32, 64, 128}) &&
-                       in(tiles.n, {32, 64, 128}) && in(tiles.splits, {1, 2, 4, 8});
+  const bool gemm_ok = tiles.k == kBK && in(tiles.m, {32, 64, 128}) && in(tiles.n, {32, 64, 128}) &&
+                       in(tiles.splits, {1, 2, 4, 8}) &&
+                       (!tiles.wgmma || (tiles.m >= 64 && tiles.splits == 1));
   const bool halo_ok = tiles.k == kHaloK && in(tiles.m, {64, 128, 256}) &&
                        in(tiles.n, {32, 64, 128}) && tiles.splits == 1;
   if (tiles.wgmma && !wgmma_available())
     reject(
-        "the wgmma halo kernel needs a compute capability 9.0 GPU and a build with sm_90a code "
+        "the wgmma kernels need a compute capability 9.0 GPU and a build with sm_90a code "
         "(EPILOG_CUDA_ARCH=90a)");
   if (!stages_ok || !(gemm_ok || halo_ok))
     reject("unsupported tiles " + tiles_str(tiles) +
-           " (k = 32 with m, n in {32, 64, 128} and splits in {1, 2, 4, 8}; k = 72, also with "
-           "wgmma, with m in {64, 128, 256}, n in {32, 64, 128} and no splits; stages in "
-           "{2, 3, 4})");
+           " (k = 32 with m, n in {32, 64, 128} and splits in {1, 2, 4, 8}, with wgmma m >= 64 "
+           "and no splits; k = 72, also with wgmma, with m in {64, 128, 256}, "
+           "n in {32, 64, 128} and no splits; stages in {2, 3, 4})");
+  const WgmmaKernel wg_kernel = conv_gemm_wgmma_kernel(tiles, s);
+  if (wg_kernel != WgmmaKernel::None) {
+    if (!packed)
+      reject("the wgmma kernels read the weights packed ahead (pack_wgmma_weights), got none");
+    if (wgmma_packed_floats(s, tiles) >= INT32_MAX)
+      reject("packed weights span 2^31 floats or more");
+  }
   const int64_t m = s.n * s.ho * s.wo, kg = s.c * s.r * s.s;
   if (m == 0 || s.k == 0) return;
   constexpr int64_t kSmall = int64_t(1) << 28;
@@ -824,11 +990,6 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     a.ctiles = int((s.c + kHaloC - 1) / kHaloC);
     a.stages = a.ctiles + 1 < tiles.stages ? a.ctiles + 1 : tiles.stages;
     if (tiles.wgmma) {
-      if (!packed)
-        reject(
-            "the wgmma halo kernel reads the weights packed ahead (pack_wgmma_weights), got none");
-      if (wgmma_packed_floats(s, tiles.n) >= INT32_MAX)
-        reject("packed weights span 2^31 floats or more");
       a.wp = packed;
       a.stages = tiles.stages;
     }
@@ -840,9 +1001,9 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
                            : dispatch_halo<2>(tiles, a, stream);
   }
   // k = 72 (with wgmma or not) on a shape the halo kernel does not take runs the k = 32 kernels
-  // at the same n.
+  // at the same n; wgmma tiles on a shape no wgmma kernel takes, the mma.sync ones.
   ConvTiles t = tiles;
-  t.wgmma = false;
+  t.wgmma = wg_kernel == WgmmaKernel::Direct;
   if (t.k == kHaloK) {
     t.k = kBK;
     if (t.m > 128) t.m = 128;
@@ -864,9 +1025,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   a.m = int(m);
   a.kg = int(kg);
   a.n_tiles = int((s.k + t.n - 1) / t.n);
-  const bool direct = t.splits == 1 && s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 &&
-                      s.pad_t == 0 && s.pad_l == 0 && s.ho == s.h && s.wo == s.w &&
-                      (s.h * s.w) % 4 == 0 && aligned16(x);
+  const bool direct = t.splits == 1 && conv_gemm_direct_fits(s) && aligned16(x);
   // Split j of a tile takes k tiles [j * ktiles / splits, (j + 1) * ktiles / splits): none is
   // empty while splits <= ktiles.
   a.ktiles = int((kg + kBK - 1) / kBK);
@@ -888,6 +1047,23 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   a.res = residual, a.r_img = int(s.r_image());
   a.act = act;
 
+  if (t.wgmma && direct) {
+    a.wp = packed;
+    switch (t.m * 1000 + t.n) {
+      case 64032:
+        return launch_direct_wgmma<64, 32>(a, stream);
+      case 64064:
+        return launch_direct_wgmma<64, 64>(a, stream);
+      case 64128:
+        return launch_direct_wgmma<64, 128>(a, stream);
+      case 128032:
+        return launch_direct_wgmma<128, 32>(a, stream);
+      case 128064:
+        return launch_direct_wgmma<128, 64>(a, stream);
+      case 128128:
+        return launch_direct_wgmma<128, 128>(a, stream);
+    }
+  }
   switch (t.m * 1000 + t.n) {
     case 32032:
       return launch<32, 32>(a, direct, stream);

@@ -121,6 +121,58 @@ __device__ __forceinline__ void wgmma_tf32<16>(float (&d)[16][4], uint64_t a, ui
       : "l"(a), "l"(b));
 }
 
+// The same with A from registers, already TF32: a warp's 16 rows of the 64 as mma.m16n8k8's A
+// fragment (a0 row g, column t; a1 row g + 8; a2, a3 the same at column t + 4). Its registers
+// must hold still until the wgmma is waited for.
+template <int NI>
+__device__ __forceinline__ void wgmma_tf32_rs(float (&d)[NI][4], const uint32_t (&a)[4],
+                                              uint64_t b);
+
+#define EPILOG_A4 "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
+
+template <>
+__device__ __forceinline__ void wgmma_tf32_rs<4>(float (&d)[4][4], const uint32_t (&a)[4],
+                                                 uint64_t b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+      : EPILOG_D4(0), EPILOG_D4(1), EPILOG_D4(2), EPILOG_D4(3)
+      : EPILOG_A4, "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_tf32_rs<8>(float (&d)[8][4], const uint32_t (&a)[4],
+                                                 uint64_t b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+      : EPILOG_D4(0), EPILOG_D4(1), EPILOG_D4(2), EPILOG_D4(3), EPILOG_D4(4), EPILOG_D4(5),
+        EPILOG_D4(6), EPILOG_D4(7)
+      : EPILOG_A4, "l"(b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_tf32_rs<16>(float (&d)[16][4], const uint32_t (&a)[4],
+                                                  uint64_t b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+      "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, "
+      "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, "
+      "%55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+      : EPILOG_D4(0), EPILOG_D4(1), EPILOG_D4(2), EPILOG_D4(3), EPILOG_D4(4), EPILOG_D4(5),
+        EPILOG_D4(6), EPILOG_D4(7), EPILOG_D4(8), EPILOG_D4(9), EPILOG_D4(10), EPILOG_D4(11),
+        EPILOG_D4(12), EPILOG_D4(13), EPILOG_D4(14), EPILOG_D4(15)
+      : EPILOG_A4, "l"(b));
+}
+
+#undef EPILOG_A4
 #undef EPILOG_D4
 
 // Barrier `id` (1..4; 0 is __syncthreads) over the 128 threads of one warpgroup.

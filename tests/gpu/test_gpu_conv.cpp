@@ -59,6 +59,7 @@ const std::vector<Geometry> kGeometries = {
     {"1x1 padded",                 1,  7,  5,  7,  9, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
     {"1x1 64-pixel slabs",         3, 40,  8, 24, 70, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
     {"1x1 8x8 planes",             5, 72,  8,  8, 37, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+    {"1x1 more tiles than SMs",    4, 40, 48, 40, 70, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
     {"3x3 pad 1",                  1,  8, 17, 15, 37, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
     {"3x3 stride 2 pad 1",         3, 19, 15, 13, 13, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
     {"3x3 pad 0",                  1,  3, 11,  9, 16, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 1},
@@ -187,11 +188,11 @@ Outcome run(const Case& cc, uint64_t seed) {
       cuda::conv_tiled(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr, pres);
       break;
     case ConvKernel::Gemm: {
-      // The wgmma halo kernel's weights, packed on the host as lowering packs them.
+      // The wgmma kernels' weights, packed on the host as lowering packs them.
       Tensor dpacked;
-      if (cc.tiles.wgmma && conv_gemm_halo_fits(s)) {
-        Tensor packed = Tensor::empty({wgmma_packed_floats(s, cc.tiles.n)});
-        pack_wgmma_weights(s, cc.tiles.n, w.f32(), packed.f32());
+      if (conv_gemm_wgmma_kernel(cc.tiles, s) != WgmmaKernel::None) {
+        Tensor packed = Tensor::empty({wgmma_packed_floats(s, cc.tiles)});
+        pack_wgmma_weights(s, cc.tiles, w.f32(), packed.f32());
         dpacked = packed.to(Device::CUDA);
       }
       cuda::conv_gemm(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr, pres,

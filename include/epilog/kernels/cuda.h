@@ -31,8 +31,8 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
 void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                 const float* scale, const float* shift, Activation act, float* y, Stream stream,
                 const float* residual = nullptr);
-// t.wgmma (the 3x3 halo kernel on warpgroup MMA) also needs `packed`: w packed on the device as
-// pack_wgmma_weights (shapes.h) lays it out for tiles of t.n channels.
+// t.wgmma (the 3x3 halo and 1x1 direct kernels on warpgroup MMA) also needs `packed`: w packed
+// on the device as pack_wgmma_weights (shapes.h) lays it out for tiles t.
 void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                const float* scale, const float* shift, Activation act, float* y, Stream stream,
                const float* residual = nullptr, const float* packed = nullptr);

@@ -108,7 +108,7 @@ struct ConvTiles {
   int k = 0;       // reduction slice (Cin*Kh*Kw) staged per step
   int stages = 0;  // shared-memory pipeline depth (gemm)
   int splits = 1;  // gemm k = 32: blocks (one cluster) each output tile's reduction is split over
-  bool wgmma = false;  // gemm k = 72: the halo kernel on Hopper's warpgroup MMA
+  bool wgmma = false;  // gemm: the halo (k = 72) or 1x1 direct (k = 32) kernel on Hopper's wgmma
 };
 
 inline bool operator==(const ConvTiles& a, const ConvTiles& b) {
@@ -176,38 +176,77 @@ constexpr int halo_wgmma_max_stages(int m, int n, int stride) {
                                                               : 0;
 }
 
+// The shapes gemm's 1x1 "direct" kernels take (conv_gemm.cu): a 1x1 window, stride 1, no
+// padding, a plane of a multiple of 4 pixels. A is then x itself, copied 4 pixels at a time.
+inline bool conv_gemm_direct_fits(const ConvShape& s) {
+  return s.groups == 1 && s.r == 1 && s.s == 1 && s.stride_h == 1 && s.stride_w == 1 &&
+         s.pad_t == 0 && s.pad_l == 0 && s.ho == s.h && s.wo == s.w && (s.h * s.w) % 4 == 0;
+}
+
+// Which warpgroup-MMA kernel (ConvTiles::wgmma) runs tiles `t` on `s`: the halo kernel for
+// k = 72 on its 3x3 shapes, the direct kernel for k = 32 on its 1x1 shapes. On any other shape
+// wgmma tiles run the mma.sync kernels, and no packed weights are read.
+enum class WgmmaKernel : uint8_t { None, Halo, Direct };
+inline WgmmaKernel conv_gemm_wgmma_kernel(const ConvTiles& t, const ConvShape& s) {
+  if (!t.wgmma) return WgmmaKernel::None;
+  if (t.k == 72 && conv_gemm_halo_fits(s)) return WgmmaKernel::Halo;
+  if (t.k == 32 && conv_gemm_direct_fits(s)) return WgmmaKernel::Direct;
+  return WgmmaKernel::None;
+}
+
 // Whether gemm runs `t` on `s`: every tile runs every shape but the wgmma halo tiles whose three
 // stages exceed shared memory (m = 256 with n >= 64 at stride 2; conv_gemm rejects them). A halo
 // tile on a shape the halo kernel does not take runs the k = 32 kernel.
 inline bool conv_gemm_tiles_run(const ConvTiles& t, const ConvShape& s) {
-  return !(t.wgmma && conv_gemm_halo_fits(s) &&
+  return !(conv_gemm_wgmma_kernel(t, s) == WgmmaKernel::Halo &&
            halo_wgmma_max_stages(t.m, t.n, int(s.stride_h)) == 0);
 }
 
-// The weights as the wgmma halo kernel reads them with tiles of n output channels, packed once
-// ahead of the runs: for each n tile nt, stage of 8 input channels kt, tap (i, j) and chunk of
-// 4 channels, tc = 2 (3i + j) + chunk, n rows r of 4 floats:
-// P[(((nt * stages + kt) * 18 + tc) * n + r) * 4 + e] = w[nt n + r, 8kt + 4 chunk + e, i, j],
-// 0 past Cout or Cin, so that a block's stage is one contiguous run. Each value is rounded to
-// TF32 (to nearest: half a TF32 ulp added to its bits; the tensor core ignores the low 13), as
-// the mma.sync kernels round their operands on the fly.
-inline int64_t wgmma_packed_floats(const ConvShape& s, int n) {
-  return (s.k + n - 1) / n * n * ((s.c + 7) / 8) * 72;
+// The weights as the wgmma kernels read them with tiles of t.n output channels, packed once ahead
+// of the runs so that a block's stage is one contiguous run; 0 past Cout or Cin. Each value is
+// rounded to TF32 (to nearest: half a TF32 ulp added to its bits; the tensor core ignores the
+// low 13), as the mma.sync kernels round their operands on the fly.
+// Halo: for each n tile nt, stage of 8 input channels kt, tap (i, j) and chunk of 4 channels,
+// tc = 2 (3i + j) + chunk, n rows r of 4 floats:
+//   P[(((nt * stages + kt) * 18 + tc) * n + r) * 4 + e] = w[nt n + r, 8kt + 4 chunk + e, i, j].
+// Direct: for each n tile nt, stage of 32 input channels kt, k step q / 2 and half q % 2 of it,
+// n rows r of 4 floats, the channels of a k step in the order the kernel's A fragments take
+// them (column e of its first half is channel 2e, of its second 2e + 1):
+//   P[(((nt * stages + kt) * 8 + q) * n + r) * 4 + e] = w[nt n + r, 32kt + 8(q / 2) + 2e + q % 2].
+// Both are 0 floats where conv_gemm_wgmma_kernel(t, s) is None.
+inline int64_t wgmma_packed_floats(const ConvShape& s, const ConvTiles& t) {
+  const int64_t n_tiles = (s.k + t.n - 1) / t.n;
+  switch (conv_gemm_wgmma_kernel(t, s)) {
+    case WgmmaKernel::Halo:
+      return n_tiles * t.n * ((s.c + 7) / 8) * 72;
+    case WgmmaKernel::Direct:
+      return n_tiles * t.n * ((s.c + 31) / 32) * 32;
+    case WgmmaKernel::None:
+      break;
+  }
+  return 0;
 }
-inline void pack_wgmma_weights(const ConvShape& s, int n, const float* w, float* out) {
-  const int64_t tiles = (s.k + n - 1) / n, stages = (s.c + 7) / 8;
+inline void pack_wgmma_weights(const ConvShape& s, const ConvTiles& t, const float* w, float* out) {
+  const WgmmaKernel kernel = conv_gemm_wgmma_kernel(t, s);
+  if (kernel == WgmmaKernel::None) return;
+  const bool halo = kernel == WgmmaKernel::Halo;
+  const int64_t n = t.n, tiles = (s.k + n - 1) / n;
+  const int64_t depth = halo ? 8 : 32, stages = (s.c + depth - 1) / depth;
+  const int64_t runs = halo ? 18 : 8, taps = halo ? 9 : 1;  // runs of n rows a stage
   for (int64_t nt = 0; nt < tiles; ++nt)
     for (int64_t kt = 0; kt < stages; ++kt)
-      for (int64_t tc = 0; tc < 18; ++tc)
+      for (int64_t q = 0; q < runs; ++q)
         for (int64_t r = 0; r < n; ++r)
           for (int64_t e = 0; e < 4; ++e) {
-            const int64_t k = nt * n + r, c = 8 * kt + 4 * (tc & 1) + e, tap = tc >> 1;
-            float v = k < s.k && c < s.c ? w[(k * s.c + c) * 9 + tap] : 0.0f;
+            const int64_t k = nt * n + r, tap = halo ? q >> 1 : 0;
+            const int64_t c =
+                halo ? 8 * kt + 4 * (q & 1) + e : 32 * kt + 8 * (q >> 1) + 2 * e + (q & 1);
+            float v = k < s.k && c < s.c ? w[(k * s.c + c) * taps + tap] : 0.0f;
             uint32_t bits;
             std::memcpy(&bits, &v, 4);
             bits += 0x1000u;
             std::memcpy(&v, &bits, 4);
-            out[(((nt * stages + kt) * 18 + tc) * n + r) * 4 + e] = v;
+            out[(((nt * stages + kt) * runs + q) * n + r) * 4 + e] = v;
           }
 }
 
