@@ -76,14 +76,16 @@ constexpr int kHaloStride2Stages = 2;
 constexpr int kHaloWgmmaStages = 3;
 
 // The 1x1 direct kernel on warpgroup MMA (Hopper), from kDirectWgmmaMinCout output channels and
-// one wave of its tiles: 64 pixels (one warpgroup) by 128 channels, or 32 below 128, so that
-// several blocks share an SM and one's epilogue runs under another's MMAs; 4 stages from
-// kGemmDeepInput input channels, else 2. b16_c256_256_1x1_40: 64x128 with 4 stages 33.9 us
-// (3 stages 34.8), 128x128 (one block an SM) 40.8, the mma.sync direct kernel's best 39.6;
-// b16_c64_64_1x1_80: 64x32 with 2 stages 21.7 (64x64 22.8) vs 23.6. Not measured below 64.
-constexpr int64_t kDirectWgmmaMinCout = 64;
+// one wave of its tiles: 64 pixels (one warpgroup, so that several blocks share an SM and one's
+// epilogue runs under another's MMAs) by n covering Cout; 4 stages from kDirectWgmmaDeepInput
+// input channels, else 3. Sweeps (us; mma.sync = the best mma.sync tile): b16_c256_256_1x1_40
+// 64x128 4 stages 33.9 (3: 34.8; 128x128, one block an SM: 40.8) vs mma.sync 39.6;
+// b16_c64_64_1x1_80 64x64 3 stages 23.0 (best 64x32 21.7) vs 23.6; 16x128x80x80 -> 64 64x64 31.5
+// vs 32.6; 16x64x80x80 -> 128 64x128 36.5 vs 35.9; 16x32x160x160 -> 32 64x32 35.5 (best 2
+// stages 33.5) vs 36.5. Not measured below 32 output channels.
+constexpr int64_t kDirectWgmmaMinCout = 32;
 constexpr double kDirectWgmmaMinWaves = 1.0;
-constexpr int64_t kGemmDeepInput = 128;
+constexpr int64_t kDirectWgmmaDeepInput = 256;
 
 // Split-K (the gather kernel; a tile's blocks form one thread-block cluster, which sums their
 // accumulators in shared memory): a block's k tiles run one after another, each paying a load
@@ -205,10 +207,9 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         t = *wg;
         break;
       }
-      const int direct_n = s.k >= 128 ? 128 : 32;
       if (device.wgmma && conv_gemm_direct_fits(s) && s.k >= kDirectWgmmaMinCout &&
-          double(ceil_div(pixels, 64) * ceil_div(s.k, direct_n)) >= kDirectWgmmaMinWaves * sms) {
-        t = {64, direct_n, 32, s.c >= kGemmDeepInput ? 4 : 2, 1, true};
+          double(ceil_div(pixels, 64) * ceil_div(s.k, cover)) >= kDirectWgmmaMinWaves * sms) {
+        t = {64, cover, 32, s.c >= kDirectWgmmaDeepInput ? 4 : 3, 1, true};
         break;
       }
       if (halo_wins(s, cover, device)) {

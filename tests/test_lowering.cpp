@@ -155,16 +155,16 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
             conv_tiles(ConvKernel::Gemm, shape(16, 128, 12, 128, 3), sms(132))},
            {shape(32, 16, 320, 32, 3, 2), {256, 32, 72, 2}},
            {shape(1, 7, 640, 16, 3, 2), {128, 32, 32, 2}},  // no halo kernel: no wgmma
-           // 1x1, stride 1, from 64 output channels: the direct kernel on wgmma from one wave
-           // of 64 x 128 tiles, 64 x 32 below 128 channels; 4 stages from 128 input channels.
-           // At batch 1 (25 x 2 tiles), or with 32 channels, the mma.sync kernels.
+           // 1x1, stride 1, from 32 output channels: the direct kernel on wgmma from one wave
+           // of 64 x Cout-covering tiles (400 x 2, 1600, 6400 tiles); 4 stages from 256 input
+           // channels. At batch 1 (25 x 2 tiles), or with 16 channels, the mma.sync kernels.
            {shape(16, 256, 40, 256, 1), {64, 128, 32, 4, 1, true}},
-           {shape(16, 64, 80, 64, 1), {64, 32, 32, 2, 1, true}},
-           {shape(16, 128, 80, 64, 1), {64, 32, 32, 4, 1, true}},
+           {shape(16, 64, 80, 64, 1), {64, 64, 32, 3, 1, true}},
+           {shape(16, 32, 160, 32, 1), {64, 32, 32, 3, 1, true}},
            {shape(1, 256, 40, 256, 1),
             conv_tiles(ConvKernel::Gemm, shape(1, 256, 40, 256, 1), sms(132))},
-           {shape(16, 64, 80, 32, 1),
-            conv_tiles(ConvKernel::Gemm, shape(16, 64, 80, 32, 1), sms(132))},
+           {shape(16, 64, 80, 16, 1),
+            conv_tiles(ConvKernel::Gemm, shape(16, 64, 80, 16, 1), sms(132))},
        }) {
     INFO("Cin " << r.s.c << " Cout " << r.s.k << " stride " << r.s.stride_h);
     CHECK(conv_tiles(ConvKernel::Gemm, r.s, hopper) == r.want);

@@ -21,6 +21,9 @@
 //                  compute capability 9.0 GPU), reading the weights packed ahead of the run
 //                  (pack_wgmma_weights); stages 3 or 4, and no m = 256 with n >= 64 at stride 2.
 //   k = 32  direct 1x1, stride 1, no padding, ho*wo % 4 == 0, x 16-byte aligned: persistent.
+//                  With `wgmma` (m in {64, 128}, no splits) the same on warpgroup MMA
+//                  (conv_direct_wgmma_kernel below), reading the weights packed ahead; on any
+//                  other shape such tiles run the mma.sync kernels.
 //   k = 32  gather everything else.
 //   k = 32 takes m, n in {32, 64, 128}. stages in {2, 3, 4} is the depth of the cp.async pipeline
 //   (gather and halo use fewer when the reduction has fewer steps, halo when shared memory holds
