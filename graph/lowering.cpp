@@ -58,6 +58,12 @@ constexpr double kHaloMinUseful = 0.8;
 // 23.8 vs the gather kernel's 29.1 (2026-12-01; 27.9 vs 29.0 before its per-warpgroup barrier).
 // Below that it was not measured, so it is not chosen there.
 constexpr double kHaloWgmmaMinUseful = 0.68;
+// At stride 2 the wgmma halo kernel wins from this many input channels, with m = 128, n covering
+// Cout and 4 stages (or as many as fit: 3 at n = 128), where the squares waste under a fifth of
+// the plane and those tiles make half a wave: 16x64x80x80 -> 128 40.7 vs the mma.sync kernels'
+// best 42.8, -> 64 29.8 (3 stages: over 32) vs 31.6; but 16x32x160x160 -> 64 60.1 vs 55.2 and
+// b32_c16_32_3x3s2_320 212.5 vs 147.6 (2026-12-01).
+constexpr int64_t kHaloWgmmaStride2MinChannels = 64;
 // At stride 2 a block's input patches are 2.9 times those of stride 1 (17x17 vs 10x10 inputs
 // under an 8x8 square): two stages (95 KB at n = 32) let two blocks share an SM, three do not.
 // b32_c16_32_3x3s2_320: 148.5 with 2 stages, 193.0 with 3.
@@ -71,8 +77,8 @@ constexpr int kHaloStride2Stages = 2;
 // only pays on deep reductions (16x16x160x160 -> 16: 53.7 with 3, 54.5 with 4; 16x32x80x80 ->
 // 32: 26.9 vs 28.3; b1_c16_16_3x3_160 6.2 vs 6.5; b16_c128_128_3x3_40 48.4 vs 48.1;
 // b1_c64_64_3x3_80 10.3 vs 9.9). At stride 2 it wins on some layers and loses on others
-// (b1_c32_64_3x3s2_160 8.1 vs 9.0; b32_c16_32_3x3s2_320 212.5 vs 147.6), so stride 2 keeps the
-// mma.sync kernel.
+// (b1_c32_64_3x3s2_160 8.1 vs 9.0; b32_c16_32_3x3s2_320 212.5 vs 147.6): see
+// kHaloWgmmaStride2MinChannels below.
 constexpr int kHaloWgmmaStages = 3;
 
 // The 1x1 direct kernel on warpgroup MMA (Hopper), from kDirectWgmmaMinCout output channels and
@@ -167,8 +173,13 @@ bool halo_wins(const ConvShape& s, int n_tile, const DeviceProfile& device) {
 // The wgmma halo tiles for `s`, or nullopt where that kernel does not take it.
 std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
                                           const DeviceProfile& device) {
-  if (!device.wgmma || !halo_takes(s, kHaloWgmmaMinUseful) || s.stride_h != 1) return std::nullopt;
   const double min_blocks = kHaloMinWaves * device.sm_count;
+  if (device.wgmma && s.stride_h == 2 && s.c >= kHaloWgmmaStride2MinChannels && halo_takes(s) &&
+      double(halo_blocks(s, 128, cover)) >= min_blocks) {
+    const int stages = std::min(4, halo_wgmma_max_stages(128, cover, 2));
+    return ConvTiles{128, cover, 72, stages, 1, true};
+  }
+  if (!device.wgmma || !halo_takes(s, kHaloWgmmaMinUseful) || s.stride_h != 1) return std::nullopt;
   int m = cover == 128 ? 256 : 128, n = cover;
   while (double(halo_blocks(s, m, n)) < min_blocks && (n > 32 || m > 64)) {
     if (m > 128)
@@ -190,8 +201,14 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
   ConvTiles t;
   switch (kernel) {
     case ConvKernel::Scalar:
-      t.m = kScalarThreads;  // threads per block, one output each
+      // Output pixels a block and channels a thread: one output a thread, or on the stem path
+      // (taken whenever it fits) items of kStemItemOutputs pixels by every channel.
+      t.m = kScalarThreads;
       t.n = 1;
+      if (conv_scalar_stem_fits(s)) {
+        t.m = kScalarThreads * kStemItemOutputs;
+        t.n = int(s.k);
+      }
       break;
     case ConvKernel::Tiled:
       // 64 pixels, or 32 where 64 makes under two waves: m = 128 is never faster on the suite

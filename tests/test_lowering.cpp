@@ -114,7 +114,10 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
       {ConvKernel::Tiled, shape(1, 64, 80, 64, 3), 132, {32, 32, 8, 0}},
       // tiled never takes 128 pixels: 102400 pixels, 1600 blocks of 64.
       {ConvKernel::Tiled, shape(1, 8, 320, 8, 1), 132, {64, 8, 8, 0}},
-      {ConvKernel::Scalar, shape(1, 3, 640, 16, 3, 2), 132, {256, 1, 0, 0}},
+      // scalar: 256 outputs a block, one a thread; on the stem path 256 items of 4 pixels by
+      // all 16 channels.
+      {ConvKernel::Scalar, shape(16, 96, 56, 96, 3, 1, 96), 132, {256, 1, 0, 0}},
+      {ConvKernel::Scalar, shape(1, 3, 640, 16, 3, 2), 132, {1024, 16, 0, 0}},
   };
   for (const Row& r : rows) {
     ConvTiles t = conv_tiles(r.kernel, r.s, sms(r.sm_count));
@@ -129,7 +132,7 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
   }
   // With warpgroup MMA (Hopper, sm_90a build) the stride-1 halo layers take the wgmma kernel:
   // n covers Cout, m = 256 for n = 128 else 128; while the grid is under half a wave m halves to
-  // 128, then n, then m; 3 stages. Stride 2 keeps the mma.sync halo kernel.
+  // 128, then n, then m; 3 stages. Stride 2 keeps the mma.sync halo kernel below 64 channels.
   struct Wg {
     ConvShape s;
     ConvTiles want;
@@ -154,6 +157,16 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(16, 128, 12, 128, 3),
             conv_tiles(ConvKernel::Gemm, shape(16, 128, 12, 128, 3), sms(132))},
            {shape(32, 16, 320, 32, 3, 2), {256, 32, 72, 2}},
+           // Stride 2 from 64 input channels: 128 x Cout-covering tiles, 4 stages or as many as
+           // fit (3 at n = 128); not at batch 1 (25 squares), nor onto a 20x20 plane (69% used).
+           {shape(16, 64, 80, 128, 3, 2), {128, 128, 72, 3, 1, true}},
+           {shape(16, 64, 80, 64, 3, 2), {128, 64, 72, 4, 1, true}},
+           {shape(1, 64, 80, 128, 3, 2),
+            conv_tiles(ConvKernel::Gemm, shape(1, 64, 80, 128, 3, 2), sms(132))},
+           {shape(16, 128, 40, 256, 3, 2),
+            conv_tiles(ConvKernel::Gemm, shape(16, 128, 40, 256, 3, 2), sms(132))},
+           {shape(16, 32, 160, 64, 3, 2),
+            conv_tiles(ConvKernel::Gemm, shape(16, 32, 160, 64, 3, 2), sms(132))},
            {shape(1, 7, 640, 16, 3, 2), {128, 32, 32, 2}},  // no halo kernel: no wgmma
            // 1x1, stride 1, from 32 output channels: the direct kernel on wgmma from one wave
            // of 64 x Cout-covering tiles (400 x 2, 1600, 6400 tiles); 4 stages from 256 input

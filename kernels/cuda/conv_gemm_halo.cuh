@@ -81,37 +81,30 @@ struct HaloTile {
 };
 
 // The cp.async copies of one stage of the halo kernels, into HaloTile's staging layout: the
-// input patch under each square of the block (P[8][kCS]) and the block's weight rows
-// (Bs[BN][kLdB]). WarpsN warps share a square and split its 8 channel planes; every warp copies
-// weight rows. All copy state is decoded once per block.
+// input patch under each square of the block (P[8][kCS]; HaloPatchLoader, all the wgmma kernel
+// copies this way) and the block's weight rows (Bs[BN][kLdB]; HaloLoader adds them). WarpsN
+// warps share a square and split its 8 channel planes; every warp copies weight rows. All copy
+// state is decoded once per block.
 template <int BM, int BN, int S, int WarpsN>
-struct HaloLoader {
+struct HaloPatchLoader {
   using T = HaloTile<BM, BN, S>;
-  static constexpr int kWarps = T::kSquares * WarpsN;
   static constexpr int kChannelsPerWarp = kHaloC / WarpsN;
-  static constexpr int kRowsPerWarp = BN / kWarps;
-  static_assert(kHaloC % WarpsN == 0 && BN % kWarps == 0, "warps split channels and rows");
+  static_assert(kHaloC % WarpsN == 0, "warps split a square's channels");
 
   const HaloArgs& a;
   int wn, lane;
-  // Patch: lane owns slots lane + 32q of each channel plane of its square. goff is the slot's
-  // offset in an input channel plane (0 when outside the image), pbytes 4 inside, 0 outside
-  // (zero fill: the padding).
+  // Lane owns slots lane + 32q of each channel plane of its square. goff is the slot's offset in
+  // an input channel plane (0 when outside the image), pbytes 4 inside, 0 outside (zero fill:
+  // the padding).
   uint32_t goff[T::kQ];
   int pbytes[T::kQ];
   bool last_q;  // the last slot group is partial
   const float* x_img;
   uint32_t patch_dst;
-  // Weights: warp w copies rows w, w + kWarps, ... of the block's BN; lane l < 18 the l-th
-  // 16-byte chunk of the 72 floats (or, 4 bytes at a time, floats l, l + 32, l + 64). Rows past
-  // k are skipped (their products only reach columns that are never stored).
-  int b_rows, b_lane;
-  const float* b_row;
-  uint32_t b_dst;
 
   // Square wm of the block (sq_ok: it exists) has its outputs at (oy0, ox0) of image img.
-  __device__ __forceinline__ HaloLoader(const HaloArgs& args, uint32_t smem0, int warp, int wm,
-                                        int lane_, bool sq_ok, int img, int oy0, int ox0, int n0)
+  __device__ __forceinline__ HaloPatchLoader(const HaloArgs& args, uint32_t smem0, int warp, int wm,
+                                             int lane_, bool sq_ok, int img, int oy0, int ox0)
       : a(args), wn(warp % WarpsN), lane(lane_) {
     const int iy0 = oy0 * S - a.pt, ix0 = ox0 * S - a.pl;
 #pragma unroll
@@ -126,17 +119,9 @@ struct HaloLoader {
     last_q = lane + 32 * (T::kQ - 1) < T::kPos;
     x_img = a.x + size_t(img) * a.xs;
     patch_dst = smem0 + 4 * (wm * T::kPatch + lane);
-    b_rows = a.k - n0 - warp;  // rows rr with rr * kWarps < b_rows exist
-    b_lane = a.vec_b ? 4 * (lane < kHaloK / 4 ? lane : 0) : lane;
-    b_row = a.wt + size_t(n0 + warp < a.k ? n0 + warp : 0) * (a.c * 9);
-    b_dst = smem0 + 4 * (T::kSquares * T::kPatch + warp * T::kLdB + b_lane);
   }
 
-  // Stage kt (input channels 8kt ..) into the staging buffer sbase bytes past the first.
-  __device__ __forceinline__ void load(uint32_t sbase, int kt) const {
-    load_patch(sbase, kt);
-    load_weights(sbase, kt);
-  }
+  // Stage kt's patch (input channels 8kt ..) into the staging buffer sbase bytes past the first.
   __device__ __forceinline__ void load_patch(uint32_t sbase, int kt) const {
     const int c0 = kt * kHaloC, hw = a.h * a.w;
 #pragma unroll
@@ -156,6 +141,39 @@ struct HaloLoader {
         cp_async4_if(last_q, dst + 4 * 32 * (T::kQ - 1), a.x, 0);
       }
     }
+  }
+};
+
+template <int BM, int BN, int S, int WarpsN>
+struct HaloLoader : HaloPatchLoader<BM, BN, S, WarpsN> {
+  using P = HaloPatchLoader<BM, BN, S, WarpsN>;
+  using T = typename P::T;
+  using P::a;
+  using P::lane;
+  static constexpr int kWarps = T::kSquares * WarpsN;
+  static constexpr int kRowsPerWarp = BN / kWarps;
+  static_assert(BN % kWarps == 0, "warps split the weight rows");
+
+  // Weights: warp w copies rows w, w + kWarps, ... of the block's BN; lane l < 18 the l-th
+  // 16-byte chunk of the 72 floats (or, 4 bytes at a time, floats l, l + 32, l + 64). Rows past
+  // k are skipped (their products only reach columns that are never stored).
+  int b_rows, b_lane;
+  const float* b_row;
+  uint32_t b_dst;
+
+  __device__ __forceinline__ HaloLoader(const HaloArgs& args, uint32_t smem0, int warp, int wm,
+                                        int lane_, bool sq_ok, int img, int oy0, int ox0, int n0)
+      : P(args, smem0, warp, wm, lane_, sq_ok, img, oy0, ox0) {
+    b_rows = a.k - n0 - warp;  // rows rr with rr * kWarps < b_rows exist
+    b_lane = a.vec_b ? 4 * (lane < kHaloK / 4 ? lane : 0) : lane;
+    b_row = a.wt + size_t(n0 + warp < a.k ? n0 + warp : 0) * (a.c * 9);
+    b_dst = smem0 + 4 * (T::kSquares * T::kPatch + warp * T::kLdB + b_lane);
+  }
+
+  // Stage kt (input channels 8kt ..) into the staging buffer sbase bytes past the first.
+  __device__ __forceinline__ void load(uint32_t sbase, int kt) const {
+    P::load_patch(sbase, kt);
+    load_weights(sbase, kt);
   }
   __device__ __forceinline__ void load_weights(uint32_t sbase, int kt) const {
     const int c0 = kt * kHaloC, kg = a.c * 9;

@@ -207,8 +207,8 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads, 1)
   const uint32_t op0_addr = smem_addr(op0);
 
   const HaloSquare sq(a, m_tile * W::kSquares + wg);
-  const HaloLoader<BM, BN, S, 4> loader(a, smem0, warp, wg, lane, sq.ok, sq.img, sq.oy0, sq.ox0,
-                                        n0);
+  const HaloPatchLoader<BM, BN, S, 4> loader(a, smem0, warp, wg, lane, sq.ok, sq.img, sq.oy0,
+                                             sq.ox0);
   // Packed weights: this n tile's stages one after another, each kOpB floats as OpB lays them.
   // Thread tid copies 16-byte chunks tid, tid + kThreads, ... of a stage's.
   const float* const wp = a.wp + size_t(n_tile) * ktiles * W::kOpB + 4 * tid;

@@ -72,8 +72,10 @@
 // read neighbour columns), decoded with multiply-shift divisions.
 //
 // Restrictions: none on stride, padding (bottom/right padding only shows in ho/wo), dilation or
-// groups. One input plane (h*w) and one output plane (ho*wo) must fit in int32. tiles are not
-// used. The caller precomputes nothing: no workspace, no setup.
+// groups. One input plane (h*w) and one output plane (ho*wo) must fit in int32. No ConvTiles
+// are taken; conv_tiles describes the block for `epilog explain`: m output pixels a block (256,
+// or 1024 on the stem path), n output channels a thread (1, or Cout on the stem path).
+// The caller precomputes nothing: no workspace, no setup.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
