@@ -663,7 +663,7 @@ struct WgDirectTile {
   static constexpr int BM = BM_, BN = BN_, kThreads = 2 * BM, kNI = BN / 8;
   static constexpr int kLdA = BM + kPadA, kBFloats = kBK * BN;
   static constexpr int kStageFloats = kBK * kLdA + kBFloats;
-  // Two 64-channel blocks share an SM (128 registers each at 256 threads).
+  // Blocks of up to 64 channels are held to the registers of two an SM.
   static constexpr int kMinBlocks = BN <= 64 ? 2 : 1;
   static constexpr size_t smem_bytes(int stages) { return 4 * size_t(stages) * kStageFloats; }
   static_assert(kBFloats / 4 % kThreads == 0, "whole 16-byte weight copies a thread");
