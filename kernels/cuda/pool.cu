@@ -9,8 +9,10 @@
 // Layout: float32 NCHW, device pointers; x and y must not overlap. Pools take the images of x
 //   and y PoolShape::x_image() / y_image() floats apart (channel slabs of a larger batch);
 //   everything else is contiguous.
-// Grid, pools: 1-D and grid-stride, one output per thread per step, kThreads per block, at most
-//   one full wave. Item w decodes as ow = w % wo, oh = (w / wo) % ho, plane =
+// Grid, maxpool2d on a plane that fits in shared memory with its row maxima (kPlaneFloats): a
+//   plane per block per step, grid-stride, at most one full wave (maxpool_plane_kernel below).
+// Grid, other pools: 1-D and grid-stride, one output per thread per step, kThreads per block,
+//   at most one full wave. Item w decodes as ow = w % wo, oh = (w / wo) % ho, plane =
 //   w / (wo * ho), so a warp covers consecutive ow of one row: its writes are coalesced and its
 //   reads are the rows under those windows, shared through L1 by neighbouring windows.
 // Grid, global_avgpool: rows of at most kWarpRowMax floats take one warp each (8 rows per
@@ -114,6 +116,47 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// -- maxpool2d a plane a block, for planes that fit in shared memory --
+// The block stages its plane once (coalesced loads), then computes each input row's maxima over
+// the windows' columns (h x wo, into shared memory), then each output as the maximum of its
+// window's rows of those: an output costs kh + kw shared reads instead of kh * kw loads, and
+// every input is loaded once. NaN propagates through both maxima.
+constexpr int64_t kPlaneFloats = 12 * 1024;  // plane + row maxima: 48 KB, no opt-in needed
+
+template <class I>
+__global__ void __launch_bounds__(kThreads)
+    maxpool_plane_kernel(Geometry g, FastDiv wo, I planes, Divisor<I> c, I xs, I ys,
+                         const float* __restrict__ x, float* __restrict__ y) {
+  extern __shared__ float plane_smem[];
+  float* const in = plane_smem;
+  float* const rows = plane_smem + g.h * g.w;
+  pdl_begin();
+  const int hw = g.h * g.w, hwo = g.h * g.wo, out = g.ho * g.wo;
+  for (I plane = blockIdx.x; plane < planes; plane += gridDim.x) {
+    const I img = c.div(plane), ch = plane - img * c.d;
+    const float* __restrict__ src = x + img * xs + ch * I(hw);
+    for (int i = threadIdx.x; i < hw; i += kThreads) in[i] = __ldg(src + i);
+    __syncthreads();
+    for (int i = threadIdx.x; i < hwo; i += kThreads) {
+      const int r = fast_div(i, wo), ow = i - r * g.wo;
+      const Window ww = window(ow, g.stride_w, g.pad_l, g.pad_r, g.kw, g.w);
+      float m = -INFINITY;  // every window holds an input element, which replaces it
+      for (int k = ww.begin; k < ww.end; ++k) m = max_nan(m, in[r * g.w + k]);
+      rows[i] = m;
+    }
+    __syncthreads();
+    float* __restrict__ dst = y + img * ys + ch * I(out);
+    for (int i = threadIdx.x; i < out; i += kThreads) {
+      const int oh = fast_div(i, wo), ow = i - oh * g.wo;
+      const Window wh = window(oh, g.stride_h, g.pad_t, g.pad_b, g.kh, g.h);
+      float m = -INFINITY;
+      for (int r = wh.begin; r < wh.end; ++r) m = max_nan(m, rows[r * g.wo + ow]);
+      dst[i] = m;
+    }
+    __syncthreads();  // the next plane overwrites in[] and rows[]
+  }
+}
+
 template <bool Max>
 void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream stream) {
   const int64_t items = p.n * p.c * p.ho * p.wo;
@@ -125,8 +168,24 @@ void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream
   const Geometry g{int(p.h),     int(p.w),     int(p.ho),       int(p.wo),
                    int(p.kh),    int(p.kw),    int(p.stride_h), int(p.stride_w),
                    int(p.pad_t), int(p.pad_l), int(p.pad_b),    int(p.pad_r)};
-  const int grid = grid_for(items, kThreads);
   const int64_t xs = p.x_image(), ys = p.y_image();
+  const int64_t plane_floats = p.h * p.w + p.h * p.wo;
+  if (Max && plane_floats <= kPlaneFloats) {
+    const int64_t planes = p.n * p.c;
+    const size_t smem = size_t(plane_floats) * sizeof(float);
+    const auto launch = [&](auto i) {
+      using I = decltype(i);
+      launch_pdl(maxpool_plane_kernel<I>, grid_for(planes, 1), kThreads, smem, stream, 1, g,
+                 make_fastdiv(uint32_t(p.wo)), I(planes), Divisor<I>(I(p.c)), I(xs), I(ys), x, y);
+    };
+    if (fits32(std::max(p.n * xs, p.n * ys)))
+      launch(uint32_t{});
+    else
+      launch(int64_t{});
+    check_launch(name);
+    return;
+  }
+  const int grid = grid_for(items, kThreads);
   const bool narrow = p.kw <= kNarrow;
   const auto launch = [&](auto narrow_c, auto i) {
     using I = decltype(i);

@@ -284,6 +284,10 @@ const std::vector<PoolCase>& pool_cases() {
       {{2, 16, 40, 40}, {5, 5}, {1, 1}, {2, 2, 2, 2}, false},
       // wider than the unrolled row loop (8): the kernel's generic loop
       {{2, 3, 20, 24}, {9, 11}, {2, 3}, {4, 5, 4, 5}, true},
+      // max: more planes than a wave of blocks (the plane kernel's grid-stride loop), and a
+      // plane too large for shared memory (the per-output kernel)
+      {{2, 600, 6, 7}, {5, 5}, {1, 1}, {2, 2, 2, 2}, false},
+      {{1, 2, 100, 130}, {3, 3}, {1, 1}, {1, 1, 1, 1}, false},
   };
   return cases;
 }
