@@ -491,24 +491,27 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
 
 // -- the persistent direct kernels' copy position: block b takes tiles b, b + gridDim.x, ...
 // (n tiles fastest, so that the blocks resident together share their A tiles in L2); `tile` and
-// `kt` are the tile and k tile its next copy fills, `a_loader` that tile's A loader.
+// `kt` are the tile and k tile its next copy fills, `n_tile` that tile's n tile and `a_loader`
+// its A loader, all decoded once a tile.
 template <class T>
 struct DirectCursor {
-  int tile, kt = 0;
+  int tile, kt = 0, n_tile;
   DirectA<T> a_loader;
 
   __device__ __forceinline__ DirectCursor(const GemmArgs& a, int tid)
-      : tile(int(blockIdx.x)), a_loader(a, int(blockIdx.x) / a.n_tiles * T::BM, tid) {}
+      : tile(int(blockIdx.x)),
+        n_tile(int(blockIdx.x) % a.n_tiles),
+        a_loader(a, int(blockIdx.x) / a.n_tiles * T::BM, tid) {}
   // This block's k tiles, all of its tiles together.
   static __device__ __forceinline__ int block_ktiles(const GemmArgs& a) {
     const int tiles = (a.m + T::BM - 1) / T::BM * a.n_tiles, step = int(gridDim.x);
     return (tiles - int(blockIdx.x) + step - 1) / step * a.ktiles;
   }
-  __device__ __forceinline__ int n_tile(const GemmArgs& a) const { return tile % a.n_tiles; }
   __device__ __forceinline__ void advance(const GemmArgs& a, int tid) {
     if (++kt < a.ktiles) return;
     kt = 0;
     tile += int(gridDim.x);
+    n_tile = tile % a.n_tiles;
     a_loader = DirectA<T>(a, tile / a.n_tiles * T::BM, tid);
   }
 };
@@ -594,7 +597,7 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
   auto load_next = [&](int stage) {
     const uint32_t as = smem0 + stage * kStageBytes;
     ld.a_loader.load(a, as, ld.kt * kBK);
-    load_b<T>(a, as + kBOffset, ld.n_tile(a) * BN, ld.kt * kBK, tid);
+    load_b<T>(a, as + kBOffset, ld.n_tile * BN, ld.kt * kBK, tid);
     ld.advance(a, tid);
   };
 
@@ -686,7 +689,7 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
   auto load_next = [&](int stage) {
     const uint32_t as = smem0 + stage * kStageBytes;
     ld.a_loader.load(a, as, ld.kt * kBK);
-    const float* src = a.wp + (size_t(ld.n_tile(a)) * ktiles + ld.kt) * T::kBFloats + 4 * tid;
+    const float* src = a.wp + (size_t(ld.n_tile) * ktiles + ld.kt) * T::kBFloats + 4 * tid;
 #pragma unroll
     for (int i = 0; i < T::kBFloats / 4; i += T::kThreads)
       cp_async16(as + kBOffset + 16 * (i + tid), src + 4 * i, true);
