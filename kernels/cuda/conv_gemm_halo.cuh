@@ -214,46 +214,62 @@ struct HaloLoader : HaloPatchLoader<BM, BN, S, WarpsN> {
   }
 };
 
-// The halo kernels' epilogue, straight from the accumulators: acc[mi][ni][2h + e] is channel
-// n0 + 8ni + 2t + e of output pixel pix[mi][h] (its offset in y, -1 when it is outside the
-// output). Batchnorm and activation in place, then the residual, whose loads then all fly
-// together (no store between them to order them after), then the stores. This order also
-// measured faster without a residual than applying the activation on the way to each store.
-template <int MI, int NI>
-__device__ __forceinline__ void halo_epilogue(const HaloArgs& a, float (&acc)[MI][NI][4],
-                                              const int (&pix)[MI][2], int img, int n0, int t) {
-  const int hwo = a.ho * a.wo;
-  with_activation(a.act,
-                  [&](auto act) { scale_shift_act(acc, a.scale, a.shift, a.k, n0, t, act); });
-  if (a.res) {
-    // The residual's offsets differ from y's by the image strides only (one image a square).
-    const float* __restrict__ r = a.res + img * (a.r_img - a.ys);
-#pragma unroll
-    for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int n = n0 + 8 * ni + 2 * t + e;
-        if (n >= a.k) continue;
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            if (pix[mi][h] >= 0) acc[mi][ni][2 * h + e] += __ldg(r + size_t(n) * hwo + pix[mi][h]);
-      }
-  }
+// Calls f(mi, ni, q, n, p) for each output of a thread that exists: acc[mi][ni][q], q = 2h + e,
+// is channel n = n0 + 8ni + 2t + e of the output pixel at offset p = pix[mi][h] of y (-1: none).
+template <int MI, int NI, class F>
+__device__ __forceinline__ void for_outputs(const int (&pix)[MI][2], int k, int n0, int t, F&& f) {
 #pragma unroll
   for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int n = n0 + 8 * ni + 2 * t + e;
-      if (n >= a.k) continue;
-      float* yn = a.y + size_t(n) * hwo;
+      if (n >= k) continue;
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          if (pix[mi][h] >= 0) yn[pix[mi][h]] = acc[mi][ni][2 * h + e];
+          if (pix[mi][h] >= 0) f(mi, ni, 2 * h + e, n, pix[mi][h]);
     }
+}
+
+// The residual under a thread's outputs: f(mi, ni, q, value) for each (as for_outputs). Loads
+// only, each independent of the rest, so that they all fly together.
+template <int MI, int NI, class F>
+__device__ __forceinline__ void for_residual(const HaloArgs& a, const int (&pix)[MI][2], int img,
+                                             int n0, int t, F&& f) {
+  const int hwo = a.ho * a.wo;
+  // The residual's offsets differ from y's by the image strides only (one image a square).
+  const float* __restrict__ r = a.res + img * (a.r_img - a.ys);
+  for_outputs<MI, NI>(pix, a.k, n0, t, [&](int mi, int ni, int q, int n, int p) {
+    f(mi, ni, q, __ldg(r + size_t(n) * hwo + p));
+  });
+}
+
+// The halo kernels' epilogue, straight from the accumulators (laid out as for_outputs says; 8
+// lanes store 8 consecutive floats of an output row). Batchnorm and activation in place, then
+// the residual (loaded here, or `pre`: fetched ahead by the kernel), then the stores. This order
+// also measured faster without a residual than applying the activation on the way to each store.
+template <int MI, int NI>
+__device__ __forceinline__ void halo_epilogue(const HaloArgs& a, float (&acc)[MI][NI][4],
+                                              const int (&pix)[MI][2], int img, int n0, int t,
+                                              const float (*pre)[NI][4] = nullptr) {
+  with_activation(a.act,
+                  [&](auto act) { scale_shift_act(acc, a.scale, a.shift, a.k, n0, t, act); });
+  if (a.res && pre) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[mi][ni][q] += pre[mi][ni][q];
+  } else if (a.res) {
+    for_residual<MI, NI>(a, pix, img, n0, t,
+                         [&](int mi, int ni, int q, float v) { acc[mi][ni][q] += v; });
+  }
+  const int hwo = a.ho * a.wo;
+  for_outputs<MI, NI>(pix, a.k, n0, t, [&](int mi, int ni, int q, int n, int p) {
+    a.y[size_t(n) * hwo + p] = acc[mi][ni][q];
+  });
 }
 
 // A block's square geometry: square wm of tile m_tile (squares run over (image, row of squares,

@@ -1,6 +1,7 @@
 // The 3x3 halo kernel of conv_gemm.cu on Hopper's warpgroup MMA (wgmma, sm_90a builds only):
 // the same tiles, staging and epilogue as conv_halo_kernel (conv_gemm_halo.cuh), its MMAs issued
-// by a warpgroup from shared memory instead of by each warp from registers.
+// by a warpgroup from shared memory instead of by each warp from registers. At n = 32 a residual
+// is loaded before the mainloop, not after it.
 //
 // Why: the mma.sync kernel's warps spend most of their issue slots loading and rounding
 // fragments (Nsight Compute); a wgmma m64nNk8 reads both operands straight from shared memory.
@@ -39,6 +40,9 @@ template <int BM, int BN, int S>
 struct HaloWgTile {
   using T = HaloTile<BM, BN, S>;
   static constexpr int kSquares = T::kSquares, kThreads = 128 * kSquares, kNI = BN / 8;
+  // n = 32 tiles keep 768 threads an SM (85 registers a thread): their layers wait on memory,
+  // and the residual they fetch ahead (conv_halo_wgmma_kernel) would otherwise cost a block.
+  static constexpr int kMinBlocks = kNI <= 4 && kThreads < 768 ? 768 / kThreads : 1;
   static constexpr int kOpA = 8 * T::kPos;  // one square's patch: 2 chunks x kPos slots x 4
   static constexpr int kOpB = kHaloK * BN;  // 9 taps x 2 chunks x BN rows x 4
   // A stage: the staged patches (HaloTile's), then the packed weights.
@@ -188,7 +192,8 @@ __device__ __forceinline__ void store_tf32x4(float* dst, float v0, float v1, flo
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <int BM, int BN, int S>
-__global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads, 1)
+__global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads,
+                                  HaloWgTile<BM, BN, S>::kMinBlocks)
     conv_halo_wgmma_kernel(const HaloArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = HaloTile<BM, BN, S>;
@@ -237,6 +242,24 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads, 1)
   // before waiting for it (programmatic dependent launch), the input's after.
   for (int st = 0; st < stages - 2 && st < ktiles; ++st) load_weights(st, st);
   detail::pdl_begin();
+  // Rows 16w + g and + 8 of the warpgroup's M are pixels (2w, g) and (2w + 1, g).
+  const auto pixels = [&](int(&pix)[1][2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) pix[0][h] = sq.pixel(a, 2 * (warp % 4) + h, lane / 4);
+  };
+  // A residual is fetched now, its loads under the mainloop's, where that costs few registers
+  // (n <= 32: 16 a thread); the layers with few channels that have one wait on memory, not on
+  // their MMAs.
+  constexpr bool kResAhead = W::kNI <= 4;
+  float res[1][kResAhead ? W::kNI : 1][4] = {};
+  if constexpr (kResAhead) {
+    if (a.res) {
+      int pix[1][2];
+      pixels(pix);
+      for_residual<1, W::kNI>(a, pix, sq.img, n0, t,
+                              [&](int, int ni, int q, float v) { res[0][ni][q] = v; });
+    }
+  }
   for (int st = 0; st < stages - 2; ++st) {
     if (st < ktiles) loader.load_patch(st * kStageBytes, st);
     cp_async_commit();
@@ -291,12 +314,12 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads, 1)
   wgmma_wait<0>();
   cp_async_wait<0>();
 
-  // Rows 16w + g and + 8 of the warpgroup's M are pixels (2w, g) and (2w + 1, g).
-  const int w4 = warp % 4, g = lane / 4;
   int pix[1][2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) pix[0][h] = sq.pixel(a, 2 * w4 + h, g);
-  halo_epilogue(a, acc, pix, sq.img, n0, t);
+  pixels(pix);
+  if constexpr (kResAhead)
+    halo_epilogue(a, acc, pix, sq.img, n0, t, res);
+  else
+    halo_epilogue(a, acc, pix, sq.img, n0, t);
 #else
   __trap();  // built without sm_90a code: conv_gemm never launches it then
 #endif
