@@ -58,27 +58,30 @@ constexpr double kHaloMinUseful = 0.8;
 // 23.8 vs the gather kernel's 29.1 (2026-12-01; 27.9 vs 29.0 before its per-warpgroup barrier).
 // Below that it was not measured, so it is not chosen there.
 constexpr double kHaloWgmmaMinUseful = 0.68;
-// At stride 2 the wgmma halo kernel wins from this many input channels, with m = 128, n covering
-// Cout and 4 stages (or as many as fit: 3 at n = 128), where the squares waste under a fifth of
-// the plane and those tiles make half a wave: 16x64x80x80 -> 128 40.7 vs the mma.sync kernels'
-// best 42.8, -> 64 29.8 (3 stages: over 32) vs 31.6; but 16x32x160x160 -> 64 60.1 vs 55.2 and
-// b32_c16_32_3x3s2_320 212.5 vs 147.6 (2026-12-01).
+// At stride 2 the wgmma halo kernel wins from this many input channels, with n covering Cout
+// and as many stages as fit, up to 4 (3 for 256x128), where the squares waste under a fifth of
+// the plane and the tiles make half a wave: m = 256 for n = 128 where that grid fills, else 128.
+// 16x64x80x80 -> 128: 256x128 34.7 vs 128x128 36.0 (3 stages) and 40.3 (4), the mma.sync
+// kernels' best 42.9 (register A, 2026-12-01); -> 64 128x64 4 stages 26.8 with register A (29.8
+// with A from shared memory, 3 stages over 32) vs 31.6; but 16x32x160x160 -> 64 60.1 vs 55.2 and
+// b32_c16_32_3x3s2_320 212.5 vs 147.6.
 constexpr int64_t kHaloWgmmaStride2MinChannels = 64;
 // At stride 2 a block's input patches are 2.9 times those of stride 1 (17x17 vs 10x10 inputs
 // under an 8x8 square): two stages (95 KB at n = 32) let two blocks share an SM, three do not.
 // b32_c16_32_3x3s2_320: 148.5 with 2 stages, 193.0 with 3.
 constexpr int kHaloStride2Stages = 2;
-// The halo kernel on warpgroup MMA (Hopper), at stride 1: n covering Cout, m = 256 for
-// n = 128, else 128; while the grid has under kHaloMinWaves waves, m halves to 128, then n, then
-// m. b16_c128_128_3x3_40: 256x128 48.1 vs 128x128 55.7 and the mma.sync kernel's best 62.9;
-// b16_c64_64_3x3_80: 128x64 62.6 vs 256x64 71.7 and 69.0; b1_c16_16_3x3_160: 128x32 5.8 vs
-// 256x32 6.1 and 6.5; b1_c64_64_3x3_80 (100 squares): 128x32, 100 blocks, 9.9 vs 128x64 12.1
-// and the gather kernel's 13.0. 3 pipeline stages: a fourth lets fewer blocks share an SM and
-// only pays on deep reductions (16x16x160x160 -> 16: 53.7 with 3, 54.5 with 4; 16x32x80x80 ->
-// 32: 26.9 vs 28.3; b1_c16_16_3x3_160 6.2 vs 6.5; b16_c128_128_3x3_40 48.4 vs 48.1;
-// b1_c64_64_3x3_80 10.3 vs 9.9). At stride 2 it wins on some layers and loses on others
-// (b1_c32_64_3x3s2_160 8.1 vs 9.0; b32_c16_32_3x3s2_320 212.5 vs 147.6): see
-// kHaloWgmmaStride2MinChannels below.
+// The halo kernel on warpgroup MMA (Hopper), at stride 1: n covering Cout with m = 256 for
+// n = 128, else 128; where that grid is under kHaloMinWaves waves, 64x64 (n <= Cout cover), then
+// 64x32. With A from registers (conv_gemm_wgmma.cuh) n = 128 wants four warpgroups a block, and
+// 64x64 beats the tiles of as many blocks. Sweeps and A/B calls of 2026-12-01 (us; 3 stages):
+// b16_c128_128_3x3_40 256x128 43.6 vs 128x128 51.2, 128x64 53.0, 64x64 52.1, the mma.sync
+// kernel's best 62.9; a 16x128x20x20 -> 128 layer (256x128: 36 blocks) 64x64 21.4 vs 128x64
+// 26.8, 128x128 26.4; b16_c64_64_3x3_80 128x64 56.3 vs 64x64 56.2; 16x64x40x40 -> 64 128x64
+// 16.0 vs 64x64 19.6 (400 blocks, 4 past the 396 that fit at once); b1_c64_64_3x3_80 (128x64: 50
+// blocks) 64x64 8.0 vs 128x32 8.7; b16_c16_16_3x3_160 128x32 47.6 vs 64x32 49.2, 256x32 64.1.
+// 3 pipeline stages: a fourth pays only on some shallow grids (b1_c64_64_3x3_80 64x64 7.7) and
+// loses elsewhere (b16_c64_64_3x3_80 64x64 64.4). At stride 2 it wins on some layers and loses
+// on others: see kHaloWgmmaStride2MinChannels above.
 constexpr int kHaloWgmmaStages = 3;
 
 // The 1x1 direct kernel on warpgroup MMA (Hopper), from kDirectWgmmaMinCout output channels and
@@ -173,24 +176,20 @@ bool halo_wins(const ConvShape& s, int n_tile, const DeviceProfile& device) {
 // The wgmma halo tiles for `s`, or nullopt where that kernel does not take it.
 std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
                                           const DeviceProfile& device) {
-  const double min_blocks = kHaloMinWaves * device.sm_count;
-  if (device.wgmma && s.stride_h == 2 && s.c >= kHaloWgmmaStride2MinChannels && halo_takes(s) &&
-      double(halo_blocks(s, 128, cover)) >= min_blocks) {
-    const int stages = std::min(4, halo_wgmma_max_stages(128, cover, 2));
-    return ConvTiles{128, cover, 72, stages, 1, true};
+  if (!device.wgmma) return std::nullopt;
+  const auto fills = [&](int m, int n) {
+    return double(halo_blocks(s, m, n)) >= kHaloMinWaves * device.sm_count;
+  };
+  if (s.stride_h == 2) {
+    if (s.c < kHaloWgmmaStride2MinChannels || !halo_takes(s)) return std::nullopt;
+    const int m = cover == 128 && fills(256, 128) ? 256 : 128;
+    if (!fills(m, cover)) return std::nullopt;
+    return ConvTiles{m, cover, 72, std::min(4, halo_wgmma_max_stages(m, cover, 2)), 1, true};
   }
-  if (!device.wgmma || !halo_takes(s, kHaloWgmmaMinUseful) || s.stride_h != 1) return std::nullopt;
-  int m = cover == 128 ? 256 : 128, n = cover;
-  while (double(halo_blocks(s, m, n)) < min_blocks && (n > 32 || m > 64)) {
-    if (m > 128)
-      m /= 2;
-    else if (n > 32)
-      n /= 2;
-    else
-      m /= 2;
-  }
-  if (double(halo_blocks(s, m, n)) < min_blocks) return std::nullopt;
-  return ConvTiles{m, n, 72, kHaloWgmmaStages, 1, true};
+  if (s.stride_h != 1 || !halo_takes(s, kHaloWgmmaMinUseful)) return std::nullopt;
+  for (const auto& [m, n] : {std::pair{cover == 128 ? 256 : 128, cover}, {64, 64}, {64, 32}})
+    if (n <= cover && fills(m, n)) return ConvTiles{m, n, 72, kHaloWgmmaStages, 1, true};
+  return std::nullopt;
 }
 
 }  // namespace

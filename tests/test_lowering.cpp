@@ -131,8 +131,9 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
     CHECK_FALSE(t.wgmma);
   }
   // With warpgroup MMA (Hopper, sm_90a build) the stride-1 halo layers take the wgmma kernel:
-  // n covers Cout, m = 256 for n = 128 else 128; while the grid is under half a wave m halves to
-  // 128, then n, then m; 3 stages. Stride 2 keeps the mma.sync halo kernel below 64 channels.
+  // n covering Cout with m = 256 for n = 128, else 128, where that grid makes half a wave, else
+  // 64x64 (n not past the cover), else 64x32; 3 stages. Stride 2 keeps the mma.sync halo kernel
+  // below 64 channels.
   struct Wg {
     ConvShape s;
     ConvTiles want;
@@ -143,23 +144,30 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(16, 64, 80, 64, 3), {128, 64, 72, 3, 1, true}},     // 800 blocks
            {shape(16, 128, 40, 128, 3), {256, 128, 72, 3, 1, true}},  // 100 blocks
            {shape(1, 16, 160, 16, 3), {128, 32, 72, 3, 1, true}},     // 200 blocks
-           // 100 squares: 128x64 makes 50 blocks, 128x32 100 >= 66.
-           {shape(1, 64, 80, 64, 3), {128, 32, 72, 3, 1, true}},
+           // 100 squares: 128x64 makes 50 blocks, 64x64 100 >= 66.
+           {shape(1, 64, 80, 64, 3), {64, 64, 72, 3, 1, true}},
+           // 25 squares, Cout 128: 256x128 makes 7 blocks, 128x128 13, 128x64 26, 64x64 50,
+           // 64x32 100.
+           {shape(1, 64, 40, 128, 3), {64, 32, 72, 3, 1, true}},
+           // 100 squares, Cout 32: 128x32 makes 50 blocks, 64x32 100.
+           {shape(1, 32, 80, 32, 3), {64, 32, 72, 3, 1, true}},
            // 400 squares, Cout 256: 256x128 makes 200 blocks.
            {shape(16, 128, 40, 256, 3), {256, 128, 72, 3, 1, true}},
-           // 100 squares (36x36 planes, 81% of their squares): 256x128 makes 25 blocks,
-           // 128x128 50, 128x64 100.
-           {shape(4, 128, 36, 128, 3), {128, 64, 72, 3, 1, true}},
+           // 100 squares (36x36 planes, 81% of their squares): 256x128 makes 25 blocks, 64x64
+           // 200.
+           {shape(4, 128, 36, 128, 3), {64, 64, 72, 3, 1, true}},
            // A 20x20 plane fills 69% of its 3x3 squares: enough for wgmma (144 squares; 256x128
-           // makes 36 blocks, 128x128 72); a 12x12 one fills 56%: the gather kernel, as without
+           // makes 36 blocks, 64x64 288); a 12x12 one fills 56%: the gather kernel, as without
            // wgmma.
-           {shape(16, 128, 20, 128, 3), {128, 128, 72, 3, 1, true}},
+           {shape(16, 128, 20, 128, 3), {64, 64, 72, 3, 1, true}},
            {shape(16, 128, 12, 128, 3),
             conv_tiles(ConvKernel::Gemm, shape(16, 128, 12, 128, 3), sms(132))},
            {shape(32, 16, 320, 32, 3, 2), {256, 32, 72, 2}},
-           // Stride 2 from 64 input channels: 128 x Cout-covering tiles, 4 stages or as many as
-           // fit (3 at n = 128); not at batch 1 (25 squares), nor onto a 20x20 plane (69% used).
-           {shape(16, 64, 80, 128, 3, 2), {128, 128, 72, 3, 1, true}},
+           // Stride 2 from 64 input channels: Cout-covering tiles, m = 256 for n = 128 where that
+           // makes half a wave (here 100 blocks), else 128; 4 stages or as many as fit (3 for
+           // 256x128); not at batch 1 (25 squares), nor onto a 20x20 plane (69% used).
+           {shape(16, 64, 80, 128, 3, 2), {256, 128, 72, 3, 1, true}},
+           {shape(8, 64, 80, 128, 3, 2), {128, 128, 72, 4, 1, true}},  // 256x128: 50 blocks
            {shape(16, 64, 80, 64, 3, 2), {128, 64, 72, 4, 1, true}},
            {shape(1, 64, 80, 128, 3, 2),
             conv_tiles(ConvKernel::Gemm, shape(1, 64, 80, 128, 3, 2), sms(132))},

@@ -19,7 +19,7 @@
 //                  kernels below with the same n and m capped at 128. With `wgmma` the same
 //                  tiles on Hopper's warpgroup MMA (conv_gemm_wgmma.cuh; sm_90a builds on a
 //                  compute capability 9.0 GPU), reading the weights packed ahead of the run
-//                  (pack_wgmma_weights); stages 3 or 4, and no m = 256 with n >= 64 at stride 2.
+//                  (pack_wgmma_weights); stages 3 or 4.
 //   k = 32  direct 1x1, stride 1, no padding, ho*wo % 4 == 0, x 16-byte aligned: persistent.
 //                  With `wgmma` (m in {64, 128}, no splits) the same on warpgroup MMA
 //                  (conv_direct_wgmma_kernel below), reading the weights packed ahead; on any
@@ -862,28 +862,25 @@ void launch_halo(HaloArgs a, Stream stream) {
   check_launch("conv_gemm");
 }
 
-template <int BM, int BN, int S>
+template <int BM, int BN, int S, bool RegA>
 void launch_halo_wgmma(HaloArgs a, Stream stream) {
-  using W = HaloWgTile<BM, BN, S>;
-  if constexpr (W::kMaxStages == 0) {
-    reject("the wgmma halo kernel has no m=" + std::to_string(BM) + " n=" + std::to_string(BN) +
-           " tile at stride " + std::to_string(S) + " (three stages exceed shared memory)");
-  } else {
-    auto kernel = conv_halo_wgmma_kernel<BM, BN, S>;
-    static std::atomic<uint64_t> opted_in{0};
-    opt_in(opted_in, W::smem_bytes(W::kMaxStages), kernel);
-    a.stages = a.stages < 3 ? 3 : a.stages > W::kMaxStages ? W::kMaxStages : a.stages;
-    const int64_t blocks = (int64_t(a.squares) + W::kSquares - 1) / W::kSquares * a.n_tiles;
-    check_grid(blocks);
-    detail::launch_pdl(kernel, unsigned(blocks), W::kThreads, W::smem_bytes(a.stages), stream, 1,
-                       a);
-    check_launch("conv_gemm");
-  }
+  using W = HaloWgTile<BM, BN, S, RegA>;
+  auto kernel = conv_halo_wgmma_kernel<BM, BN, S, RegA>;
+  static std::atomic<uint64_t> opted_in{0};
+  opt_in(opted_in, W::smem_bytes(W::kMaxStages), kernel);
+  a.stages = a.stages < 3 ? 3 : a.stages > W::kMaxStages ? W::kMaxStages : a.stages;
+  const int64_t blocks = (int64_t(a.squares) + W::kSquares - 1) / W::kSquares * a.n_tiles;
+  check_grid(blocks);
+  detail::launch_pdl(kernel, unsigned(blocks), W::kThreads, W::smem_bytes(a.stages), stream, 1, a);
+  check_launch("conv_gemm");
 }
 
 template <int BM, int BN, int S>
 void launch_halo_any(HaloArgs a, bool wgmma, Stream stream) {
-  return wgmma ? launch_halo_wgmma<BM, BN, S>(a, stream) : launch_halo<BM, BN, S>(a, stream);
+  if (!wgmma) return launch_halo<BM, BN, S>(a, stream);
+  if (halo_wgmma_reg_a(BN, a.res != nullptr))
+    return launch_halo_wgmma<BM, BN, S, halo_wgmma_reg_a(BN, false)>(a, stream);
+  return launch_halo_wgmma<BM, BN, S, halo_wgmma_reg_a(BN, true)>(a, stream);
 }
 
 template <int S>

@@ -1,10 +1,11 @@
 // The 3x3 halo kernel of conv_gemm.cu on Hopper's warpgroup MMA (wgmma, sm_90a builds only):
 // the same tiles, staging and epilogue as conv_halo_kernel (conv_gemm_halo.cuh), its MMAs issued
-// by a warpgroup from shared memory instead of by each warp from registers. At n = 32 a residual
-// is loaded before the mainloop, not after it.
+// by a warpgroup (wgmma.mma_async) instead of by each warp (mma.sync). At n = 32 a residual is
+// loaded before the mainloop, not after it.
 //
 // Why: the mma.sync kernel's warps spend most of their issue slots loading and rounding
-// fragments (Nsight Compute); a wgmma m64nNk8 reads both operands straight from shared memory.
+// fragments (Nsight Compute); a wgmma m64nNk8 reads B straight from shared memory, and A from
+// registers loaded once per stage or from shared memory too (below).
 // The weights come packed ahead of the run because rewriting them per stage in the kernel cost
 // a third of its time (b16_c128_128_3x3_40: 62 us, 42 with that rewrite left out).
 //
@@ -12,7 +13,8 @@
 // and all n channels: per tap, one wgmma.m64nNk8 with N = n. Row r of its M = 64 is the square's
 // pixel (r / 8, r % 8), so warp w of the warpgroup holds rows 16w + g and 16w + g + 8, pixels
 // (2w, g) and (2w + 1, g), channels 8ni + 2t + e in acc[0][ni][2h + e] (h = 0, 1).
-// Operands: TF32 wgmma takes both K-major, in 8-row x 16-byte "core matrices" (no swizzle):
+// Operands in shared memory: TF32 wgmma takes both K-major, in 8-row x 16-byte "core matrices"
+// (no swizzle):
 //   A of square s, tap (i, j): OpA[2 chunks][kPos][4 channels], chunk = channel / 4, so the
 //     8 pixels of one output row, patch slots (oy*S + i)*kPW + slot(j + S*ox), lie on 8
 //     consecutive slots (16 bytes apart); output rows are S*kPW slots apart (the stride-dimension
@@ -23,11 +25,29 @@
 // stage them (HaloTile's layout) and the stage's weights, copied 16 bytes at a time from the
 // weights packed ahead of the run (pack_wgmma_weights: already in OpB's layout and rounded to
 // TF32; the first stages' before the wait for the previous kernel, which does not write them).
-// Per stage each warpgroup rewrites its square's patch into one of two operand buffers in OpA's
-// layout, rounding it to TF32 on the way (wgmma, like mma, would truncate), and issues its nine
-// wgmmas after a barrier of its own (only it reads its OpA); one wgmma group stays in flight
-// across iterations, so copies run stages - 2 stages ahead (a stage's weights are read by its
-// wgmmas until the next iteration).
+// A, two ways (halo_wgmma_reg_a in shapes.h picks one):
+//   From registers: all tiles but n = 32 with a residual. Each lane loads its pixels' values
+//     straight from the staged patch (as mma's A fragment: rows g and g + 8, channels t and
+//     t + 4; the S + 3 patch rows under a warp's two output rows serve all three taps of a
+//     column), rounded to TF32. The wgmmas reading them are waited for before their registers
+//     are reused: at n <= 64 all nine of a stage at its end; at n = 128, whose accumulators
+//     leave no room for every column's fragments, each column's three, the next column's loads
+//     running under them. Copies then run stages - 1 ahead. This reads a third fewer bytes of
+//     shared memory than the rewrite below (Nsight Compute had the shared-memory pipe the
+//     busiest, 62% on b16_c128_128_3x3_40). A/B calls of 2026-12-01 (us): b16_c64_64_3x3_80
+//     61.9 -> 56.4, b1_c64_64_3x3_80 10.7 -> 9.0, 16 channels at 160x160, batch 16, n = 32
+//     53.7 -> 47.5; b16_c128_128_3x3_40 (256x128) 45.2 -> 43.6, 16x64x80x80 -> 128 at stride
+//     2 (128x128) 40.7 -> 40.1. But 128x128 on a 16x128x20x20 -> 128 layer 24.6 -> 26.7: two
+//     warpgroups a block, alone on their SM, wait out each column (lowering takes 64x64 there).
+//     An earlier form at n = 128, every column's fragments at once, spilled (256x128: 45.4 ->
+//     45.9).
+//   From shared memory: n = 32 with a residual, whose tiles fetch the residual ahead and are
+//     held to 80 registers for 3 blocks an SM (register A there: the C2f bottleneck's second
+//     conv 72 -> 89 us in a per-node profile). Each warpgroup rewrites its square's patch into
+//     one of two operand buffers in OpA's layout, rounding it to TF32 on the way (wgmma, like
+//     mma, would truncate), and issues its nine wgmmas after a barrier of its own (only it reads
+//     its OpA); one wgmma group stays in flight across iterations, so copies run stages - 2
+//     stages ahead (a stage's weights are read by its wgmmas until the next iteration).
 #pragma once
 
 #include <cstdint>
@@ -36,24 +56,27 @@
 
 namespace epilog::cuda::conv_gemm_detail {
 
-template <int BM, int BN, int S>
+template <int BM, int BN, int S, bool RegA>
 struct HaloWgTile {
   using T = HaloTile<BM, BN, S>;
   static constexpr int kSquares = T::kSquares, kThreads = 128 * kSquares, kNI = BN / 8;
   // n = 32 tiles keep 768 threads an SM (85 registers a thread): their layers wait on memory,
   // and the residual they fetch ahead (conv_halo_wgmma_kernel) would otherwise cost a block.
   static constexpr int kMinBlocks = kNI <= 4 && kThreads < 768 ? 768 / kThreads : 1;
+  // A from registers (see the header comment), else from the OpA buffers.
+  static constexpr bool kRegA = RegA;
   static constexpr int kOpA = 8 * T::kPos;  // one square's patch: 2 chunks x kPos slots x 4
   static constexpr int kOpB = kHaloK * BN;  // 9 taps x 2 chunks x BN rows x 4
   // A stage: the staged patches (HaloTile's), then the packed weights.
   static constexpr int kStageFloats = kSquares * T::kPatch + kOpB;
   static constexpr int kMaxStages = halo_wgmma_max_stages(BM, BN, S);
   static constexpr size_t smem_bytes(int stages) {
-    return sizeof(float) * (size_t(stages) * kStageFloats + 2 * kSquares * kOpA);
+    return sizeof(float) * (size_t(stages) * kStageFloats + (kRegA ? 0 : 2 * kSquares * kOpA));
   }
-  static_assert(kMaxStages == 0 ||
-                    smem_bytes(kMaxStages) == size_t(halo_wgmma_smem_bytes(BM, BN, S, kMaxStages)),
+  static_assert(smem_bytes(kMaxStages) ==
+                    size_t(halo_wgmma_smem_bytes(BM, BN, S, kMaxStages, kRegA)),
                 "shapes.h sizes the same buffers");
+  static_assert(smem_bytes(3) <= 227 * 1024, "three stages fit in shared memory");
   static_assert(kOpA % 4 == 0 && kStageFloats % 4 == 0, "16-byte aligned buffers");
 };
 
@@ -191,13 +214,13 @@ __device__ __forceinline__ void store_tf32x4(float* dst, float v0, float v1, flo
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int BM, int BN, int S>
-__global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads,
-                                  HaloWgTile<BM, BN, S>::kMinBlocks)
+template <int BM, int BN, int S, bool RegA>
+__global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
+                                  HaloWgTile<BM, BN, S, RegA>::kMinBlocks)
     conv_halo_wgmma_kernel(const HaloArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = HaloTile<BM, BN, S>;
-  using W = HaloWgTile<BM, BN, S>;
+  using W = HaloWgTile<BM, BN, S, RegA>;
   extern __shared__ __align__(16) float smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wg = warp / 4, wtid = tid % 128;  // warpgroup = square of the block
@@ -237,10 +260,18 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads,
   // B in stage 0 (stage s lies s * kStageBytes on).
   const uint32_t a_addr = op0_addr + 4 * wg * W::kOpA;
   constexpr uint64_t kOpStep = uint64_t(W::kSquares * W::kOpA * 4 / 16);
+  // Register A: lane (g, t) of warp w holds pixels (2w, g) and (2w + 1, g) of its square,
+  // channels t and t + 4; tap (i, j) reads them at patch rows 2wS + i and 2wS + S + i, column
+  // gS + j: the S + 3 rows from 2wS on serve the three taps of a column.
+  const int a_frag = 2 * (warp % 4) * S * T::kPW + t * T::kCS;
+  // Stages copied ahead of the one read: stages - 1 where each stage's wgmmas are waited for
+  // within it (register A), stages - 2 where one group stays in flight (a stage's weights are
+  // read until the next iteration).
+  constexpr int kBehind = W::kRegA ? 1 : 2;
 
   // The weights are no output of the kernel before this one: their first stages' copies start
   // before waiting for it (programmatic dependent launch), the input's after.
-  for (int st = 0; st < stages - 2 && st < ktiles; ++st) load_weights(st, st);
+  for (int st = 0; st < stages - kBehind && st < ktiles; ++st) load_weights(st, st);
   detail::pdl_begin();
   // Rows 16w + g and + 8 of the warpgroup's M are pixels (2w, g) and (2w + 1, g).
   const auto pixels = [&](int(&pix)[1][2]) {
@@ -248,9 +279,10 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads,
     for (int h = 0; h < 2; ++h) pix[0][h] = sq.pixel(a, 2 * (warp % 4) + h, lane / 4);
   };
   // A residual is fetched now, its loads under the mainloop's, where that costs few registers
-  // (n <= 32: 16 a thread); the layers with few channels that have one wait on memory, not on
-  // their MMAs.
-  constexpr bool kResAhead = W::kNI <= 4;
+  // (n <= 32: 16 a thread, with A in shared memory: the launcher takes register A at n = 32 only
+  // without a residual); the layers with few channels that have one wait on memory, not on their
+  // MMAs.
+  constexpr bool kResAhead = W::kNI <= 4 && !W::kRegA;
   float res[1][kResAhead ? W::kNI : 1][4] = {};
   if constexpr (kResAhead) {
     if (a.res) {
@@ -260,55 +292,106 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S>::kThreads,
                               [&](int, int ni, int q, float v) { res[0][ni][q] = v; });
     }
   }
-  for (int st = 0; st < stages - 2; ++st) {
+  for (int st = 0; st < stages - kBehind; ++st) {
     if (st < ktiles) loader.load_patch(st * kStageBytes, st);
     cp_async_commit();
   }
-  int read_stage = 0, write_stage = stages - 2;
+  int read_stage = 0, write_stage = stages - kBehind;
   for (int kt = 0; kt < ktiles; ++kt) {
-    // Stage kt's copies are done once at most stages - 3 younger groups are pending.
-    if (stages >= 4)
+    // Stage kt's copies are done once at most stages - kBehind - 1 younger groups are pending.
+    if (stages - kBehind >= 3)
+      cp_async_wait<2>();
+    else if (stages - kBehind == 2)
       cp_async_wait<1>();
     else
       cp_async_wait<0>();
     // This thread's copies of stage kt, before the tensor cores read them (its weights).
     fence_proxy_async();
-    // Stage kt is visible to all; every warpgroup's wgmmas of stage kt - 2 are done (the wait
-    // at the end of the last iteration), so its stage and operand buffers may be rewritten.
+    // Stage kt is visible to all; every warpgroup's wgmmas of stage kt - kBehind are done (the
+    // waits at the end of the iterations), so its stage and operand buffers may be rewritten.
     __syncthreads();
-    if (kt + stages - 2 < ktiles) {
-      load_weights(write_stage, kt + stages - 2);
-      loader.load_patch(write_stage * kStageBytes, kt + stages - 2);
+    if (kt + stages - kBehind < ktiles) {
+      load_weights(write_stage, kt + stages - kBehind);
+      loader.load_patch(write_stage * kStageBytes, kt + stages - kBehind);
     }
     cp_async_commit();
     write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
-
-    // -- this warpgroup's patch -> OpA, rounded to TF32: item (chunk, slot) gathers 4 planes --
     const float* p = smem + read_stage * W::kStageFloats + wg * T::kPatch;
-    float* o = op0 + (kt & 1) * (W::kSquares * W::kOpA) + wg * W::kOpA;
-#pragma unroll
-    for (int it = wtid; it < 2 * T::kPos; it += 128) {
-      const int chunk = it >= T::kPos, slot = it - chunk * T::kPos;
-      const float* src = p + 4 * chunk * T::kCS + slot;
-      store_tf32x4(o + 4 * it, src[0], src[T::kCS], src[2 * T::kCS], src[3 * T::kCS]);
-    }
-    // This warpgroup's stores, before its tensor cores read them: only it reads its OpA.
-    fence_proxy_async();
-    warpgroup_sync(1 + wg);
-
-    // -- nine wgmmas, one a tap --
-    const uint64_t a_buf = (kt & 1) * kOpStep;
     const uint32_t b_addr = b_dst + read_stage * kStageBytes;
-    wgmma_fence();
+    auto b_desc = [&](int tap) { return wgmma_desc(b_addr + 16 * 2 * BN * tap, 16 * BN, 128); };
+
+    if constexpr (W::kRegA && W::kNI == 16) {
+      // -- a column of taps at a time: its A fragments, then its three wgmmas; the next
+      // column's fragments load into the other register set while they run --
+      uint32_t rows[2][S + 3][2];
+      const auto load_column = [&](int j, uint32_t(&r)[S + 3][2]) {
 #pragma unroll
-    for (int tap = 0; tap < 9; ++tap) {
-      const int i = tap / 3, j = tap % 3;
-      const uint32_t a_tap = a_addr + 16 * (i * T::kPW + T::col_slot(j));
-      wgmma_tf32<W::kNI>(acc[0], wgmma_desc(a_tap, 16 * T::kPos, 16 * S * T::kPW) + a_buf,
-                         wgmma_desc(b_addr + 16 * 2 * BN * tap, 16 * BN, 128));
+        for (int q = 0; q < S + 3; ++q) {
+          const float* f = p + a_frag + q * T::kPW + T::col_slot(lane / 4 * S + j);
+          r[q][0] = lds_tf32(f);
+          r[q][1] = lds_tf32(f + 4 * T::kCS);
+        }
+      };
+      load_column(0, rows[0]);
+#pragma unroll
+      for (int j = 0; j < 3; ++j) {
+        uint32_t(&r)[S + 3][2] = rows[j % 2];
+        wgmma_fence();
+#pragma unroll
+        for (int i = 0; i < 3; ++i) {
+          const uint32_t af[4] = {r[i][0], r[S + i][0], r[i][1], r[S + i][1]};
+          wgmma_tf32_rs<W::kNI>(acc[0], af, b_desc(3 * i + j));
+        }
+        wgmma_commit();
+        if (j < 2) load_column(j + 1, rows[(j + 1) % 2]);
+        wgmma_wait<0>();
+      }
+    } else if constexpr (W::kRegA) {
+      // -- this warpgroup's A fragments, rounded to TF32, then nine wgmmas, one a tap --
+      uint32_t rows[3][S + 3][2];
+#pragma unroll
+      for (int j = 0; j < 3; ++j)
+#pragma unroll
+        for (int r = 0; r < S + 3; ++r) {
+          const float* q = p + a_frag + r * T::kPW + T::col_slot(lane / 4 * S + j);
+          rows[j][r][0] = lds_tf32(q);
+          rows[j][r][1] = lds_tf32(q + 4 * T::kCS);
+        }
+      wgmma_fence();
+#pragma unroll
+      for (int tap = 0; tap < 9; ++tap) {
+        const int i = tap / 3, j = tap % 3;
+        const uint32_t af[4] = {rows[j][i][0], rows[j][S + i][0], rows[j][i][1], rows[j][S + i][1]};
+        wgmma_tf32_rs<W::kNI>(acc[0], af, b_desc(tap));
+      }
+      wgmma_commit();
+      // The next stage's fragments go to the same registers, which the wgmmas read until done.
+      wgmma_wait<0>();
+    } else {
+      // -- this warpgroup's patch -> OpA, rounded to TF32: item (chunk, slot) gathers 4 planes --
+      float* o = op0 + (kt & 1) * (W::kSquares * W::kOpA) + wg * W::kOpA;
+#pragma unroll
+      for (int it = wtid; it < 2 * T::kPos; it += 128) {
+        const int chunk = it >= T::kPos, slot = it - chunk * T::kPos;
+        const float* src = p + 4 * chunk * T::kCS + slot;
+        store_tf32x4(o + 4 * it, src[0], src[T::kCS], src[2 * T::kCS], src[3 * T::kCS]);
+      }
+      // This warpgroup's stores, before its tensor cores read them: only it reads its OpA.
+      fence_proxy_async();
+      warpgroup_sync(1 + wg);
+      // -- nine wgmmas, one a tap --
+      const uint64_t a_buf = (kt & 1) * kOpStep;
+      wgmma_fence();
+#pragma unroll
+      for (int tap = 0; tap < 9; ++tap) {
+        const int i = tap / 3, j = tap % 3;
+        const uint32_t a_tap = a_addr + 16 * (i * T::kPW + T::col_slot(j));
+        wgmma_tf32<W::kNI>(acc[0], wgmma_desc(a_tap, 16 * T::kPos, 16 * S * T::kPW) + a_buf,
+                           b_desc(tap));
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
     }
-    wgmma_commit();
-    wgmma_wait<1>();
     read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
   }
   wgmma_wait<0>();

@@ -158,22 +158,26 @@ inline bool conv_gemm_halo_fits(const ConvShape& s) {
 }
 
 // -- gemm's halo kernel on warpgroup MMA (ConvTiles::wgmma, conv_gemm_wgmma.cuh) --
+// Whether its tiles of n channels take A from registers (read straight from the staged patches)
+// rather than from patches rewritten into shared memory: all but n = 32 with a residual (the
+// measurements are in the kernel's header comment).
+constexpr bool halo_wgmma_reg_a(int n, bool residual) {
+  return n >= 64 || !residual;
+}
 // Its shared memory for `stages` stages of m / 64 squares by n channels at stride `stride`: each
 // stage holds the input patches (8 channel planes of kCS floats each per square, as the mma.sync
-// halo kernel stages them) and the stage's packed weights (72 n floats); besides, two buffers of
-// the patches rewritten for the tensor cores (8 x kPos floats per square).
-constexpr int64_t halo_wgmma_smem_bytes(int m, int n, int stride, int stages) {
+// halo kernel stages them) and the stage's packed weights (72 n floats); besides, where A comes
+// from shared memory, two buffers of the patches rewritten for the tensor cores (8 x kPos floats
+// per square).
+constexpr int64_t halo_wgmma_smem_bytes(int m, int n, int stride, int stages, bool reg_a) {
   const int64_t side = 7 * stride + 3, pos = side * side, cs = (pos + 23) / 32 * 32 + 8;
   const int64_t squares = m / 64;
-  return 4 * (stages * (squares * 8 * cs + 72 * n) + 2 * squares * 8 * pos);
+  return 4 * (stages * (squares * 8 * cs + 72 * n) + (reg_a ? 0 : 2 * squares * 8 * pos));
 }
-// Its pipeline depth for those tiles: at most 4, at least 3 (two stages in flight besides the
-// one being copied), 0 where 3 stages exceed the 227 KB a block may have.
+// Its pipeline depth for those tiles, with or without a residual: 4 where they fit in the 227 KB
+// a block may have, else 3 (every tile fits three: the kernel asserts it).
 constexpr int halo_wgmma_max_stages(int m, int n, int stride) {
-  constexpr int64_t kMaxSmem = 227 * 1024;
-  return halo_wgmma_smem_bytes(m, n, stride, 4) <= kMaxSmem   ? 4
-         : halo_wgmma_smem_bytes(m, n, stride, 3) <= kMaxSmem ? 3
-                                                              : 0;
+  return halo_wgmma_smem_bytes(m, n, stride, 4, halo_wgmma_reg_a(n, true)) <= 227 * 1024 ? 4 : 3;
 }
 
 // The shapes gemm's 1x1 "direct" kernels take (conv_gemm.cu): a 1x1 window, stride 1, no
@@ -192,14 +196,6 @@ inline WgmmaKernel conv_gemm_wgmma_kernel(const ConvTiles& t, const ConvShape& s
   if (t.k == 72 && conv_gemm_halo_fits(s)) return WgmmaKernel::Halo;
   if (t.k == 32 && conv_gemm_direct_fits(s)) return WgmmaKernel::Direct;
   return WgmmaKernel::None;
-}
-
-// Whether gemm runs `t` on `s`: every tile runs every shape but the wgmma halo tiles whose three
-// stages exceed shared memory (m = 256 with n >= 64 at stride 2; conv_gemm rejects them). A halo
-// tile on a shape the halo kernel does not take runs the k = 32 kernel.
-inline bool conv_gemm_tiles_run(const ConvTiles& t, const ConvShape& s) {
-  return !(conv_gemm_wgmma_kernel(t, s) == WgmmaKernel::Halo &&
-           halo_wgmma_max_stages(t.m, t.n, int(s.stride_h)) == 0);
 }
 
 // The weights as the wgmma kernels read them with tiles of t.n output channels, packed once ahead
