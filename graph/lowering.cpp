@@ -1,7 +1,6 @@
 // Kernel selection for fused convolutions and the lowering of a graph to a plan.
 #include "epilog/graph/lowering.h"
 
-#include <algorithm>
 #include <optional>
 
 #include "epilog/runtime/params.h"
@@ -184,7 +183,7 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
     if (s.c < kHaloWgmmaStride2MinChannels || !halo_takes(s)) return std::nullopt;
     const int m = cover == 128 && fills(256, 128) ? 256 : 128;
     if (!fills(m, cover)) return std::nullopt;
-    return ConvTiles{m, cover, 72, std::min(4, halo_wgmma_max_stages(m, cover, 2)), 1, true};
+    return ConvTiles{m, cover, 72, halo_wgmma_max_stages(m, cover, 2), 1, true};
   }
   if (s.stride_h != 1 || !halo_takes(s, kHaloWgmmaMinUseful)) return std::nullopt;
   for (const auto& [m, n] : {std::pair{cover == 128 ? 256 : 128, cover}, {64, 64}, {64, 32}})
