@@ -22,6 +22,13 @@ int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
+AxisView axis_view(const Shape& shape, int64_t axis) {
+  AxisView v;
+  for (int64_t d = 0; d < axis; ++d) v.outer *= shape[d];
+  for (size_t d = axis + 1; d < shape.size(); ++d) v.inner *= shape[d];
+  return v;
+}
+
 size_t dtype_size(DType dtype) {
   return dtype == DType::F32 ? 4 : 2;
 }

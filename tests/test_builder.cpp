@@ -8,6 +8,7 @@
 
 #include "epilog/io/builder.h"
 #include "epilog/io/init.h"
+#include "error_matcher.h"
 #include "yolo_like.h"
 
 using epilog::Builder;
@@ -20,28 +21,6 @@ using epilog::Tensor;
 using epilog::Val;
 
 namespace {
-
-class Says : public Catch::MatcherBase<std::exception> {
- public:
-  explicit Says(std::vector<std::string> parts) : parts_(std::move(parts)) {}
-  bool match(const std::exception& e) const override {
-    std::string msg = e.what();
-    for (const std::string& p : parts_)
-      if (msg.find(p) == std::string::npos) return false;
-    return true;
-  }
-  std::string describe() const override {
-    std::string d = "message contains all of:";
-    for (const std::string& p : parts_) d += " \"" + p + "\"";
-    return d;
-  }
-
- private:
-  std::vector<std::string> parts_;
-};
-
-// The expression throws an epilog::Error whose message contains every string given.
-#define REQUIRE_ERROR(expr, ...) REQUIRE_THROWS_MATCHES(expr, epilog::Error, Says({__VA_ARGS__}))
 
 std::vector<float> values(const Tensor& t) {
   const float* p = t.f32();

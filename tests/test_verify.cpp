@@ -6,6 +6,7 @@
 #include <set>
 
 #include "epilog/graph/graph.h"
+#include "error_matcher.h"
 
 using epilog::Attrs;
 using epilog::AttrValue;
@@ -16,28 +17,6 @@ using epilog::Shape;
 using epilog::Tensor;
 
 namespace {
-
-class Says : public Catch::MatcherBase<std::exception> {
- public:
-  explicit Says(std::vector<std::string> parts) : parts_(std::move(parts)) {}
-  bool match(const std::exception& e) const override {
-    std::string msg = e.what();
-    for (const std::string& p : parts_)
-      if (msg.find(p) == std::string::npos) return false;
-    return true;
-  }
-  std::string describe() const override {
-    std::string d = "message contains all of:";
-    for (const std::string& p : parts_) d += " \"" + p + "\"";
-    return d;
-  }
-
- private:
-  std::vector<std::string> parts_;
-};
-
-// The expression throws an epilog::Error whose message contains every string given.
-#define REQUIRE_ERROR(expr, ...) REQUIRE_THROWS_MATCHES(expr, epilog::Error, Says({__VA_ARGS__}))
 
 void add_input(Graph& g, const std::string& name, const Shape& shape) {
   g.inputs.push_back(name);

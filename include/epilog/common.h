@@ -41,6 +41,12 @@ using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& shape);
 int64_t shape_numel(const Shape& shape);
 
+// A shape seen as [outer, shape[axis], inner]: the rows that concat and split copy.
+struct AxisView {
+  int64_t outer = 1, inner = 1;
+};
+AxisView axis_view(const Shape& shape, int64_t axis);
+
 enum class DType : uint8_t { F32, F16, BF16 };
 
 size_t dtype_size(DType dtype);

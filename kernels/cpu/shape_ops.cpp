@@ -8,17 +8,6 @@
 namespace epilog::cpu {
 namespace {
 
-// A tensor of shape s viewed as [outer, s[axis] * inner]: what concat and split copy in rows.
-struct AxisView {
-  int64_t outer = 1, inner = 1;
-};
-AxisView axis_view(const Shape& s, int64_t axis) {
-  AxisView v;
-  for (int64_t d = 0; d < axis; ++d) v.outer *= s[d];
-  for (size_t d = axis + 1; d < s.size(); ++d) v.inner *= s[d];
-  return v;
-}
-
 // Checks that `part` matches `whole` outside `axis`.
 void check_part(const char* op, const Shape& part, const Shape& whole, int64_t axis) {
   bool ok = part.size() == whole.size();

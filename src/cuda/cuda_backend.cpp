@@ -238,16 +238,6 @@ void binary(const Ctx& c, In in, Out out) {
   cuda::binary(Op, s, dev(in[0]), dev(in[1]), dev(out[0]), c.stream);
 }
 
-// A tensor of shape s viewed as [outer, s[axis], inner].
-struct AxisView {
-  int64_t outer = 1, inner = 1;
-};
-AxisView axis_view(const Shape& s, int64_t axis) {
-  AxisView v;
-  for (int64_t d = 0; d < axis; ++d) v.outer *= s[d];
-  for (size_t d = axis + 1; d < s.size(); ++d) v.inner *= s[d];
-  return v;
-}
 int64_t norm_axis(const Node& n, int rank) {
   const int64_t axis = n.attrs.i("axis");
   return axis < 0 ? axis + rank : axis;

@@ -10,7 +10,6 @@
 #include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +17,7 @@
 #include "epilog/io/init.h"
 #include "epilog/io/onnx.h"
 #include "epilog/io/safetensors.h"
+#include "file.h"
 
 namespace epilog {
 namespace {
@@ -503,14 +503,7 @@ Graph load_model(const std::string& path, const LoadOptions& options) {
   if (ext == ".onnx") return load_onnx(path, options);
   if (ext != ".json")
     fail("{}: unsupported model file type '{}' (epilog reads .json and .onnx models)", path, ext);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open ({})", path, std::strerror(errno));
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) fail("{}: not a regular file", path);
-  std::stringstream text;
-  text << f.rdbuf();
-  if (f.bad()) fail("{}: read error", path);
-  return parse_json_model(text.str(), path, fs::path(path).parent_path().string(), options);
+  return parse_json_model(read_file(path), path, fs::path(path).parent_path().string(), options);
 }
 
 void save_model(const Graph& graph, const std::string& json_path) {

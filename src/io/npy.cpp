@@ -2,10 +2,10 @@
 // {'descr': '<f4', 'fortran_order': False, 'shape': (1, 3), } padded with spaces, then the data
 // (https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html).
 #include "epilog/io/npy.h"
+#include "file.h"
 
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -19,19 +19,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the readers memcpy lit
 
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLen = 6;
-
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open ({})", path, std::strerror(errno));
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) fail("{}: not a regular file", path);
-  uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) fail("{}: cannot read its size ({})", path, ec.message());
-  std::vector<uint8_t> bytes(size);
-  f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
-  if (static_cast<uintmax_t>(f.gcount()) != size) fail("{}: read error", path);
-  return bytes;
-}
 
 // Header text for messages: printable, and short.
 std::string printable(std::string_view s) {
@@ -231,8 +218,8 @@ Tensor parse_npy(const uint8_t* data, size_t size, const std::string& source) {
 }
 
 Tensor read_npy(const std::string& path) {
-  std::vector<uint8_t> bytes = read_file(path);
-  return parse_npy(bytes.data(), bytes.size(), path);
+  const std::string bytes = read_file(path);
+  return parse_npy(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
 }
 
 void write_npy(const std::string& path, const Tensor& tensor) {

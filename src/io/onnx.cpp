@@ -21,6 +21,7 @@
 //
 // Everything else throws OnnxUnsupported naming the node, the op and the attribute.
 #include "epilog/io/onnx.h"
+#include "file.h"
 
 #ifndef EPILOG_HAVE_ONNX
 
@@ -160,18 +161,6 @@ float bf16_to_f32(uint16_t h) {
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
-}
-
-std::string read_file(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) fail("{}: cannot open (no such file)", path);
-  if (!fs::is_regular_file(path, ec)) fail("{}: not a regular file", path);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open ({})", path, std::strerror(errno));
-  std::stringstream bytes;
-  bytes << f.rdbuf();
-  if (f.bad()) fail("{}: read error", path);
-  return bytes.str();
 }
 
 // -- constants --

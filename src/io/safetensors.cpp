@@ -1,12 +1,12 @@
 // safetensors: an 8-byte little-endian header length, a JSON header naming each tensor's dtype,
 // shape and byte range, then the data (https://github.com/huggingface/safetensors).
 #include "epilog/io/safetensors.h"
+#include "file.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <vector>
@@ -20,19 +20,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the readers memcpy lit
 
 // The reference implementation refuses headers above 100 MB; so do we, before parsing them.
 constexpr uint64_t kMaxHeader = 100'000'000;
-
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open ({})", path, std::strerror(errno));
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) fail("{}: not a regular file", path);
-  uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) fail("{}: cannot read its size ({})", path, ec.message());
-  std::vector<uint8_t> bytes(size);
-  f.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
-  if (static_cast<uintmax_t>(f.gcount()) != size) fail("{}: read error", path);
-  return bytes;
-}
 
 float f16_to_f32(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -199,8 +186,8 @@ std::map<std::string, Tensor> parse_safetensors(const uint8_t* data, size_t size
 }
 
 std::map<std::string, Tensor> read_safetensors(const std::string& path) {
-  std::vector<uint8_t> bytes = read_file(path);
-  return parse_safetensors(bytes.data(), bytes.size(), path);
+  const std::string bytes = read_file(path);
+  return parse_safetensors(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
 }
 
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors) {
