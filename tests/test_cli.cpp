@@ -199,5 +199,9 @@ TEST_CASE("cli: bad input is one clear error and exit status 1, never a crash", 
     Result r = cli(c.args);
     CHECK(r.status == 1);
     CHECK_THAT(r.err, Catch::Contains(c.message));
+    // One line that says which command failed, once: "epilog run: ...".
+    const std::string prefix = "epilog " + c.args.substr(0, c.args.find(' ')) + ": ";
+    CHECK_THAT(r.err, Catch::StartsWith(prefix));
+    CHECK(r.err.find(prefix, prefix.size()) == std::string::npos);
   }
 }

@@ -82,22 +82,21 @@ bool parse_args(const Command& c, int argc, char** argv, Parsed& p) {
     if (a.size() > 1 && a[0] == '-') {
       auto it = std::find_if(c.options.begin(), c.options.end(),
                              [&](const Option& o) { return o.name == a; });
-      if (it == c.options.end())
-        fail("epilog {}: unknown option '{}' (see epilog {} --help)", c.name, a, c.name);
+      if (it == c.options.end()) fail("unknown option '{}' (see epilog {} --help)", a, c.name);
       if (it->value.empty()) {
         p.values[a].push_back("1");
         continue;
       }
-      if (i + 1 >= argc) fail("epilog {}: option {} needs a value {}", c.name, a, it->value);
+      if (i + 1 >= argc) fail("option {} needs a value {}", a, it->value);
       if (!it->repeat) p.values[a].clear();
       p.values[a].push_back(argv[++i]);
     } else if (p.model.empty()) {
       p.model = a;
     } else {
-      fail("epilog {}: unexpected argument '{}'", c.name, a);
+      fail("unexpected argument '{}'", a);
     }
   }
-  if (p.model.empty()) fail("epilog {}: no MODEL given (see epilog {} --help)", c.name, c.name);
+  if (p.model.empty()) fail("no MODEL given (see epilog {} --help)", c.name);
   return true;
 }
 
