@@ -4,7 +4,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "epilog/common.h"
 
@@ -16,10 +15,13 @@ std::string read_file(const std::string& path) {
   std::error_code ec;
   // A directory opens as a stream too; reading it would fail without saying why.
   if (!std::filesystem::is_regular_file(path, ec)) fail("{}: not a regular file", path);
-  std::stringstream bytes;
-  bytes << f.rdbuf();
-  if (f.bad()) fail("{}: read error", path);
-  return bytes.str();
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) fail("{}: cannot read its size ({})", path, ec.message());
+  // Read straight into the result: weight files run to hundreds of megabytes.
+  std::string bytes(size, '\0');
+  f.read(bytes.data(), static_cast<std::streamsize>(size));
+  if (static_cast<uintmax_t>(f.gcount()) != size) fail("{}: read error", path);
+  return bytes;
 }
 
 }  // namespace epilog

@@ -63,7 +63,6 @@ Tensor read_onnx_tensor(const std::string& path) {
 #include <limits>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include <onnx/onnx_pb.h>
 
