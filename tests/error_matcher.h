@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <exception>
+#include <functional>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +33,23 @@ class Says : public Catch::MatcherBase<std::exception> {
  private:
   std::vector<std::string> parts_;
 };
+
+// The same for a callable, checking each part on its own (every missing one is reported) and,
+// when given, `also` on the error.
+template <typename F>
+void check_error(F&& f, std::initializer_list<std::string> parts,
+                 const std::function<void(const Error&)>& also = {}) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    INFO("message: " << msg);
+    for (const std::string& p : parts) CHECK_THAT(msg, Catch::Contains(p));
+    if (also) also(e);
+    return;
+  }
+  FAIL("no error was thrown");
+}
 
 }  // namespace epilog::test
 

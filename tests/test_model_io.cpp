@@ -18,6 +18,7 @@
 #include "epilog/io/model.h"
 #include "epilog/io/npy.h"
 #include "epilog/io/safetensors.h"
+#include "error_matcher.h"
 #include "yolo_like.h"
 
 namespace {
@@ -26,6 +27,7 @@ using namespace epilog;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 using Catch::Contains;
+using epilog::test::check_error;
 
 // One directory per test run, removed at exit.
 struct TempDir {
@@ -59,21 +61,6 @@ void write_text(const std::string& path, const std::string& text) {
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-// Runs `f`, which must throw epilog::Error with every one of `parts` in its message. Any other
-// exception escapes to Catch and fails the test.
-template <typename F>
-void check_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    INFO("message: " << msg);
-    for (const std::string& p : parts) CHECK_THAT(msg, Contains(p));
-    return;
-  }
-  FAIL("no error was thrown");
 }
 
 bool same_bytes(const Tensor& a, const Tensor& b) {

@@ -18,6 +18,7 @@
 #include "epilog/io/builder.h"
 #include "epilog/io/dump.h"
 #include "epilog/io/onnx.h"
+#include "error_matcher.h"
 #include "test_util.h"
 
 namespace {
@@ -37,20 +38,12 @@ fs::path scratch() {
   return dir;
 }
 
-// Runs `f`, which must throw an Error (OnnxUnsupported when `unsupported`) whose message holds
-// every one of `parts`.
+// check_error, and the error is OnnxUnsupported exactly when `unsupported`.
 template <typename F>
-void check_error(F&& f, std::initializer_list<std::string> parts, bool unsupported = false) {
-  try {
-    f();
-  } catch (const Error& e) {
-    std::string msg = e.what();
-    INFO("message: " << msg);
+void check_import_error(F&& f, std::initializer_list<std::string> parts, bool unsupported = false) {
+  test::check_error(std::forward<F>(f), parts, [&](const Error& e) {
     CHECK((dynamic_cast<const OnnxUnsupported*>(&e) != nullptr) == unsupported);
-    for (const std::string& p : parts) CHECK_THAT(msg, Contains(p));
-    return;
-  }
-  FAIL("no error was thrown");
+  });
 }
 
 enum class Store { Raw, Typed, F16Raw, F16Typed };
@@ -566,13 +559,13 @@ TEST_CASE("onnx: initializers as raw_data, float_data and float16, and external 
 
   t.mutable_external_data(0)->set_value("missing.bin");
   path = m.save("ext_missing.onnx");
-  check_error([&] { load_onnx(path); },
-              {"ext_missing.onnx", "initializer 'w'", "missing.bin", "does not exist"});
+  check_import_error([&] { load_onnx(path); },
+                     {"ext_missing.onnx", "initializer 'w'", "missing.bin", "does not exist"});
   t.mutable_external_data(0)->set_value("../ext.bin");
-  check_error([&] { m.load(); }, {"initializer 'w'", "inside the model's folder"});
+  check_import_error([&] { m.load(); }, {"initializer 'w'", "inside the model's folder"});
   t.mutable_external_data(0)->set_value("ext.bin");
   t.mutable_external_data(1)->set_value("20");
-  check_error([&] { m.load(); }, {"initializer 'w'", "needs bytes 20 to 36"});
+  check_import_error([&] { m.load(); }, {"initializer 'w'", "needs bytes 20 to 36"});
 }
 
 TEST_CASE("onnx: --batch sets a symbolic batch dim", "[onnx]") {
@@ -580,8 +573,8 @@ TEST_CASE("onnx: --batch sets a symbolic batch dim", "[onnx]") {
   m.input("x", {-1, 3});
   m.node("Relu", {"x"}, {"y"});
   m.output("y");
-  check_error([&] { m.load(); },
-              {"m.onnx", "graph input 'x'", "symbolic batch dim ('batch')", "--batch"});
+  check_import_error([&] { m.load(); },
+                     {"m.onnx", "graph input 'x'", "symbolic batch dim ('batch')", "--batch"});
   LoadOptions o;
   o.batch = 4;
   CHECK(m.load(o).value("y").shape == Shape{4, 3});
@@ -595,8 +588,8 @@ TEST_CASE("onnx: unsupported ops, attributes and dtypes name node, op and attrib
     m.input("x", {1, 4});
     m.node("Softmax", {"x"}, {"y"}, "sm");
     m.output("y");
-    check_error([&] { m.load(); }, {"m.onnx: node 'sm' (Softmax): op 'Softmax' is not supported"},
-                true);
+    check_import_error([&] { m.load(); },
+                       {"m.onnx: node 'sm' (Softmax): op 'Softmax' is not supported"}, true);
   }
   {
     Model m;
@@ -604,34 +597,36 @@ TEST_CASE("onnx: unsupported ops, attributes and dtypes name node, op and attrib
     m.init("scales", {4}, {1, 1, 2, 2});
     set_s(m.node("Resize", {"x", "", "scales"}, {"y"}, "up"), "mode", "linear");
     m.output("y");
-    check_error([&] { m.load(); }, {"node 'up' (Resize): attribute 'mode': is 'linear'", "nearest"},
-                true);
+    check_import_error([&] { m.load(); },
+                       {"node 'up' (Resize): attribute 'mode': is 'linear'", "nearest"}, true);
   }
   {
     std::map<std::string, Tensor> w;
     Model m = conv_bn_model("Relu", w);
     set_i(*m.g().mutable_node(1), "training_mode", 1);
-    check_error([&] { m.load(); },
-                {"node 'bn' (BatchNormalization): attribute 'training_mode': is 1"}, true);
+    check_import_error([&] { m.load(); },
+                       {"node 'bn' (BatchNormalization): attribute 'training_mode': is 1"}, true);
   }
   {
     std::map<std::string, Tensor> w;
     Model m = conv_bn_model("Relu", w);
     m.g().mutable_node(1)->mutable_attribute(0)->set_f(NAN);
-    check_error([&] { m.load(); },
-                {"node 'bn' (BatchNormalization): attribute 'epsilon': is nan, expected a finite"});
+    check_import_error(
+        [&] { m.load(); },
+        {"node 'bn' (BatchNormalization): attribute 'epsilon': is nan, expected a finite"});
   }
   {
     std::map<std::string, Tensor> w;
     Model m = conv_bn_model("Relu", w);
     set_s(*m.g().mutable_node(0), "auto_pad", "SAME");
-    check_error([&] { m.load(); }, {"node 'c' (Conv): attribute 'auto_pad': is 'SAME'"});
+    check_import_error([&] { m.load(); }, {"node 'c' (Conv): attribute 'auto_pad': is 'SAME'"});
   }
   {
     std::map<std::string, Tensor> w;
     Model m = conv_bn_model("Relu", w);
     set_i(*m.g().mutable_node(0), "foo", 1);
-    check_error([&] { m.load(); }, {"node 'c' (Conv): attribute 'foo': is not supported"}, true);
+    check_import_error([&] { m.load(); }, {"node 'c' (Conv): attribute 'foo': is not supported"},
+                       true);
   }
   {
     Model m;
@@ -639,13 +634,13 @@ TEST_CASE("onnx: unsupported ops, attributes and dtypes name node, op and attrib
     auto& mp = m.node("MaxPool", {"x"}, {"y", "idx"}, "mp");
     set_ints(mp, "kernel_shape", {2, 2});
     m.output("y");
-    check_error([&] { m.load(); }, {"node 'mp' (MaxPool): output 1 ('idx'"}, true);
+    check_import_error([&] { m.load(); }, {"node 'mp' (MaxPool): output 1 ('idx'"}, true);
     m.g().mutable_node(0)->mutable_output()->RemoveLast();
     set_i(*m.g().mutable_node(0), "storage_order", 1);
-    check_error([&] { m.load(); }, {"node 'mp' (MaxPool): attribute 'storage_order'"}, true);
+    check_import_error([&] { m.load(); }, {"node 'mp' (MaxPool): attribute 'storage_order'"}, true);
     m.g().mutable_node(0)->mutable_attribute()->RemoveLast();
     set_ints(*m.g().mutable_node(0), "dilations", {2, 2});
-    check_error([&] { m.load(); }, {"node 'mp' (MaxPool): attribute 'dilations'"}, true);
+    check_import_error([&] { m.load(); }, {"node 'mp' (MaxPool): attribute 'dilations'"}, true);
   }
   {
     Model m;
@@ -653,7 +648,8 @@ TEST_CASE("onnx: unsupported ops, attributes and dtypes name node, op and attrib
     m.input("b", {3, 2});
     m.node("Gemm", {"x", "b"}, {"y"}, "g");
     m.output("y");
-    check_error([&] { m.load(); }, {"node 'g' (Gemm): attribute 'transB'", "constant"}, true);
+    check_import_error([&] { m.load(); }, {"node 'g' (Gemm): attribute 'transB'", "constant"},
+                       true);
   }
   {
     Model m;
@@ -665,19 +661,19 @@ TEST_CASE("onnx: unsupported ops, attributes and dtypes name node, op and attrib
     t.add_double_data(2);
     m.node("Mul", {"x", "w"}, {"y"}, "mul");
     m.output("y");
-    check_error([&] { m.load(); }, {"m.onnx: initializer 'w': dtype DOUBLE is not supported"},
-                true);
+    check_import_error([&] { m.load(); },
+                       {"m.onnx: initializer 'w': dtype DOUBLE is not supported"}, true);
   }
   {
     Model m;
     m.input("x", {2, 2}, TensorProto::INT64);
     m.node("Relu", {"x"}, {"y"});
     m.output("y");
-    check_error([&] { m.load(); }, {"graph input 'x' is INT64", "float32"}, true);
+    check_import_error([&] { m.load(); }, {"graph input 'x' is INT64", "float32"}, true);
   }
   {
     Model m(18);
-    check_error([&] { m.load(); }, {"opset 18 is not supported", "6 to 17"}, true);
+    check_import_error([&] { m.load(); }, {"opset 18 is not supported", "6 to 17"}, true);
   }
 }
 
@@ -693,16 +689,16 @@ TEST_CASE("onnx: constant folding refuses what has no value", "[onnx]") {
     m.output("y");
     return m;
   };
-  check_error([&] { model("Div", {6}, {0}).load(); },
-              {"node 'fold' (Div): integer division by zero"});
-  check_error([&] { model("Mul", {int64_t(1) << 62}, {4}).load(); },
-              {"node 'fold' (Mul): integer overflow"});
-  check_error(
+  check_import_error([&] { model("Div", {6}, {0}).load(); },
+                     {"node 'fold' (Div): integer division by zero"});
+  check_import_error([&] { model("Mul", {int64_t(1) << 62}, {4}).load(); },
+                     {"node 'fold' (Mul): integer overflow"});
+  check_import_error(
       [&] {
         model("Gather", {2, 3}, {2}).load();
       },
       {"node 'fold' (Gather): index 2 is out of range"});
-  check_error(
+  check_import_error(
       [&] {
         model("Add", {1, 5}, {0}).load();
       },
@@ -718,7 +714,7 @@ TEST_CASE("onnx: constant folding refuses what has no value", "[onnx]") {
   m.ints("steps", {-1});
   m.node("Slice", {"e", "starts", "ends", "axes", "steps"}, {"y"}, "s");
   m.output("y");
-  check_error([&] { m.load(); }, {"graph output 'y' is empty ([0,2])"}, true);
+  check_import_error([&] { m.load(); }, {"graph output 'y' is empty ([0,2])"}, true);
 }
 
 TEST_CASE("onnx: broken files get a clear error", "[onnx]") {
@@ -733,30 +729,31 @@ TEST_CASE("onnx: broken files get a clear error", "[onnx]") {
       CHECK_THAT(e.what(), Catch::StartsWith("cut.onnx: "));
     }
   }
-  check_error(
+  check_import_error(
       [&] {
         std::string half = bytes.substr(0, bytes.size() / 2);
         parse_onnx(half.data(), half.size(), "cut.onnx", "");
       },
       {"cut.onnx"});
   std::string garbage = "{\"format\": \"epilog\"} this is not a protobuf \xff\xfe";
-  check_error([&] { parse_onnx(garbage.data(), garbage.size(), "g.onnx", ""); },
-              {"g.onnx: not a valid ONNX model"});
-  check_error([&] { parse_onnx("", 0, "empty.onnx", ""); }, {"empty.onnx", "no graph"});
-  check_error([&] { load_onnx((scratch() / "nope.onnx").string()); }, {"nope.onnx", "cannot open"});
+  check_import_error([&] { parse_onnx(garbage.data(), garbage.size(), "g.onnx", ""); },
+                     {"g.onnx: not a valid ONNX model"});
+  check_import_error([&] { parse_onnx("", 0, "empty.onnx", ""); }, {"empty.onnx", "no graph"});
+  check_import_error([&] { load_onnx((scratch() / "nope.onnx").string()); },
+                     {"nope.onnx", "cannot open"});
 
   Model m;
   m.input("x", {2, 2});
   TensorProto& t = m.init("w", {2, 2}, {1, 2, 3});
   m.node("Mul", {"x", "w"}, {"y"}, "mul");
   m.output("y");
-  check_error([&] { m.load(); }, {"initializer 'w': holds 12 bytes of data, expected 16"});
+  check_import_error([&] { m.load(); }, {"initializer 'w': holds 12 bytes of data, expected 16"});
   t.mutable_raw_data()->append(4, '\0');
   m.g().mutable_node(0)->set_input(1, "v");
-  check_error([&] { m.load(); }, {"node 'mul' (Mul): input 'v' is not defined"});
+  check_import_error([&] { m.load(); }, {"node 'mul' (Mul): input 'v' is not defined"});
   LoadOptions o;
   o.weights_file = "w.safetensors";
-  check_error([&] { m.load(o); }, {"w.safetensors", "JSON models"});
+  check_import_error([&] { m.load(o); }, {"w.safetensors", "JSON models"});
 }
 
 TEST_CASE("onnx: the CLI runs and dumps an ONNX model", "[onnx][cli]") {
