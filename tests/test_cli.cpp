@@ -28,9 +28,7 @@ std::string slurp(const std::string& path) {
 }
 
 fs::path scratch() {
-  static fs::path dir = fs::temp_directory_path() / ("epilog_cli_" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  return dir;
+  return epilog::test::scratch_dir();
 }
 
 // Runs `epilog ARGS` with optional environment assignments in front (e.g. "X=1").

@@ -1,6 +1,5 @@
 // Model, safetensors and .npy I/O: round trips, and one test per kind of bad input checking that
 // the message names the file, the place and the problem.
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -8,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <random>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +17,7 @@
 #include "epilog/io/npy.h"
 #include "epilog/io/safetensors.h"
 #include "error_matcher.h"
+#include "test_util.h"
 #include "yolo_like.h"
 
 namespace {
@@ -29,23 +28,8 @@ namespace fs = std::filesystem;
 using Catch::Contains;
 using epilog::test::check_error;
 
-// One directory per test run, removed at exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           fmt::format("epilog-io-{}-{:x}", getpid(), std::random_device{}());
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
 std::string tmp(const std::string& name) {
-  static TempDir dir;
-  return (dir.path / name).string();
+  return (epilog::test::scratch_dir() / name).string();
 }
 
 void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {

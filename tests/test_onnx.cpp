@@ -5,14 +5,12 @@
 #ifdef EPILOG_HAVE_ONNX
 
 #include <onnx/onnx_pb.h>
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
 #include "epilog/graph/passes.h"
 #include "epilog/io/builder.h"
@@ -29,13 +27,7 @@ using Catch::Contains;
 using onnx::TensorProto;
 
 fs::path scratch() {
-  static fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() /
-                 fmt::format("epilog-onnx-{}-{:x}", getpid(), std::random_device{}());
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
+  return test::scratch_dir();
 }
 
 // check_error, and the error is OnnxUnsupported exactly when `unsupported`.

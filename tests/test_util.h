@@ -5,8 +5,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <random>
 #include <string>
+
+#include <unistd.h>
 
 #include "epilog/graph/lowering.h"
 #include "epilog/runtime/executor.h"
@@ -23,6 +27,22 @@ inline std::string source_dir() {
 inline std::string cli_path() {
   const char* cli = std::getenv("EPILOG_CLI");
   return cli && *cli ? cli : EPILOG_CLI;
+}
+
+// A directory of the test process's own, removed with what is in it when the process exits.
+inline const std::filesystem::path& scratch_dir() {
+  struct Dir {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() /
+        ("epilog-test-" + std::to_string(getpid()) + "-" + std::to_string(std::random_device{}()));
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static Dir dir;
+  return dir.path;
 }
 
 inline std::map<std::string, Tensor> random_inputs(const Graph& g, uint64_t seed) {
