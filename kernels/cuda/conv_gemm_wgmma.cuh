@@ -319,20 +319,19 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
     const float* p = smem + read_stage * W::kStageFloats + wg * T::kPatch;
     const uint32_t b_addr = b_dst + read_stage * kStageBytes;
     auto b_desc = [&](int tap) { return wgmma_desc(b_addr + 16 * 2 * BN * tap, 16 * BN, 128); };
-    // Register A: this lane's fragments of the three taps of column j, rounded to TF32.
-    const auto load_column = [&](int j, uint32_t(&r)[S + 3][2]) {
-#pragma unroll
-      for (int q = 0; q < S + 3; ++q) {
-        const float* f = p + a_frag + q * T::kPW + T::col_slot(lane / 4 * S + j);
-        r[q][0] = lds_tf32(f);
-        r[q][1] = lds_tf32(f + 4 * T::kCS);
-      }
-    };
 
     if constexpr (W::kRegA && W::kNI == 16) {
       // -- a column of taps at a time: its A fragments, then its three wgmmas; the next
       // column's fragments load into the other register set while they run --
       uint32_t rows[2][S + 3][2];
+      const auto load_column = [&](int j, uint32_t(&r)[S + 3][2]) {
+#pragma unroll
+        for (int q = 0; q < S + 3; ++q) {
+          const float* f = p + a_frag + q * T::kPW + T::col_slot(lane / 4 * S + j);
+          r[q][0] = lds_tf32(f);
+          r[q][1] = lds_tf32(f + 4 * T::kCS);
+        }
+      };
       load_column(0, rows[0]);
 #pragma unroll
       for (int j = 0; j < 3; ++j) {
@@ -348,10 +347,18 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
         wgmma_wait<0>();
       }
     } else if constexpr (W::kRegA) {
-      // -- this lane's A fragments of all nine taps, then nine wgmmas, one a tap --
+      // -- this warpgroup's A fragments, rounded to TF32, then nine wgmmas, one a tap. The
+      // loads are written out, not load_column's: with it (a lambda or a function) ptxas gave
+      // these tiles 1 to 7 more registers and 128x32 at stride 2 a spill --
       uint32_t rows[3][S + 3][2];
 #pragma unroll
-      for (int j = 0; j < 3; ++j) load_column(j, rows[j]);
+      for (int j = 0; j < 3; ++j)
+#pragma unroll
+        for (int r = 0; r < S + 3; ++r) {
+          const float* q = p + a_frag + r * T::kPW + T::col_slot(lane / 4 * S + j);
+          rows[j][r][0] = lds_tf32(q);
+          rows[j][r][1] = lds_tf32(q + 4 * T::kCS);
+        }
       wgmma_fence();
 #pragma unroll
       for (int tap = 0; tap < 9; ++tap) {
