@@ -343,7 +343,15 @@ Plan lower(Graph graph, const LowerOptions& options) {
   return plan;
 }
 
-std::string explain(const Plan& plan) {
+NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size_t i) {
+  if (i < in_place.size() && in_place[i])
+    return {"in place", plan.graph.nodes[i].op == OpKind::Split
+                            ? "no copy: its parts are views of its input"
+                            : "no copy: its inputs are made in its buffer"};
+  return {plan.nodes[i].kernel, plan.nodes[i].rule};
+}
+
+std::string explain(const Plan& plan, const std::vector<bool>& in_place) {
   const Graph& g = plan.graph;
   std::string out = fmt::format("{:<24} {:<16} {:<46} {:<16} {:<40} {}\n", "node", "op",
                                 "input -> output", "kernel", "rule", "tiles");
@@ -361,8 +369,9 @@ std::string explain(const Plan& plan) {
       if (np.tiles.splits > 1) tiles += fmt::format(" splits={}", np.tiles.splits);
       if (np.tiles.wgmma) tiles += " wgmma";
     }
+    const NodeChoice choice = node_choice(plan, in_place, i);
     out += fmt::format("{:<24} {:<16} {:<46} {:<16} {:<40} {}\n", n.name, op_name(n.op), io,
-                       np.kernel, np.rule, tiles);
+                       choice.kernel, choice.rule, tiles);
   }
   return out;
 }

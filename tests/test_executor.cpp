@@ -3,6 +3,7 @@
 // the same numbers), and the nodes it claims are checked by name.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "epilog/epilog.h"
@@ -118,6 +119,34 @@ TEST_CASE("executor: what cannot be produced in place is copied", "[executor]") 
   Runs r = run_both(b.build(), /*fuse=*/false);
   check_equal(r);
   CHECK(r.in_place == std::vector<std::string>{"first", "parts"});
+}
+
+TEST_CASE("executor: explain marks the nodes the executor runs in place, and only those",
+          "[executor]") {
+  Builder b(3);
+  Compiled c = compile(yolo::yolo_like(b, /*batch=*/2, /*size=*/64), CompileOptions{});
+  auto backend = make_cpu_backend();
+  Executor ex(c.plan, *backend);
+  const InPlacePlan ip = plan_in_place(c.plan.graph);
+  std::vector<bool> mask;
+  std::vector<std::string> marked;
+  for (size_t i = 0; i < ip.view.size(); ++i) {
+    mask.push_back(ip.view[i] || ip.concat[i]);
+    if (mask.back()) marked.push_back(c.plan.graph.nodes[i].name);
+  }
+  CHECK(marked == ex.in_place_nodes());
+  REQUIRE(marked.size() == 21);
+  // Every marked node's line of the table, and no other, says "in place".
+  const std::string text = explain(c.plan, mask);
+  size_t lines = 0;
+  for (size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1) {
+    const std::string line = text.substr(at, end - at);
+    if (line.find(" in place ") == std::string::npos) continue;
+    ++lines;
+    CHECK(std::find(marked.begin(), marked.end(), line.substr(0, line.find(' '))) != marked.end());
+  }
+  CHECK(lines == marked.size());
+  CHECK(explain(c.plan).find(" in place ") == std::string::npos);
 }
 
 TEST_CASE("executor: copy avoidance can be switched off by option and environment", "[executor]") {

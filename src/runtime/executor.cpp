@@ -37,7 +37,7 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
     if (!graph_.is_output(value) && !graph_.is_weight(value) && !graph_.is_input(value))
       release_after_[i].push_back(value);
   in_place_on_ = plan_.in_place;
-  plan_in_place();
+  in_place_ = plan_in_place(graph_);
 }
 
 namespace {
@@ -83,22 +83,23 @@ bool takes_strided(const Graph& g, const Node& node) {
 
 }  // namespace
 
-void Executor::plan_in_place() {
-  const size_t n = graph_.nodes.size();
-  view_node_.assign(n, false);
-  in_place_node_.assign(n, false);
+InPlacePlan plan_in_place(const Graph& g) {
+  const size_t n = g.nodes.size();
+  InPlacePlan plan;
+  plan.view.assign(n, false);
+  plan.concat.assign(n, false);
   std::map<std::string, size_t> producer;
   std::map<std::string, std::vector<size_t>> readers;
   for (size_t i = 0; i < n; ++i) {
-    for (const std::string& out : graph_.nodes[i].outputs) producer[out] = i;
-    for (const std::string& in : graph_.nodes[i].inputs) readers[in].push_back(i);
+    for (const std::string& out : g.nodes[i].outputs) producer[out] = i;
+    for (const std::string& in : g.nodes[i].inputs) readers[in].push_back(i);
   }
   // Whether `value` may be a strided part of a batch: every reader takes one, and it is not
   // handed to the caller.
   auto may_stride = [&](const std::string& value) {
-    if (graph_.is_output(value)) return false;
+    if (g.is_output(value)) return false;
     for (size_t r : readers[value])
-      if (!takes_strided(graph_, graph_.nodes[r])) return false;
+      if (!takes_strided(g, g.nodes[r])) return false;
     return true;
   };
 
@@ -110,19 +111,19 @@ void Executor::plan_in_place() {
     return a == alias.end() ? std::make_pair(v, int64_t(0)) : a->second;
   };
   for (size_t i = 0; i < n; ++i) {
-    const Node& node = graph_.nodes[i];
+    const Node& node = g.nodes[i];
     if (node.op != OpKind::Split) continue;
-    const Shape& x = graph_.value(node.inputs[0]).shape;
+    const Shape& x = g.value(node.inputs[0]).shape;
     if (!runs_of_items(x, node_axis(node, x.size()))) continue;
     bool ok = true;
     if (x[0] > 1)
       for (const std::string& out : node.outputs) ok = ok && may_stride(out);
     if (!ok) continue;
-    view_node_[i] = true;
+    plan.view[i] = true;
     auto [base, offset] = owner(node.inputs[0]);
     for (const std::string& out : node.outputs) {
       alias[out] = {base, offset};
-      offset += item_count(graph_.value(out).shape);
+      offset += item_count(g.value(out).shape);
     }
   }
 
@@ -131,9 +132,9 @@ void Executor::plan_in_place() {
   // concat, and the places tile the output's items exactly. With more than one item the value
   // becomes a strided part of the concat's buffer: its producer and readers must take that.
   for (size_t i = 0; i < n; ++i) {
-    const Node& node = graph_.nodes[i];
+    const Node& node = g.nodes[i];
     if (node.op != OpKind::Concat) continue;
-    const Shape& y = graph_.value(node.outputs[0]).shape;
+    const Shape& y = g.value(node.outputs[0]).shape;
     if (!runs_of_items(y, node_axis(node, y.size()))) continue;
     const bool batched = y[0] > 1;
     std::map<std::string, int64_t> at;  // owner -> its offset within an item of the concat
@@ -142,18 +143,18 @@ void Executor::plan_in_place() {
     for (const std::string& in : node.inputs) {
       const auto [base, within] = owner(in);
       auto p = producer.find(base);
-      ok = ok && p != producer.end() && !graph_.is_output(base) && !slots_.count(base) &&
-           !view_node_[p->second] && graph_.nodes[p->second].op != OpKind::Concat &&
-           graph_.nodes[p->second].op != OpKind::Flatten;
-      ok = ok && (!batched || (takes_strided(graph_, graph_.nodes[p->second]) && may_stride(base)));
+      ok = ok && p != producer.end() && !g.is_output(base) && !plan.slots.count(base) &&
+           !plan.view[p->second] && g.nodes[p->second].op != OpKind::Concat &&
+           g.nodes[p->second].op != OpKind::Flatten;
+      ok = ok && (!batched || (takes_strided(g, g.nodes[p->second]) && may_stride(base)));
       auto [it, fresh] = at.emplace(base, offset - within);
       ok = ok && (fresh || it->second == offset - within);
-      offset += item_count(graph_.value(in).shape);
+      offset += item_count(g.value(in).shape);
     }
     if (!ok) continue;
     std::vector<std::pair<int64_t, int64_t>> spans;  // (begin, end) of each owner in an item
     for (const auto& [base, begin] : at)
-      spans.push_back({begin, begin + item_count(graph_.value(base).shape)});
+      spans.push_back({begin, begin + item_count(g.value(base).shape)});
     std::sort(spans.begin(), spans.end());
     int64_t end = 0;
     for (const auto& [b, e] : spans) {
@@ -161,16 +162,17 @@ void Executor::plan_in_place() {
       end = e;
     }
     if (!ok || end != item_count(y)) continue;
-    in_place_node_[i] = true;
-    for (const auto& [base, begin] : at) slots_[base] = {node.outputs[0], begin};
+    plan.concat[i] = true;
+    for (const auto& [base, begin] : at) plan.slots[base] = {node.outputs[0], begin};
   }
+  return plan;
 }
 
 std::vector<std::string> Executor::in_place_nodes() const {
   std::vector<std::string> out;
   if (!in_place_on_) return out;
   for (size_t i = 0; i < graph_.nodes.size(); ++i)
-    if (view_node_[i] || in_place_node_[i]) out.push_back(graph_.nodes[i].name);
+    if (in_place_.view[i] || in_place_.concat[i]) out.push_back(graph_.nodes[i].name);
   return out;
 }
 
@@ -235,20 +237,20 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
       auto w = weights_.find(in);
       ins.push_back(w != weights_.end() ? w->second : env.at(in));
     }
-    const bool view = in_place_on_ && view_node_[i];
-    const bool in_place = in_place_on_ && in_place_node_[i];
+    const bool view = in_place_on_ && in_place_.view[i];
+    const bool in_place = in_place_on_ && in_place_.concat[i];
     std::vector<Tensor> outs;
     for (const std::string& out : node.outputs) {
       const Shape& shape = graph_.value(out).shape;
       auto kept = env.find(out);
-      auto slot = slots_.find(out);
+      auto slot = in_place_.slots.find(out);
       if (keep && kept != env.end()) {
         outs.push_back(kept->second);
       } else if (in_place) {
         outs.push_back(env.at(out));  // every input is already in this buffer
       } else if (view) {
         outs.emplace_back();  // made below
-      } else if (in_place_on_ && slot != slots_.end()) {
+      } else if (in_place_on_ && slot != in_place_.slots.end()) {
         // The first value made for a concat allocates its buffer.
         Tensor& buffer = env[slot->second.buffer];
         if (!buffer.defined())

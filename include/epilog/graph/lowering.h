@@ -43,7 +43,15 @@ struct LowerOptions {
 
 Plan lower(Graph graph, const LowerOptions& options);
 
+// The kernel and the rule that chose it for node i; none where `in_place[i]`: the splits that
+// return views and the concats whose inputs are made in their buffer (plan_in_place, which
+// the executor follows unless in-place is off).
+struct NodeChoice {
+  std::string kernel, rule;
+};
+NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size_t i);
+
 // A table: node, op, shapes, kernel, the rule that chose it, tiles.
-std::string explain(const Plan& plan);
+std::string explain(const Plan& plan, const std::vector<bool>& in_place = {});
 
 }  // namespace epilog

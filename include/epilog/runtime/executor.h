@@ -46,6 +46,20 @@ bool cuda_available();
 // The local GPU's name and SM count; nullopt without one.
 std::optional<DeviceProfile> cuda_device_profile();
 
+// The copies the executor avoids in `g` (Executor::set_in_place says which): by node index,
+// whether a split returns views of its input and whether a concat finds its inputs already in
+// its buffer; and, for each value made straight into a concat's buffer, where.
+struct InPlacePlan {
+  struct Slot {
+    std::string buffer;  // the concat output whose buffer holds the value
+    int64_t offset;      // in elements, within each item of dim 0
+  };
+  std::vector<bool> view;
+  std::vector<bool> concat;
+  std::map<std::string, Slot> slots;
+};
+InPlacePlan plan_in_place(const Graph& g);
+
 struct NodeTiming {
   std::string node;
   OpKind op;
@@ -101,15 +115,7 @@ class Executor {
   std::map<std::string, Tensor> buffers_;  // every value, kept while recording
   std::unique_ptr<Backend::Recording> recording_;
   bool in_place_on_ = true;
-  std::vector<bool> view_node_;      // split i returns views of its input
-  std::vector<bool> in_place_node_;  // concat i finds its inputs already in its buffer
-  struct Slot {
-    std::string buffer;  // the concat output whose buffer holds the value
-    int64_t offset;      // in elements, within each item of dim 0
-  };
-  std::map<std::string, Slot> slots_;  // values produced straight into a concat's buffer
-
-  void plan_in_place();
+  InPlacePlan in_place_;
 
   // Runs every node; `keep` keeps all values in env (and reuses the buffers found there).
   void execute(std::map<std::string, Tensor>& env, bool keep);
