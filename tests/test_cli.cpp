@@ -181,6 +181,12 @@ TEST_CASE("cli: bench reports median, min, max and a per-node breakdown", "[cli]
   CHECK_THAT(r.out, Catch::Contains("median") && Catch::Contains("min") && Catch::Contains("max") &&
                         Catch::Contains("per node"));
   CHECK_THAT(r.out, Catch::Contains("block.conv") && Catch::Contains("%"));
+  // Nodes that run without a kernel say so, as in explain.
+  Result yolo = cli("bench models/yolo_like.json --device cpu --iters 1 --warmup 0");
+  REQUIRE(yolo.status == 0);
+  const size_t cat = yolo.out.find("b2.cat ");
+  REQUIRE(cat != std::string::npos);
+  CHECK_THAT(yolo.out.substr(cat, yolo.out.find('\n', cat) - cat), Catch::Contains("in place"));
 }
 
 TEST_CASE("cli: bad input is one clear error and exit status 1, never a crash", "[cli]") {

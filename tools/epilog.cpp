@@ -349,11 +349,13 @@ int cmd_bench(const Parsed& p) {
   };
   std::vector<Row> rows;
   double total = 0;
+  const std::vector<bool> in_place = in_place_nodes(c.plan);
   for (size_t i = 0; i < c.plan.graph.nodes.size(); ++i) {
     const Node& n = c.plan.graph.nodes[i];
     auto& v = per_node[n.name];
     std::sort(v.begin(), v.end());
-    rows.push_back({n.name, op_name(n.op), c.plan.nodes[i].kernel, v[v.size() / 2]});
+    rows.push_back(
+        {n.name, op_name(n.op), node_choice(c.plan, in_place, i).kernel, v[v.size() / 2]});
     total += rows.back().ms;
   }
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.ms > b.ms; });
