@@ -55,7 +55,7 @@ Compiled compile(Graph graph, const CompileOptions& options) {
   c.plan.in_place = options.in_place;
   if (!options.dump_dir.empty()) {
     std::ofstream f(options.dump_dir + "/lowered.txt");
-    f << explain(c.plan);
+    f << explain(c.plan, in_place_mask(c.plan));
   }
   return c;
 }

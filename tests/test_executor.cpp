@@ -127,13 +127,11 @@ TEST_CASE("executor: explain marks the nodes the executor runs in place, and onl
   Compiled c = compile(yolo::yolo_like(b, /*batch=*/2, /*size=*/64), CompileOptions{});
   auto backend = make_cpu_backend();
   Executor ex(c.plan, *backend);
-  const InPlacePlan ip = plan_in_place(c.plan.graph);
-  std::vector<bool> mask;
+  const std::vector<bool> mask = in_place_mask(c.plan);
+  REQUIRE(mask.size() == c.plan.graph.nodes.size());
   std::vector<std::string> marked;
-  for (size_t i = 0; i < ip.view.size(); ++i) {
-    mask.push_back(ip.view[i] || ip.concat[i]);
-    if (mask.back()) marked.push_back(c.plan.graph.nodes[i].name);
-  }
+  for (size_t i = 0; i < mask.size(); ++i)
+    if (mask[i]) marked.push_back(c.plan.graph.nodes[i].name);
   CHECK(marked == ex.in_place_nodes());
   REQUIRE(marked.size() == 21);
   // Every marked node's line of the table, and no other, says "in place".
@@ -147,6 +145,8 @@ TEST_CASE("executor: explain marks the nodes the executor runs in place, and onl
   }
   CHECK(lines == marked.size());
   CHECK(explain(c.plan).find(" in place ") == std::string::npos);
+  c.plan.in_place = false;
+  CHECK(in_place_mask(c.plan).empty());
 }
 
 TEST_CASE("executor: copy avoidance can be switched off by option and environment", "[executor]") {

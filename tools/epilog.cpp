@@ -121,15 +121,6 @@ Graph load(const Parsed& p) {
   return load_model(p.model, lo);
 }
 
-// The nodes the executor will run without a kernel, as explain marks them.
-std::vector<bool> in_place_nodes(const Plan& plan) {
-  if (!plan.in_place) return {};
-  InPlacePlan ip = plan_in_place(plan.graph);
-  std::vector<bool> mask(ip.view.size());
-  for (size_t i = 0; i < mask.size(); ++i) mask[i] = ip.view[i] || ip.concat[i];
-  return mask;
-}
-
 Compiled compile_for(const Parsed& p, Graph g, Device device) {
   CompileOptions co;
   co.device = device;
@@ -258,7 +249,7 @@ int cmd_dump(const Parsed& p) {
       text = dump(c.plan.graph, format);
     } else if (format == DumpFormat::Json) {
       nlohmann::ordered_json j = to_json(c.plan.graph);
-      const std::vector<bool> in_place = in_place_nodes(c.plan);
+      const std::vector<bool> in_place = in_place_mask(c.plan);
       for (size_t i = 0; i < c.plan.nodes.size(); ++i) {
         const NodeChoice choice = node_choice(c.plan, in_place, i);
         j["lowering"][c.plan.graph.nodes[i].name] = {{"kernel", choice.kernel},
@@ -266,7 +257,7 @@ int cmd_dump(const Parsed& p) {
       }
       text = j.dump(1) + "\n";
     } else if (format == DumpFormat::Text) {
-      text = explain(c.plan, in_place_nodes(c.plan));
+      text = explain(c.plan, in_place_mask(c.plan));
     } else {
       text = dump(c.plan.graph, format);
     }
@@ -293,7 +284,7 @@ int cmd_explain(const Parsed& p) {
   std::printf("target: %s, %s (%d SMs)\npasses: %s\n", device_name(device), c.profile.name.c_str(),
               c.profile.sm_count, c.report.summary().c_str());
   for (const std::string& r : c.report.refusals) std::printf("not fused: %s\n", r.c_str());
-  std::printf("%s", explain(c.plan, in_place_nodes(c.plan)).c_str());
+  std::printf("%s", explain(c.plan, in_place_mask(c.plan)).c_str());
   return 0;
 }
 
@@ -349,7 +340,7 @@ int cmd_bench(const Parsed& p) {
   };
   std::vector<Row> rows;
   double total = 0;
-  const std::vector<bool> in_place = in_place_nodes(c.plan);
+  const std::vector<bool> in_place = in_place_mask(c.plan);
   for (size_t i = 0; i < c.plan.graph.nodes.size(); ++i) {
     const Node& n = c.plan.graph.nodes[i];
     auto& v = per_node[n.name];

@@ -168,6 +168,14 @@ InPlacePlan plan_in_place(const Graph& g) {
   return plan;
 }
 
+std::vector<bool> in_place_mask(const Plan& plan) {
+  if (!plan.in_place) return {};
+  const InPlacePlan ip = plan_in_place(plan.graph);
+  std::vector<bool> mask(ip.view.size());
+  for (size_t i = 0; i < mask.size(); ++i) mask[i] = ip.view[i] || ip.concat[i];
+  return mask;
+}
+
 std::vector<std::string> Executor::in_place_nodes() const {
   std::vector<std::string> out;
   if (!in_place_on_) return out;

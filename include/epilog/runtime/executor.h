@@ -59,6 +59,9 @@ struct InPlacePlan {
   std::map<std::string, Slot> slots;
 };
 InPlacePlan plan_in_place(const Graph& g);
+// By node, whether it runs without a kernel under `plan` (a view or an in-place concat; none
+// when plan.in_place is off): what explain marks.
+std::vector<bool> in_place_mask(const Plan& plan);
 
 struct NodeTiming {
   std::string node;
