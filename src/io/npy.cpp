@@ -2,7 +2,6 @@
 // {'descr': '<f4', 'fortran_order': False, 'shape': (1, 3), } padded with spaces, then the data
 // (https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html).
 #include "epilog/io/npy.h"
-#include "file.h"
 
 #include <cerrno>
 #include <cstring>
@@ -11,6 +10,8 @@
 #include <map>
 #include <string_view>
 #include <vector>
+
+#include "file.h"
 
 namespace epilog {
 namespace {

@@ -21,7 +21,6 @@
 //
 // Everything else throws OnnxUnsupported naming the node, the op and the attribute.
 #include "epilog/io/onnx.h"
-#include "file.h"
 
 #ifndef EPILOG_HAVE_ONNX
 
@@ -65,6 +64,8 @@ Tensor read_onnx_tensor(const std::string& path) {
 #include <set>
 
 #include <onnx/onnx_pb.h>
+
+#include "file.h"
 
 namespace epilog {
 namespace {

@@ -1,7 +1,6 @@
 // safetensors: an 8-byte little-endian header length, a JSON header naming each tensor's dtype,
 // shape and byte range, then the data (https://github.com/huggingface/safetensors).
 #include "epilog/io/safetensors.h"
-#include "file.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -12,6 +11,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "file.h"
 
 namespace epilog {
 namespace {
