@@ -40,6 +40,12 @@ constexpr double kGemmWaves = 2.0;
 // b1_c32_32_1x1_160 64x32: 6.3 vs over 7.7; b32_c16_32_3x3s2_320 128x32: 190.9 vs 199.2).
 constexpr int64_t kGemmDeepReduction = 256;
 constexpr double kGemmDeepWaves = 0.75;
+// Whole tiles (no split) whose grid is under kGemmWaves waves take this many stages: with a
+// block or two an SM, deeper copies cost no occupancy. The YOLO-like model's batch-1 layers
+// (2026-12-02, us): 1x256x40x40 -> 128 1x1 32x32 5.6 vs 6.6 with 2 stages, b1_c256_256_1x1_20
+// 4.4 vs 4.8, 1x512x20x20 -> 256 1x1 6.6 vs 6.9 with 3, b1_c32_64_3x3s2_160 64x64 8.2 vs 8.6
+// with 3.
+constexpr int kGemmSmallGridStages = 4;
 
 // The 3x3 halo kernel (k = 72, 256 output pixels per block) from this many blocks per SM:
 // b16_c128_128_3x3_40, 100 blocks: 69.7 vs the gather kernel's best 107; b1_c16_16_3x3_160,
@@ -82,6 +88,11 @@ constexpr int kHaloStride2Stages = 2;
 // loses elsewhere (b16_c64_64_3x3_80 64x64 64.4). At stride 2 it wins on some layers and loses
 // on others: see kHaloWgmmaStride2MinChannels above.
 constexpr int kHaloWgmmaStages = 3;
+// At stride 1 the wgmma halo kernel's last tiles, 64x32, may make fewer blocks than
+// kHaloMinWaves asks: 1x64x40x40 -> 64, 50 blocks (0.38 waves), 7.5 us vs the gather
+// kernel's best 8.2 (32x64 in 4 splits; 2026-12-02). But 1x128x20x20 -> 128, 36 blocks of 64x32
+// (0.27 waves) over twice the reduction: 12.5 vs the gather kernel's 8.8.
+constexpr double kHaloWgmmaMinWaves = 0.375;
 
 // The 1x1 direct kernel on warpgroup MMA (Hopper), from kDirectWgmmaMinCout output channels and
 // one wave of its tiles: 64 pixels (one warpgroup, so that several blocks share an SM and one's
@@ -101,12 +112,22 @@ constexpr int64_t kDirectWgmmaDeepInput = 256;
 // double while the grid stays within kSplitMaxWaves waves and every split keeps kSplitMinKTiles
 // k tiles (the cluster's exchange costs about a microsecond): b1_c64_64_3x3_80, 18 k tiles,
 // 64x64: 13.5 with 2 splits, 14.6 with none, 15.6 with 4; but b1_c32_64_3x3s2_160, 9 k tiles:
-// 10.0 with 2, 9.3 with none; b1_c256_256_1x1_20, 8 k tiles: 6.4 with 2, 4.9 with none. The
-// YOLO-like model at batch 1, whose 20x20 layers reduce over 18 to 72 k tiles: 0.490 -> 0.413
-// ms. At most kMaxSplits, the portable cluster size.
+// 10.0 with 2, 9.3 with none. Not on 1x1 layers the direct kernel takes (unpadded, stride 1):
+// splitting moves them to the gather kernel, slower at every split count on the YOLO-like
+// model's batch-1 layers (2026-12-02, 3 stages: 1x512x20x20 -> 256 32x32 6.9 whole vs 8.9 in
+// 2; 1x256x40x40 -> 128 5.8 vs 6.6; b1_c256_256_1x1_20 4.9 vs 6.4 in 2). At most kMaxSplits,
+// the portable cluster size.
 constexpr int kMaxSplits = 8;
 constexpr double kSplitMaxWaves = 2.0;
 constexpr int64_t kSplitMinKTiles = 8;
+// Where only 32x32 tiles make the waves (small grids: the YOLO-like model's 20x20 and 40x40
+// layers at batch 1), tile and splits are chosen together: the largest tile whose grid, split as
+// far as the rule above allows, makes the waves. A block then walks fewer k tiles of a wider
+// tile. Sweep of 2026-12-02 (every gather tile at 1, 2, 4 and 8 splits, 3 stages, us):
+// 1x128x40x40 -> 256 stride 2, 36 k tiles: 32x32 in 2 splits 16.4, 32x128 in 4 11.2, 64x64 in
+// 4 11.0 (the fastest); 1x128x20x20 -> 128: 32x32 in 4 10.0, 32x64 in 4 8.8 (the fastest);
+// 1x64x80x80 -> 64 stride 2, 18 k tiles: 32x32 in 2 9.8, 32x64 in 2 8.6 (fastest 32x64 in 4,
+// 8.3).
 
 // An image network's first layer (conv_scalar_stem_fits: 3x3 over <= 4 channels into <= 16)
 // goes to scalar's stem path, a thread computing 4 pixels x all output channels from one read of
@@ -176,8 +197,8 @@ bool halo_wins(const ConvShape& s, int n_tile, const DeviceProfile& device) {
 std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
                                           const DeviceProfile& device) {
   if (!device.wgmma) return std::nullopt;
-  const auto fills = [&](int m, int n) {
-    return double(halo_blocks(s, m, n)) >= kHaloMinWaves * device.sm_count;
+  const auto fills = [&](int m, int n, double waves = kHaloMinWaves) {
+    return double(halo_blocks(s, m, n)) >= waves * device.sm_count;
   };
   if (s.stride_h == 2) {
     if (s.c < kHaloWgmmaStride2MinChannels || !halo_takes(s)) return std::nullopt;
@@ -186,8 +207,14 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
     return ConvTiles{m, cover, 72, halo_wgmma_max_stages(m, cover, 2), 1, true};
   }
   if (s.stride_h != 1 || !halo_takes(s, kHaloWgmmaMinUseful)) return std::nullopt;
-  for (const auto& [m, n] : {std::pair{cover == 128 ? 256 : 128, cover}, {64, 64}, {64, 32}})
-    if (n <= cover && fills(m, n)) return ConvTiles{m, n, 72, kHaloWgmmaStages, 1, true};
+  struct Candidate {
+    int m, n;
+    double waves;
+  };
+  for (const auto& [m, n, waves] : {Candidate{cover == 128 ? 256 : 128, cover, kHaloMinWaves},
+                                    {64, 64, kHaloMinWaves},
+                                    {64, 32, kHaloWgmmaMinWaves}})
+    if (n <= cover && fills(m, n, waves)) return ConvTiles{m, n, 72, kHaloWgmmaStages, 1, true};
   return std::nullopt;
 }
 
@@ -241,23 +268,39 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       t.k = 32;
       t.stages = deep ? 3 : 2;
       t.m = t.n = 32;
-      int best_area = 0;
-      for (int n : {128, 64, 32})
-        for (int m : {128, 64, 32}) {
-          const bool fills = double(ceil_div(pixels, m) * ceil_div(s.k, n)) >= waves * sms;
-          if (n <= cover && fills && m * n > best_area) {
-            best_area = m * n;
-            t.m = m;
-            t.n = n;
-          }
-        }
-      // Split-K where few blocks would each walk a long reduction (clusters: Hopper on).
-      const int64_t blocks = ceil_div(pixels, t.m) * ceil_div(s.k, t.n);
+      const auto tiles_of = [&](int m, int n) { return ceil_div(pixels, m) * ceil_div(s.k, n); };
+      // The largest tile m x n (n not past the Cout cover) for which fill(m, n) holds.
+      const auto largest = [&](auto fill) {
+        int best_area = 0;
+        for (int n : {128, 64, 32})
+          for (int m : {128, 64, 32})
+            if (n <= cover && m * n > best_area && fill(m, n)) {
+              best_area = m * n;
+              t.m = m;
+              t.n = n;
+            }
+      };
+      largest([&](int m, int n) { return double(tiles_of(m, n)) >= waves * sms; });
+      // Split-K where few blocks would each walk a long reduction (clusters: Hopper on), on the
+      // gather kernel only.
       const int64_t ktiles = ceil_div(s.c * s.r * s.s, 32);
-      while (device.cc_major >= 9 && t.splits < kMaxSplits &&
-             double(blocks * t.splits * 2) <= kSplitMaxWaves * sms &&
-             ktiles >= kSplitMinKTiles * t.splits * 2)
-        t.splits *= 2;
+      const auto splits_for = [&](int64_t blocks) {
+        int splits = 1;
+        while (splits < kMaxSplits && double(blocks * splits * 2) <= kSplitMaxWaves * sms &&
+               ktiles >= kSplitMinKTiles * splits * 2)
+          splits *= 2;
+        return splits;
+      };
+      if (device.cc_major >= 9 && !conv_gemm_direct_fits(s)) {
+        if (t.m == 32 && t.n == 32)
+          largest([&](int m, int n) {
+            const int64_t blocks = tiles_of(m, n);
+            return double(blocks * splits_for(blocks)) >= waves * sms;
+          });
+        t.splits = splits_for(tiles_of(t.m, t.n));
+      }
+      if (t.splits == 1 && double(tiles_of(t.m, t.n)) < kGemmWaves * sms)
+        t.stages = kGemmSmallGridStages;
       break;
     }
   }

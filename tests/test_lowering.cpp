@@ -76,22 +76,31 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
       {ConvKernel::Gemm, shape(1, 64, 80, 64, 1), 132, {32, 32, 32, 2}},
       // The same layer on a 16-SM part: 50 blocks of 128 x 64 fill 2 x 16.
       {ConvKernel::Gemm, shape(1, 64, 80, 64, 1), 16, {128, 64, 32, 2}},
-      // 400 pixels: nothing fills two waves; the smallest tile, not the 128 covering Cout 256.
-      {ConvKernel::Gemm, shape(1, 256, 20, 256, 1), 132, {32, 32, 32, 2}},
-      // Cout 16: the narrowest column block, 32 wide.
-      {ConvKernel::Gemm, shape(1, 64, 80, 16, 1), 132, {32, 32, 32, 2}},
+      // 400 pixels: nothing fills two waves; the smallest tile, not the 128 covering Cout 256,
+      // and as its 104 blocks are under two waves, 4 stages.
+      {ConvKernel::Gemm, shape(1, 256, 20, 256, 1), 132, {32, 32, 32, 4}},
+      // Cout 16: the narrowest column block, 32 wide (200 blocks: 4 stages).
+      {ConvKernel::Gemm, shape(1, 64, 80, 16, 1), 132, {32, 32, 32, 4}},
       // A deep reduction (K = 576) needs 0.75 waves, 64 x 64 makes 100 blocks >= 99; and 3
       // pipeline stages where a shallow one has 2. Its 18 k tiles split in 2 (200 blocks).
       {ConvKernel::Gemm, shape(1, 64, 80, 64, 3), 132, {64, 64, 32, 3, 2}},
-      // K = 1152 (36 k tiles) over 400 pixels: 104 blocks of 32 x 32, split in 2 (4 would make
-      // 416 blocks, over two waves).
-      {ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), 132, {32, 32, 32, 3, 2}},
+      // K = 1152 (36 k tiles) over 400 pixels: only 32 x 32 makes 0.75 waves whole (104
+      // blocks), so tile and splits are chosen together: 26 tiles of 32 x 128 in 4 splits of 9
+      // k tiles make 104 blocks (64 x 64 makes as many, 112, and is no larger).
+      {ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), 132, {32, 128, 32, 3, 4}},
+      // K = 1152, Cout 128 over 400 pixels: 32 x 64 in 4 splits (104 blocks); 64 x 64 or
+      // 32 x 128 in 4 make 56 and 52, and 8 splits would leave 4.5 k tiles each.
+      {ConvKernel::Gemm, shape(1, 128, 20, 128, 3), 132, {32, 64, 32, 3, 4}},
+      // A 1x1 layer stays whole (splitting it would leave the direct kernel): 512 input
+      // channels over 400 pixels, 104 blocks of 32 x 32.
+      {ConvKernel::Gemm, shape(1, 512, 20, 256, 1), 132, {32, 32, 32, 4}},
       // The same on 64 SMs: 52 blocks of 32 x 64 fill 0.75 waves; split in 2 (104 <= 128).
       {ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), 64, {32, 64, 32, 3, 2}},
-      // K = 288 on 64 SMs: 32 x 32 tiles make 13 x 2 = 26 blocks; 9 k tiles stay whole.
-      {ConvKernel::Gemm, shape(1, 32, 40, 64, 3, 2), 64, {32, 32, 32, 3}},
-      // K = 1600 (5x5, no halo kernel): 128 x 64 makes 200 blocks.
-      {ConvKernel::Gemm, shape(16, 64, 40, 64, 5), 132, {128, 64, 32, 3}},
+      // K = 288 on 64 SMs: 32 x 32 tiles make 13 x 2 = 26 blocks; 9 k tiles stay whole, in 4
+      // stages.
+      {ConvKernel::Gemm, shape(1, 32, 40, 64, 3, 2), 64, {32, 32, 32, 4}},
+      // K = 1600 (5x5, no halo kernel): 128 x 64 makes 200 blocks, under two waves: 4 stages.
+      {ConvKernel::Gemm, shape(16, 64, 40, 64, 5), 132, {128, 64, 32, 4}},
       // 3x3 stride 1: the halo kernel (k = 72); 16 x 10 x 10 squares of 8x8, 4 per block: 400
       // blocks >= 66 (half the SMs).
       {ConvKernel::Gemm, shape(16, 64, 80, 64, 3), 132, {256, 64, 72, 3}},
@@ -106,8 +115,9 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
       {ConvKernel::Gemm, shape(1, 7, 640, 16, 3, 2), 132, {128, 32, 32, 2}},
       // 8 input channels: the halo kernel.
       {ConvKernel::Gemm, shape(1, 8, 640, 16, 3, 2), 132, {256, 32, 72, 2}},
-      // 3x3 stride 2 with 25 blocks (1 x 10 x 10 squares, n = 64): under 66, gather.
-      {ConvKernel::Gemm, shape(1, 32, 160, 64, 3, 2), 132, {64, 64, 32, 3}},
+      // 3x3 stride 2 with 25 blocks (1 x 10 x 10 squares, n = 64): under 66, gather; 100
+      // blocks of 64 x 64, whole (9 k tiles), in 4 stages.
+      {ConvKernel::Gemm, shape(1, 32, 160, 64, 3, 2), 132, {64, 64, 32, 4}},
       // tiled: Cout 16 -> 16 channels; 25600 pixels -> 400 blocks of 64 >= 264.
       {ConvKernel::Tiled, shape(1, 16, 160, 16, 3), 132, {64, 16, 8, 0}},
       // tiled: Cout 64 -> 32-channel blocks (2); 6400 pixels: 64 -> 100 x 2 = 200 < 264.
@@ -151,6 +161,11 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(1, 64, 40, 128, 3), {64, 32, 72, 3, 1, true}},
            // 100 squares, Cout 32: 128x32 makes 50 blocks, 64x32 100.
            {shape(1, 32, 80, 32, 3), {64, 32, 72, 3, 1, true}},
+           // 25 squares, Cout 64: 64x64 makes 25 blocks, 64x32 50, enough for the last tiles
+           // (0.375 waves); 9 squares, Cout 128: 64x32 makes 36, too few: the gather kernel.
+           {shape(1, 64, 40, 64, 3), {64, 32, 72, 3, 1, true}},
+           {shape(1, 128, 20, 128, 3),
+            conv_tiles(ConvKernel::Gemm, shape(1, 128, 20, 128, 3), sms(132))},
            // 400 squares, Cout 256: 256x128 makes 200 blocks.
            {shape(16, 128, 40, 256, 3), {256, 128, 72, 3, 1, true}},
            // 100 squares (36x36 planes, 81% of their squares): 256x128 makes 25 blocks, 64x64
@@ -193,7 +208,7 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
   // Split-K's thread-block clusters need Hopper: before it, the same layer keeps whole tiles.
   DeviceProfile ampere = sms(108);
   ampere.cc_major = 8;
-  CHECK(conv_tiles(ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), sms(108)).splits == 2);
+  CHECK(conv_tiles(ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), sms(108)).splits == 4);
   CHECK(conv_tiles(ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), ampere).splits == 1);
 }
 
@@ -360,7 +375,7 @@ TEST_CASE("lowering: plans every node, honours a forced kernel, explains the cho
   std::string text = explain(p);
   CHECK_THAT(text, Catch::Contains("c1") && Catch::Contains("gemm") &&
                        Catch::Contains("reduction 32 >= 16: gemm") &&
-                       Catch::Contains("reduction 8 < 16: tiled") && Catch::Contains("stages=2"));
+                       Catch::Contains("reduction 8 < 16: tiled") && Catch::Contains("stages=4"));
   CHECK_THAT(text, !Catch::Contains("residual"));
 
   // A residual add fused into the conv shows on its line.
