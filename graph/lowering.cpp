@@ -70,7 +70,16 @@ constexpr double kHaloWgmmaMinUseful = 0.68;
 // kernels' best 42.9 (register A, 2026-12-01); -> 64 128x64 4 stages 26.8 with register A (29.8
 // with A from shared memory, 3 stages over 32) vs 31.6; but 16x32x160x160 -> 64 60.1 vs 55.2 and
 // b32_c16_32_3x3s2_320 212.5 vs 147.6.
+// On grids too small for the 4-square blocks of either halo kernel (under kHaloMinWaves) it takes
+// stride 2 with 64x64 tiles from kHaloWgmmaMinWaves, whatever the depth: the YOLO-like model's
+// batch-1 layers (2026-12-02, us, 3 stages) b1_c32_64_3x3s2_160 (100 blocks) 6.4 vs the gather
+// kernel's 8.2 as picked, 1x64x80x80 -> 128 (50 blocks) 9.6 vs 11.1; 4 stages 6.7 and 10.2.
+// 1x64x80x80 -> 64 would have 25 (64x32: 50, 8.9 vs the gather kernel's 8.6).
 constexpr int64_t kHaloWgmmaStride2MinChannels = 64;
+// Below kHaloWgmmaStride2MinChannels it takes stride 2 where its 128 x Cout-cover blocks make
+// half a wave to this many waves, in 3 stages: 1x16x320x320 -> 32 (200 blocks) 7.5 vs the
+// mma.sync halo kernel's 9.0 (2026-12-02); but with 800 and 3200 blocks it lost (above).
+constexpr double kHaloWgmmaStride2MaxWaves = 2.0;
 // At stride 2 a block's input patches are 2.9 times those of stride 1 (17x17 vs 10x10 inputs
 // under an 8x8 square): two stages (95 KB at n = 32) let two blocks share an SM, three do not.
 // b32_c16_32_3x3s2_320: 148.5 with 2 stages, 193.0 with 3.
@@ -101,7 +110,11 @@ constexpr double kHaloWgmmaMinWaves = 0.375;
 // 64x128 4 stages 33.9 (3: 34.8; 128x128, one block an SM: 40.8) vs mma.sync 39.6;
 // b16_c64_64_1x1_80 64x64 3 stages 23.0 (best 64x32 21.7) vs 23.6; 16x128x80x80 -> 64 64x64 31.5
 // vs 32.6; 16x64x80x80 -> 128 64x128 36.5 vs 35.9; 16x32x160x160 -> 32 64x32 35.5 (best 2
-// stages 33.5) vs 36.5. Not measured below 32 output channels.
+// stages 33.5) vs 36.5. Not measured below 32 output channels. Where the Cout-covering tiles
+// make under a wave, half as many channels a tile, if they make one (A is read once an n tile,
+// so no narrower), with 4 stages under two waves: the YOLO-like model's batch-1 80x80 layers
+// (2026-12-02, us) 1x192x80x80 -> 64 64x32 6.1 vs the mma.sync kernels' 7.4 as picked (best
+// 6.2), 1x96x80x80 -> 64 4.7 vs 5.2, 1x128x80x80 -> 64 5.3 vs 5.9; with 3 stages 6.4, 5.0, 5.4.
 constexpr int64_t kDirectWgmmaMinCout = 32;
 constexpr double kDirectWgmmaMinWaves = 1.0;
 constexpr int64_t kDirectWgmmaDeepInput = 256;
@@ -201,10 +214,19 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
     return double(halo_blocks(s, m, n)) >= waves * device.sm_count;
   };
   if (s.stride_h == 2) {
-    if (s.c < kHaloWgmmaStride2MinChannels || !halo_takes(s)) return std::nullopt;
-    const int m = cover == 128 && fills(256, 128) ? 256 : 128;
-    if (!fills(m, cover)) return std::nullopt;
-    return ConvTiles{m, cover, 72, halo_wgmma_max_stages(m, cover, 2), 1, true};
+    if (!halo_takes(s)) return std::nullopt;
+    if (s.c >= kHaloWgmmaStride2MinChannels) {
+      const int m = cover == 128 && fills(256, 128) ? 256 : 128;
+      if (fills(m, cover))
+        return ConvTiles{m, cover, 72, halo_wgmma_max_stages(m, cover, 2), 1, true};
+    } else if (fills(128, cover) && !fills(128, cover, kHaloWgmmaStride2MaxWaves)) {
+      return ConvTiles{128, cover, 72, kHaloWgmmaStages, 1, true};
+    }
+    // Grids too small for either halo kernel's 4-square blocks: 64x64 tiles from
+    // kHaloWgmmaMinWaves, at any depth.
+    if (cover >= 64 && !fills(256, cover) && fills(64, 64, kHaloWgmmaMinWaves))
+      return ConvTiles{64, 64, 72, kHaloWgmmaStages, 1, true};
+    return std::nullopt;
   }
   if (s.stride_h != 1 || !halo_takes(s, kHaloWgmmaMinUseful)) return std::nullopt;
   struct Candidate {
@@ -249,10 +271,20 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         t = *wg;
         break;
       }
-      if (device.wgmma && conv_gemm_direct_fits(s) && s.k >= kDirectWgmmaMinCout &&
-          double(ceil_div(pixels, 64) * ceil_div(s.k, cover)) >= kDirectWgmmaMinWaves * sms) {
-        t = {64, cover, 32, s.c >= kDirectWgmmaDeepInput ? 4 : 3, 1, true};
-        break;
+      if (device.wgmma && conv_gemm_direct_fits(s) && s.k >= kDirectWgmmaMinCout) {
+        std::optional<ConvTiles> direct;
+        for (int n : {cover, cover / 2}) {
+          const int64_t tiles = ceil_div(pixels, 64) * ceil_div(s.k, n);
+          if (n >= 32 && !direct && double(tiles) >= kDirectWgmmaMinWaves * sms)
+            direct = ConvTiles{
+                64, n,
+                32, s.c >= kDirectWgmmaDeepInput || double(tiles) < kGemmWaves * sms ? 4 : 3,
+                1,  true};
+        }
+        if (direct) {
+          t = *direct;
+          break;
+        }
       }
       if (halo_wins(s, cover, device)) {
         t.m = 256;

@@ -178,14 +178,22 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(16, 128, 12, 128, 3),
             conv_tiles(ConvKernel::Gemm, shape(16, 128, 12, 128, 3), sms(132))},
            {shape(32, 16, 320, 32, 3, 2), {256, 32, 72, 2}},
+           // Under 64 input channels at stride 2, only where 128 x 32 makes at most two waves
+           // (1 x 20 x 20 squares: 200 blocks; 16 x 20 x 20: 3200).
+           {shape(1, 16, 320, 32, 3, 2), {128, 32, 72, 3, 1, true}},
+           {shape(16, 16, 320, 32, 3, 2), {256, 32, 72, 2}},
            // Stride 2 from 64 input channels: Cout-covering tiles, m = 256 for n = 128 where that
            // makes half a wave (here 100 blocks), else 128; 4 stages or as many as fit (3 for
-           // 256x128); not at batch 1 (25 squares), nor onto a 20x20 plane (69% used).
+           // 256x128); nor onto a 20x20 plane (69% used). At batch 1 (25 squares), where neither
+           // halo kernel's 4-square blocks fill, 64x64 tiles make 50 blocks >= 49.5: 3 stages,
+           // also at 32 input channels (100 squares), but not at Cout 64 (25 blocks).
            {shape(16, 64, 80, 128, 3, 2), {256, 128, 72, 3, 1, true}},
            {shape(8, 64, 80, 128, 3, 2), {128, 128, 72, 4, 1, true}},  // 256x128: 50 blocks
            {shape(16, 64, 80, 64, 3, 2), {128, 64, 72, 4, 1, true}},
-           {shape(1, 64, 80, 128, 3, 2),
-            conv_tiles(ConvKernel::Gemm, shape(1, 64, 80, 128, 3, 2), sms(132))},
+           {shape(1, 64, 80, 128, 3, 2), {64, 64, 72, 3, 1, true}},
+           {shape(1, 32, 160, 64, 3, 2), {64, 64, 72, 3, 1, true}},
+           {shape(1, 64, 80, 64, 3, 2),
+            conv_tiles(ConvKernel::Gemm, shape(1, 64, 80, 64, 3, 2), sms(132))},
            {shape(16, 128, 40, 256, 3, 2),
             conv_tiles(ConvKernel::Gemm, shape(16, 128, 40, 256, 3, 2), sms(132))},
            {shape(16, 32, 160, 64, 3, 2),
@@ -193,7 +201,11 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(1, 7, 640, 16, 3, 2), {128, 32, 32, 2}},  // no halo kernel: no wgmma
            // 1x1, stride 1, from 32 output channels: the direct kernel on wgmma from one wave
            // of 64 x Cout-covering tiles (400 x 2, 1600, 6400 tiles); 4 stages from 256 input
-           // channels. At batch 1 (25 x 2 tiles), or with 16 channels, the mma.sync kernels.
+           // channels. At batch 1 (25 x 2 tiles), or with 16 channels, the mma.sync kernels;
+           // where the covering tiles make under a wave, half as many channels (not a quarter)
+           // if those make one, in 4 stages under two waves.
+           {shape(1, 192, 80, 64, 1), {64, 32, 32, 4, 1, true}},    // 200 tiles
+           {shape(16, 256, 20, 128, 1), {64, 64, 32, 4, 1, true}},  // 64x128: 100 tiles
            {shape(16, 256, 40, 256, 1), {64, 128, 32, 4, 1, true}},
            {shape(16, 64, 80, 64, 1), {64, 64, 32, 3, 1, true}},
            {shape(16, 32, 160, 32, 1), {64, 32, 32, 3, 1, true}},
