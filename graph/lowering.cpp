@@ -1,6 +1,7 @@
 // Kernel selection for fused convolutions and the lowering of a graph to a plan.
 #include "epilog/graph/lowering.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "epilog/runtime/params.h"
@@ -40,12 +41,17 @@ constexpr double kGemmWaves = 2.0;
 // b1_c32_32_1x1_160 64x32: 6.3 vs over 7.7; b32_c16_32_3x3s2_320 128x32: 190.9 vs 199.2).
 constexpr int64_t kGemmDeepReduction = 256;
 constexpr double kGemmDeepWaves = 0.75;
-// Whole tiles (no split) whose grid is under kGemmWaves waves take this many stages: with a
-// block or two an SM, deeper copies cost no occupancy. The YOLO-like model's batch-1 layers
-// (2026-12-02, us): 1x256x40x40 -> 128 1x1 32x32 5.6 vs 6.6 with 2 stages, b1_c256_256_1x1_20
-// 4.4 vs 4.8, 1x512x20x20 -> 256 1x1 6.6 vs 6.9 with 3, b1_c32_64_3x3s2_160 64x64 8.2 vs 8.6
-// with 3.
+// Grids (tiles x splits) under kGemmWaves waves take this many stages: with a block or two an
+// SM, deeper copies cost no occupancy. The YOLO-like model's batch-1 layers (2026-12-02, us):
+// 1x256x40x40 -> 128 1x1 32x32 5.6 vs 6.6 with 2 stages, b1_c256_256_1x1_20 4.4 vs 4.8,
+// 1x512x20x20 -> 256 1x1 6.6 vs 6.9 with 3, b1_c32_64_3x3s2_160 64x64 8.2 vs 8.6 with 3; split:
+// 1x128x40x40 -> 256 stride 2 32x128 in 4 10.8 vs 11.0, 1x128x20x20 -> 128 32x64 in 4 8.5 vs
+// 8.6, 1x128x40x40 -> 128 stride 2 8.9 vs 9.1.
 constexpr int kGemmSmallGridStages = 4;
+// ...on tiles of up to this many outputs (32x128, 64x64; four stages of them, at most 82 KB, let
+// two blocks share an SM). Not on 128x128: at 4 stages one block fits an SM, so the 200 blocks of
+// 16x128x40x40 -> 256 at stride 2 in 2 splits would take two waves.
+constexpr int kGemmSmallGridMaxTile = 64 * 64;
 
 // The 3x3 halo kernel (k = 72, 256 output pixels per block) from this many blocks per SM:
 // b16_c128_128_3x3_40, 100 blocks: 69.7 vs the gather kernel's best 107; b1_c16_16_3x3_160,
@@ -97,6 +103,11 @@ constexpr int kHaloStride2Stages = 2;
 // loses elsewhere (b16_c64_64_3x3_80 64x64 64.4). At stride 2 it wins on some layers and loses
 // on others: see kHaloWgmmaStride2MinChannels above.
 constexpr int kHaloWgmmaStages = 3;
+// ...and at stride 1, tiles up to 64x64 take as many as fit up to 4 where their grid is under one
+// wave (a block an SM at most; 256x128 was not measured so): the YOLO-like model's batch-1 layers
+// (2026-12-02, us) 1x64x40x40 -> 64 64x32 7.2 vs 7.5 with 3, 1x32x80x80 -> 32 64x32 4.8 vs 5.0,
+// b1_c64_64_3x3_80 64x64 7.7 vs 8.0; the 200-block 1x16x160x160 -> 16 128x32 5.6 with either.
+constexpr int kHaloWgmmaSmallGridStages = 4;
 // At stride 1 the wgmma halo kernel's last tiles, 64x32, may make fewer blocks than
 // kHaloMinWaves asks: 1x64x40x40 -> 64, 50 blocks (0.38 waves), 7.5 us vs the gather
 // kernel's best 8.2 (32x64 in 4 splits; 2026-12-02). But 1x128x20x20 -> 128, 36 blocks of 64x32
@@ -236,7 +247,12 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
   for (const auto& [m, n, waves] : {Candidate{cover == 128 ? 256 : 128, cover, kHaloMinWaves},
                                     {64, 64, kHaloMinWaves},
                                     {64, 32, kHaloWgmmaMinWaves}})
-    if (n <= cover && fills(m, n, waves)) return ConvTiles{m, n, 72, kHaloWgmmaStages, 1, true};
+    if (n <= cover && fills(m, n, waves)) {
+      const bool small = m * n <= 64 * 64 && double(halo_blocks(s, m, n)) < device.sm_count;
+      const int stages = small ? std::min(kHaloWgmmaSmallGridStages, halo_wgmma_max_stages(m, n, 1))
+                               : kHaloWgmmaStages;
+      return ConvTiles{m, n, 72, stages, 1, true};
+    }
   return std::nullopt;
 }
 
@@ -331,7 +347,8 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
           });
         t.splits = splits_for(tiles_of(t.m, t.n));
       }
-      if (t.splits == 1 && double(tiles_of(t.m, t.n)) < kGemmWaves * sms)
+      if (t.m * t.n <= kGemmSmallGridMaxTile &&
+          double(tiles_of(t.m, t.n) * t.splits) < kGemmWaves * sms)
         t.stages = kGemmSmallGridStages;
       break;
     }

@@ -83,24 +83,25 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
       {ConvKernel::Gemm, shape(1, 64, 80, 16, 1), 132, {32, 32, 32, 4}},
       // A deep reduction (K = 576) needs 0.75 waves, 64 x 64 makes 100 blocks >= 99; and 3
       // pipeline stages where a shallow one has 2. Its 18 k tiles split in 2 (200 blocks).
-      {ConvKernel::Gemm, shape(1, 64, 80, 64, 3), 132, {64, 64, 32, 3, 2}},
+      {ConvKernel::Gemm, shape(1, 64, 80, 64, 3), 132, {64, 64, 32, 4, 2}},
       // K = 1152 (36 k tiles) over 400 pixels: only 32 x 32 makes 0.75 waves whole (104
       // blocks), so tile and splits are chosen together: 26 tiles of 32 x 128 in 4 splits of 9
       // k tiles make 104 blocks (64 x 64 makes as many, 112, and is no larger).
-      {ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), 132, {32, 128, 32, 3, 4}},
+      {ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), 132, {32, 128, 32, 4, 4}},
       // K = 1152, Cout 128 over 400 pixels: 32 x 64 in 4 splits (104 blocks); 64 x 64 or
       // 32 x 128 in 4 make 56 and 52, and 8 splits would leave 4.5 k tiles each.
-      {ConvKernel::Gemm, shape(1, 128, 20, 128, 3), 132, {32, 64, 32, 3, 4}},
+      {ConvKernel::Gemm, shape(1, 128, 20, 128, 3), 132, {32, 64, 32, 4, 4}},
       // A 1x1 layer stays whole (splitting it would leave the direct kernel): 512 input
       // channels over 400 pixels, 104 blocks of 32 x 32.
       {ConvKernel::Gemm, shape(1, 512, 20, 256, 1), 132, {32, 32, 32, 4}},
       // The same on 64 SMs: 52 blocks of 32 x 64 fill 0.75 waves; split in 2 (104 <= 128).
-      {ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), 64, {32, 64, 32, 3, 2}},
+      {ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), 64, {32, 64, 32, 4, 2}},
       // K = 288 on 64 SMs: 32 x 32 tiles make 13 x 2 = 26 blocks; 9 k tiles stay whole, in 4
       // stages.
       {ConvKernel::Gemm, shape(1, 32, 40, 64, 3, 2), 64, {32, 32, 32, 4}},
-      // K = 1600 (5x5, no halo kernel): 128 x 64 makes 200 blocks, under two waves: 4 stages.
-      {ConvKernel::Gemm, shape(16, 64, 40, 64, 5), 132, {128, 64, 32, 4}},
+      // K = 1600 (5x5, no halo kernel): 128 x 64 makes 200 blocks; under two waves, but too
+      // large a tile for a fourth stage.
+      {ConvKernel::Gemm, shape(16, 64, 40, 64, 5), 132, {128, 64, 32, 3}},
       // 3x3 stride 1: the halo kernel (k = 72); 16 x 10 x 10 squares of 8x8, 4 per block: 400
       // blocks >= 66 (half the SMs).
       {ConvKernel::Gemm, shape(16, 64, 80, 64, 3), 132, {256, 64, 72, 3}},
@@ -142,8 +143,8 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
   }
   // With warpgroup MMA (Hopper, sm_90a build) the stride-1 halo layers take the wgmma kernel:
   // n covering Cout with m = 256 for n = 128, else 128, where that grid makes half a wave, else
-  // 64x64 (n not past the cover), else 64x32; 3 stages. Stride 2 keeps the mma.sync halo kernel
-  // below 64 channels.
+  // 64x64 (n not past the cover), else 64x32 from 0.375 waves; 3 stages, 4 for tiles up to 64x64
+  // under a wave. Stride 2 keeps the mma.sync halo kernel below 64 channels on large grids.
   struct Wg {
     ConvShape s;
     ConvTiles want;
@@ -155,15 +156,15 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(16, 128, 40, 128, 3), {256, 128, 72, 3, 1, true}},  // 100 blocks
            {shape(1, 16, 160, 16, 3), {128, 32, 72, 3, 1, true}},     // 200 blocks
            // 100 squares: 128x64 makes 50 blocks, 64x64 100 >= 66.
-           {shape(1, 64, 80, 64, 3), {64, 64, 72, 3, 1, true}},
+           {shape(1, 64, 80, 64, 3), {64, 64, 72, 4, 1, true}},
            // 25 squares, Cout 128: 256x128 makes 7 blocks, 128x128 13, 128x64 26, 64x64 50,
            // 64x32 100.
-           {shape(1, 64, 40, 128, 3), {64, 32, 72, 3, 1, true}},
+           {shape(1, 64, 40, 128, 3), {64, 32, 72, 4, 1, true}},
            // 100 squares, Cout 32: 128x32 makes 50 blocks, 64x32 100.
-           {shape(1, 32, 80, 32, 3), {64, 32, 72, 3, 1, true}},
+           {shape(1, 32, 80, 32, 3), {64, 32, 72, 4, 1, true}},
            // 25 squares, Cout 64: 64x64 makes 25 blocks, 64x32 50, enough for the last tiles
            // (0.375 waves); 9 squares, Cout 128: 64x32 makes 36, too few: the gather kernel.
-           {shape(1, 64, 40, 64, 3), {64, 32, 72, 3, 1, true}},
+           {shape(1, 64, 40, 64, 3), {64, 32, 72, 4, 1, true}},
            {shape(1, 128, 20, 128, 3),
             conv_tiles(ConvKernel::Gemm, shape(1, 128, 20, 128, 3), sms(132))},
            // 400 squares, Cout 256: 256x128 makes 200 blocks.
