@@ -288,17 +288,16 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         break;
       }
       if (device.wgmma && conv_gemm_direct_fits(s) && s.k >= kDirectWgmmaMinCout) {
-        std::optional<ConvTiles> direct;
-        for (int n : {cover, cover / 2}) {
-          const int64_t tiles = ceil_div(pixels, 64) * ceil_div(s.k, n);
-          if (n >= 32 && !direct && double(tiles) >= kDirectWgmmaMinWaves * sms)
-            direct = ConvTiles{
-                64, n,
-                32, s.c >= kDirectWgmmaDeepInput || double(tiles) < kGemmWaves * sms ? 4 : 3,
-                1,  true};
-        }
-        if (direct) {
-          t = *direct;
+        // n covering Cout, else half of it (not under 32): the first whose tiles make a wave.
+        const auto direct_tiles = [&](int n) { return ceil_div(pixels, 64) * ceil_div(s.k, n); };
+        const auto fills = [&](int n) {
+          return n >= 32 && double(direct_tiles(n)) >= kDirectWgmmaMinWaves * sms;
+        };
+        const int n = fills(cover) ? cover : cover / 2;
+        if (fills(n)) {
+          const bool four =
+              s.c >= kDirectWgmmaDeepInput || double(direct_tiles(n)) < kGemmWaves * sms;
+          t = {64, n, 32, four ? 4 : 3, 1, true};
           break;
         }
       }
