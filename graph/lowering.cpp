@@ -364,10 +364,11 @@ std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel, const DeviceProfile& 
     for (int m : {32, 64, 128})
       for (int n : {32, 64, 128})
         for (int stages : {2, 3, 4}) out.push_back({m, n, 32, stages});
-    // Split-K on the small tiles it is chosen with.
-    for (int m : {32, 64})
-      for (int n : {32, 64})
-        for (int splits : {2, 4, 8}) out.push_back({m, n, 32, 3, splits});
+    // Split-K on every tile, at the depths lowering gives split grids (3; 4 on small ones).
+    for (int m : {32, 64, 128})
+      for (int n : {32, 64, 128})
+        for (int stages : {3, 4})
+          for (int splits : {2, 4, 8}) out.push_back({m, n, 32, stages, splits});
     // The 3x3 halo kernel; on other shapes these tiles run the k = 32 kernel.
     for (int m : {64, 128, 256})
       for (int n : {32, 64, 128})

@@ -1,6 +1,7 @@
 // Kernel selection and tile sizes: pure functions, checked with worked numbers.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -223,6 +224,41 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
   ampere.cc_major = 8;
   CHECK(conv_tiles(ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), sms(108)).splits == 4);
   CHECK(conv_tiles(ConvKernel::Gemm, shape(1, 128, 40, 256, 3, 2), ampere).splits == 1);
+}
+
+TEST_CASE("lowering: every tile conv_tiles picks is one of the built tiles the GPU tests run",
+          "[lowering]") {
+  // Layers from batch 1 to 32, planes from 10 to 320, 1x1 and 3x3 at stride 1 and 2, on GPUs
+  // of 16 to 132 SMs, with and without the wgmma kernels.
+  std::vector<DeviceProfile> profiles;
+  for (int n : {16, 64, 132}) {
+    profiles.push_back(sms(n));
+    DeviceProfile hopper = sms(n);
+    hopper.wgmma = true;
+    profiles.push_back(hopper);
+  }
+  int checked = 0;
+  for (const DeviceProfile& device : profiles)
+    for (ConvKernel kernel : {ConvKernel::Tiled, ConvKernel::Gemm}) {
+      const std::vector<ConvTiles> built = conv_built_tiles(kernel, device);
+      for (int64_t n : {1, 4, 16, 32})
+        for (int64_t c : {3, 8, 16, 32, 64, 128, 256, 512})
+          for (int64_t hw : {10, 20, 40, 80, 160, 320})
+            for (int64_t k : {8, 16, 32, 64, 128, 256})
+              for (auto [r, stride] : {std::pair{1, 1}, {3, 1}, {3, 2}}) {
+                const ConvShape s = shape(n, c, hw, k, r, stride);
+                if (!conv_supports(kernel, s)) continue;
+                const ConvTiles t = conv_tiles(kernel, s, device);
+                INFO(conv_kernel_name(kernel)
+                     << " n " << n << " Cin " << c << " plane " << hw << " Cout " << k << " window "
+                     << r << " stride " << stride << " SMs " << device.sm_count << " wgmma "
+                     << device.wgmma << ": m=" << t.m << " n=" << t.n << " k=" << t.k
+                     << " stages=" << t.stages << " splits=" << t.splits);
+                CHECK(std::find(built.begin(), built.end(), t) != built.end());
+                ++checked;
+              }
+    }
+  CHECK(checked > 10000);
 }
 
 TEST_CASE("lowering: the wgmma halo kernel's weights are packed in its layout, rounded to TF32",
