@@ -282,6 +282,7 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       break;
     case ConvKernel::Gemm: {
       const int cover = smallest_covering({32, 64, 128}, s.k);
+      const auto tiles_of = [&](int m, int n) { return ceil_div(pixels, m) * ceil_div(s.k, n); };
       t.stages = 3;
       if (const auto wg = halo_wgmma_tiles(s, cover, device)) {
         t = *wg;
@@ -289,14 +290,13 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       }
       if (device.wgmma && conv_gemm_direct_fits(s) && s.k >= kDirectWgmmaMinCout) {
         // n covering Cout, else half of it (not under 32): the first whose tiles make a wave.
-        const auto direct_tiles = [&](int n) { return ceil_div(pixels, 64) * ceil_div(s.k, n); };
         const auto fills = [&](int n) {
-          return n >= 32 && double(direct_tiles(n)) >= kDirectWgmmaMinWaves * sms;
+          return n >= 32 && double(tiles_of(64, n)) >= kDirectWgmmaMinWaves * sms;
         };
         const int n = fills(cover) ? cover : cover / 2;
         if (fills(n)) {
           const bool four =
-              s.c >= kDirectWgmmaDeepInput || double(direct_tiles(n)) < kGemmWaves * sms;
+              s.c >= kDirectWgmmaDeepInput || double(tiles_of(64, n)) < kGemmWaves * sms;
           t = {64, n, 32, four ? 4 : 3, 1, true};
           break;
         }
@@ -315,7 +315,6 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       t.k = 32;
       t.stages = deep ? 3 : 2;
       t.m = t.n = 32;
-      const auto tiles_of = [&](int m, int n) { return ceil_div(pixels, m) * ceil_div(s.k, n); };
       // The largest tile m x n (n not past the Cout cover) for which fill(m, n) holds.
       const auto largest = [&](auto fill) {
         int best_area = 0;

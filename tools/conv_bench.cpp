@@ -321,18 +321,9 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
       const ConvTiles picked = conv_tiles(kern, s, profile);
       ConvTiles best;
       double best_us = INFINITY, picked_us = INFINITY;
-      std::vector<ConvTiles> tiles = conv_built_tiles(kern, profile);
-      // Split-K on every gather tile at lowering's depth and at 4 stages: what its tile, split
-      // and stage rules are checked with (the built tiles split only the small ones).
-      if (kern == ConvKernel::Gemm && picked.k == 32 && !picked.wgmma)
-        for (int m : {32, 64, 128})
-          for (int n : {32, 64, 128})
-            for (int splits : {1, 2, 4, 8})
-              for (int stages : {picked.stages, 4}) {
-                const ConvTiles t{m, n, 32, stages, splits};
-                if (std::find(tiles.begin(), tiles.end(), t) == tiles.end()) tiles.push_back(t);
-              }
-      for (const ConvTiles& t : tiles) {
+      // The built tiles hold every tile lowering can pick (a lowering test checks it), split-K
+      // on every gather tile included: what the tile, split and stage rules are checked with.
+      for (const ConvTiles& t : conv_built_tiles(kern, profile)) {
         if (t.k == 72 && !conv_gemm_halo_fits(s)) continue;  // would run the k = 32 kernel
         const double us = graph_time_us(stream, [&fused, kern, t](int r) { fused(kern, t, r); });
         all.push_back({conv_kernel_name(kern), t.m, t.n, t.k, t.stages, t.splits, t.wgmma, us});

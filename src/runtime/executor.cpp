@@ -172,7 +172,7 @@ std::vector<bool> in_place_mask(const Plan& plan) {
   if (!plan.in_place) return {};
   const InPlacePlan ip = plan_in_place(plan.graph);
   std::vector<bool> mask(ip.view.size());
-  for (size_t i = 0; i < mask.size(); ++i) mask[i] = ip.view[i] || ip.concat[i];
+  for (size_t i = 0; i < mask.size(); ++i) mask[i] = ip.no_kernel(i);
   return mask;
 }
 
@@ -180,7 +180,7 @@ std::vector<std::string> Executor::in_place_nodes() const {
   std::vector<std::string> out;
   if (!in_place_on_) return out;
   for (size_t i = 0; i < graph_.nodes.size(); ++i)
-    if (in_place_.view[i] || in_place_.concat[i]) out.push_back(graph_.nodes[i].name);
+    if (in_place_.no_kernel(i)) out.push_back(graph_.nodes[i].name);
   return out;
 }
 

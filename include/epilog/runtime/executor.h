@@ -57,6 +57,8 @@ struct InPlacePlan {
   std::vector<bool> view;
   std::vector<bool> concat;
   std::map<std::string, Slot> slots;
+  // Whether node i runs without a kernel: a view or an in-place concat.
+  bool no_kernel(size_t i) const { return view[i] || concat[i]; }
 };
 InPlacePlan plan_in_place(const Graph& g);
 // By node, whether it runs without a kernel under `plan` (a view or an in-place concat; none
