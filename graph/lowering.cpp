@@ -153,6 +153,20 @@ constexpr int64_t kSplitMinKTiles = 8;
 // 1x64x80x80 -> 64 stride 2, 18 k tiles: 32x32 in 2 9.8, 32x64 in 2 8.6 (fastest 32x64 in 4,
 // 8.3).
 
+// The wgmma halo kernel split-K (its one-square tiles; a tile's splits one cluster, as above):
+// where its 64-pixel tiles make under kHaloMinWaves waves, splits double while the grid stays
+// within kSplitMaxWaves waves and every split keeps kHaloSplitMinStages of the 8-channel stages;
+// and where whole 64x32 tiles make too few blocks for any rule above, it takes them split if that
+// grid makes kHaloMinWaves. The YOLO-like model's batch-1 3x3 layers (2026-12-02, us, at the
+// pipeline depths the rules above give): 1x128x20x20 -> 128 (16 stages, 36 blocks of 64x32) 64x32
+// in 4 7.3, in 2 8.1, in 8 8.7, whole 12.0, vs the gather kernel's best 8.4; 1x64x40x40 -> 64 (8
+// stages) 64x32 in 2 5.9, in 4 6.2, whole 7.2; b1_c64_128_3x3s2_80 64x64 in 2 8.0, in 4 9.1, whole
+// 9.4; 1x64x80x80 -> 64 stride 2, 25 squares, 64x32 in 2 7.3 (64x64 in 4 7.2) vs the gather
+// kernel's 8.4; but 4 stages split in 2 lose: 1x32x80x80 -> 32 5.7 vs 4.8 whole,
+// b1_c32_64_3x3s2_160 8.2 vs 6.8; and so do grids of over half a wave: b1_c64_64_3x3_80 (100
+// blocks of 64x64, 8 stages) 8.8 in 2 vs 8.1 whole.
+constexpr int64_t kHaloSplitMinStages = 4;
+
 // An image network's first layer (conv_scalar_stem_fits: 3x3 over <= 4 channels into <= 16)
 // goes to scalar's stem path, a thread computing 4 pixels x all output channels from one read of
 // its inputs, from this many of its 256-item blocks per SM: 3 -> 16 channels, 640x640 at stride
@@ -217,15 +231,31 @@ bool halo_wins(const ConvShape& s, int n_tile, const DeviceProfile& device) {
   return double(halo_blocks(s, 256, n_tile)) >= kHaloMinWaves * device.sm_count;
 }
 
+// Splits for a wgmma halo grid of `blocks` one-square tiles (see kHaloSplitMinStages).
+int halo_splits(const ConvShape& s, int64_t blocks, const DeviceProfile& device) {
+  const int64_t stages = ceil_div(s.c, 8);
+  int splits = 1;
+  if (double(blocks) >= kHaloMinWaves * device.sm_count) return splits;
+  while (splits < kMaxSplits && double(blocks * splits * 2) <= kSplitMaxWaves * device.sm_count &&
+         stages >= kHaloSplitMinStages * splits * 2)
+    splits *= 2;
+  return splits;
+}
+
 // The wgmma halo tiles for `s`, or nullopt where that kernel does not take it.
 std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
                                           const DeviceProfile& device) {
   if (!device.wgmma) return std::nullopt;
+  if (!halo_takes(s, s.stride_h == 2 ? kHaloMinUseful : kHaloWgmmaMinUseful)) return std::nullopt;
   const auto fills = [&](int m, int n, double waves = kHaloMinWaves) {
     return double(halo_blocks(s, m, n)) >= waves * device.sm_count;
   };
+  // Tiles of one square split where their grid is small.
+  const auto split = [&](ConvTiles t) {
+    if (t.m == 64) t.splits = halo_splits(s, halo_blocks(s, t.m, t.n), device);
+    return t;
+  };
   if (s.stride_h == 2) {
-    if (!halo_takes(s)) return std::nullopt;
     if (s.c >= kHaloWgmmaStride2MinChannels) {
       const int m = cover == 128 && fills(256, 128) ? 256 : 128;
       if (fills(m, cover))
@@ -236,23 +266,26 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
     // Grids too small for either halo kernel's 4-square blocks: 64x64 tiles from
     // kHaloWgmmaMinWaves, at any depth.
     if (cover >= 64 && !fills(256, cover) && fills(64, 64, kHaloWgmmaMinWaves))
-      return ConvTiles{64, 64, 72, kHaloWgmmaStages, 1, true};
-    return std::nullopt;
-  }
-  if (s.stride_h != 1 || !halo_takes(s, kHaloWgmmaMinUseful)) return std::nullopt;
-  struct Candidate {
-    int m, n;
-    double waves;
-  };
-  for (const auto& [m, n, waves] : {Candidate{cover == 128 ? 256 : 128, cover, kHaloMinWaves},
-                                    {64, 64, kHaloMinWaves},
-                                    {64, 32, kHaloWgmmaMinWaves}})
-    if (n <= cover && fills(m, n, waves)) {
-      const bool small = m * n <= 64 * 64 && double(halo_blocks(s, m, n)) < device.sm_count;
-      const int stages = small ? std::min(kHaloWgmmaSmallGridStages, halo_wgmma_max_stages(m, n, 1))
+      return split({64, 64, 72, kHaloWgmmaStages, 1, true});
+  } else {
+    struct Candidate {
+      int m, n;
+      double waves;
+    };
+    for (const auto& [m, n, waves] : {Candidate{cover == 128 ? 256 : 128, cover, kHaloMinWaves},
+                                      {64, 64, kHaloMinWaves},
+                                      {64, 32, kHaloWgmmaMinWaves}})
+      if (n <= cover && fills(m, n, waves)) {
+        const bool small = m * n <= 64 * 64 && double(halo_blocks(s, m, n)) < device.sm_count;
+        const int stages = small
+                               ? std::min(kHaloWgmmaSmallGridStages, halo_wgmma_max_stages(m, n, 1))
                                : kHaloWgmmaStages;
-      return ConvTiles{m, n, 72, stages, 1, true};
-    }
+        return split({m, n, 72, stages, 1, true});
+      }
+  }
+  const ConvTiles t = split({64, 32, 72, kHaloWgmmaSmallGridStages, 1, true});
+  if (t.splits > 1 && double(halo_blocks(s, 64, 32) * t.splits) >= kHaloMinWaves * device.sm_count)
+    return t;
   return std::nullopt;
 }
 
@@ -378,6 +411,10 @@ std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel, const DeviceProfile& 
       for (int m : {64, 128, 256})
         for (int n : {32, 64, 128})
           for (int stages : {3, 4}) out.push_back({m, n, 72, stages, 1, true});
+      // Split-K on its one-square tiles, those of the small grids.
+      for (int n : {32, 64, 128})
+        for (int stages : {3, 4})
+          for (int splits : {2, 4, 8}) out.push_back({64, n, 72, stages, splits, true});
       for (int m : {64, 128})
         for (int n : {32, 64, 128})
           for (int stages : {2, 3, 4}) out.push_back({m, n, 32, stages, 1, true});

@@ -156,18 +156,21 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(16, 64, 80, 64, 3), {128, 64, 72, 3, 1, true}},     // 800 blocks
            {shape(16, 128, 40, 128, 3), {256, 128, 72, 3, 1, true}},  // 100 blocks
            {shape(1, 16, 160, 16, 3), {128, 32, 72, 3, 1, true}},     // 200 blocks
-           // 100 squares: 128x64 makes 50 blocks, 64x64 100 >= 66.
+           // 100 squares: 128x64 makes 50 blocks, 64x64 100 >= 66, half a wave: whole.
            {shape(1, 64, 80, 64, 3), {64, 64, 72, 4, 1, true}},
            // 25 squares, Cout 128: 256x128 makes 7 blocks, 128x128 13, 128x64 26, 64x64 50,
-           // 64x32 100.
+           // 64x32 100 (over half a wave: whole).
            {shape(1, 64, 40, 128, 3), {64, 32, 72, 4, 1, true}},
-           // 100 squares, Cout 32: 128x32 makes 50 blocks, 64x32 100.
+           // 100 squares, Cout 32: 128x32 makes 50 blocks, 64x32 100; its 4 stages stay whole.
            {shape(1, 32, 80, 32, 3), {64, 32, 72, 4, 1, true}},
            // 25 squares, Cout 64: 64x64 makes 25 blocks, 64x32 50, enough for the last tiles
-           // (0.375 waves); 9 squares, Cout 128: 64x32 makes 36, too few: the gather kernel.
-           {shape(1, 64, 40, 64, 3), {64, 32, 72, 4, 1, true}},
-           {shape(1, 128, 20, 128, 3),
-            conv_tiles(ConvKernel::Gemm, shape(1, 128, 20, 128, 3), sms(132))},
+           // (0.375 waves), in 2 splits; 9 squares, Cout 128: 64x32 makes 36, too few whole,
+           // but 144 in 4 splits of 4 stages (8 would leave 2 each).
+           {shape(1, 64, 40, 64, 3), {64, 32, 72, 4, 2, true}},
+           {shape(1, 128, 20, 128, 3), {64, 32, 72, 4, 4, true}},
+           // 1 x 3 x 3 squares at 48 channels: 6 stages, too few to split: the gather kernel.
+           {shape(1, 48, 20, 128, 3),
+            conv_tiles(ConvKernel::Gemm, shape(1, 48, 20, 128, 3), sms(132))},
            // 400 squares, Cout 256: 256x128 makes 200 blocks.
            {shape(16, 128, 40, 256, 3), {256, 128, 72, 3, 1, true}},
            // 100 squares (36x36 planes, 81% of their squares): 256x128 makes 25 blocks, 64x64
@@ -188,14 +191,14 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            // makes half a wave (here 100 blocks), else 128; 4 stages or as many as fit (3 for
            // 256x128); nor onto a 20x20 plane (69% used). At batch 1 (25 squares), where neither
            // halo kernel's 4-square blocks fill, 64x64 tiles make 50 blocks >= 49.5: 3 stages,
-           // also at 32 input channels (100 squares), but not at Cout 64 (25 blocks).
+           // split in 2, also at 32 input channels (100 squares; its 4 channel stages whole); at
+           // Cout 64 (25 blocks) 64x32 tiles in 2 splits.
            {shape(16, 64, 80, 128, 3, 2), {256, 128, 72, 3, 1, true}},
            {shape(8, 64, 80, 128, 3, 2), {128, 128, 72, 4, 1, true}},  // 256x128: 50 blocks
            {shape(16, 64, 80, 64, 3, 2), {128, 64, 72, 4, 1, true}},
-           {shape(1, 64, 80, 128, 3, 2), {64, 64, 72, 3, 1, true}},
+           {shape(1, 64, 80, 128, 3, 2), {64, 64, 72, 3, 2, true}},
            {shape(1, 32, 160, 64, 3, 2), {64, 64, 72, 3, 1, true}},
-           {shape(1, 64, 80, 64, 3, 2),
-            conv_tiles(ConvKernel::Gemm, shape(1, 64, 80, 64, 3, 2), sms(132))},
+           {shape(1, 64, 80, 64, 3, 2), {64, 32, 72, 4, 2, true}},
            {shape(16, 128, 40, 256, 3, 2),
             conv_tiles(ConvKernel::Gemm, shape(16, 128, 40, 256, 3, 2), sms(132))},
            {shape(16, 32, 160, 64, 3, 2),

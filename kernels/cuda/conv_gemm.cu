@@ -19,7 +19,8 @@
 //                  kernels below with the same n and m capped at 128. With `wgmma` the same
 //                  tiles on Hopper's warpgroup MMA (conv_gemm_wgmma.cuh; sm_90a builds on a
 //                  compute capability 9.0 GPU), reading the weights packed ahead of the run
-//                  (pack_wgmma_weights); stages 3 or 4.
+//                  (pack_wgmma_weights); stages 3 or 4; at m = 64 splits > 1 runs it
+//                  split-K over its 8-channel stages as the gather kernel below does.
 //   k = 32  direct 1x1, stride 1, no padding, ho*wo % 4 == 0, x 16-byte aligned: persistent.
 //                  With `wgmma` (m in {64, 128}, no splits) the same on warpgroup MMA
 //                  (conv_direct_wgmma_kernel below), reading the weights packed ahead; on any
@@ -48,9 +49,8 @@
 // Split-K (gather, tiles.splits > 1): each tile is `splits` consecutive blocks launched as one
 // thread-block cluster, blockIdx.x = tile * splits + j; block j sums k tiles
 // [j * ktiles / splits, (j + 1) * ktiles / splits) (splits shrinks to at most ktiles, so none is
-// empty). Then blocks 1.. park their accumulators in their own shared memory, rank 0 adds them
-// through distributed shared memory (map_shared_rank) between two cluster barriers, and only
-// rank 0 runs the epilogue: no workspace, no second kernel, no atomics.
+// empty). Then rank 0 adds the others' accumulators through distributed shared memory
+// (cluster_sum, conv_gemm_ptx.cuh) and alone runs the epilogue.
 //
 // -- pipeline -- tiles.stages shared-memory stages of BK = 32 reduction steps each, filled with
 // cp.async (zero-fill through src-size for padding and every tail) and waited on with
@@ -114,7 +114,6 @@
 #include <string>
 #include <type_traits>
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "conv_common.cuh"
@@ -401,29 +400,8 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
   cp_async_wait<0>();
   __syncthreads();  // the pipeline's space is free
 
-  // -- split-K: the cluster's other blocks hand their sums to rank 0 through shared memory --
-#if __CUDA_ARCH__ >= 900  // clusters; the launcher runs splits > 1 on Hopper only
-  if (a.splits > 1) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    constexpr int kAcc = T::kMI * T::kNI * 4;
-    // acc element i of thread tid at i * kThreads + tid: a warp's accesses are consecutive.
-    if (split != 0) {
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) smem[i * T::kThreads + tid] = (&acc[0][0][0])[i];
-    }
-    cluster.sync();
-    if (split == 0) {
-      for (int r = 1; r < a.splits; ++r) {
-        const float* peer = cluster.map_shared_rank(smem, r);
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) (&acc[0][0][0])[i] += peer[i * T::kThreads + tid];
-      }
-    }
-    cluster.sync();  // the others keep their shared memory until rank 0 has read it
-    if (split != 0) return;
-  }
-#endif
+  // -- split-K: the cluster's other blocks hand their sums to rank 0 --
+  if (!cluster_sum<T::kMI * T::kNI * 4, T::kThreads>(&acc[0][0][0], smem, split, a.splits)) return;
 
   // -- batchnorm + activation epilogue --
   float* cs = smem;  // the pipeline's space
@@ -862,25 +840,35 @@ void launch_halo(HaloArgs a, Stream stream) {
   check_launch("conv_gemm");
 }
 
-template <int BM, int BN, int S, bool RegA>
+template <int BM, int BN, int S, bool RegA, bool Split>
 void launch_halo_wgmma(HaloArgs a, Stream stream) {
   using W = HaloWgTile<BM, BN, S, RegA>;
-  auto kernel = conv_halo_wgmma_kernel<BM, BN, S, RegA>;
+  auto kernel = conv_halo_wgmma_kernel<BM, BN, S, RegA, Split>;
   static std::atomic<uint64_t> opted_in{0};
   opt_in(opted_in, W::smem_bytes(W::kMaxStages), kernel);
   a.stages = a.stages < 3 ? 3 : a.stages > W::kMaxStages ? W::kMaxStages : a.stages;
-  const int64_t blocks = (int64_t(a.squares) + W::kSquares - 1) / W::kSquares * a.n_tiles;
+  const int64_t blocks =
+      (int64_t(a.squares) + W::kSquares - 1) / W::kSquares * a.n_tiles * a.splits;
   check_grid(blocks);
-  detail::launch_pdl(kernel, unsigned(blocks), W::kThreads, W::smem_bytes(a.stages), stream, 1, a);
+  detail::launch_pdl(kernel, unsigned(blocks), W::kThreads, W::smem_bytes(a.stages), stream,
+                     unsigned(a.splits), a);
   check_launch("conv_gemm");
+}
+
+template <int BM, int BN, int S, bool Split>
+void launch_halo_wgmma_any(HaloArgs a, Stream stream) {
+  if (halo_wgmma_reg_a(BN, a.res != nullptr))
+    return launch_halo_wgmma<BM, BN, S, halo_wgmma_reg_a(BN, false), Split>(a, stream);
+  return launch_halo_wgmma<BM, BN, S, halo_wgmma_reg_a(BN, true), Split>(a, stream);
 }
 
 template <int BM, int BN, int S>
 void launch_halo_any(HaloArgs a, bool wgmma, Stream stream) {
   if (!wgmma) return launch_halo<BM, BN, S>(a, stream);
-  if (halo_wgmma_reg_a(BN, a.res != nullptr))
-    return launch_halo_wgmma<BM, BN, S, halo_wgmma_reg_a(BN, false)>(a, stream);
-  return launch_halo_wgmma<BM, BN, S, halo_wgmma_reg_a(BN, true)>(a, stream);
+  // Split-K is built for the one-square tiles only (conv_built_tiles).
+  if constexpr (BM == 64)
+    if (a.splits > 1) return launch_halo_wgmma_any<BM, BN, S, true>(a, stream);
+  return launch_halo_wgmma_any<BM, BN, S, false>(a, stream);
 }
 
 template <int S>
@@ -944,8 +932,9 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   const bool gemm_ok = tiles.k == kBK && in(tiles.m, {32, 64, 128}) && in(tiles.n, {32, 64, 128}) &&
                        in(tiles.splits, {1, 2, 4, 8}) &&
                        (!tiles.wgmma || (tiles.m >= 64 && tiles.splits == 1));
-  const bool halo_ok = tiles.k == kHaloK && in(tiles.m, {64, 128, 256}) &&
-                       in(tiles.n, {32, 64, 128}) && tiles.splits == 1;
+  const bool halo_ok =
+      tiles.k == kHaloK && in(tiles.m, {64, 128, 256}) && in(tiles.n, {32, 64, 128}) &&
+      (tiles.splits == 1 || (tiles.wgmma && tiles.m == 64 && in(tiles.splits, {2, 4, 8})));
   if (tiles.wgmma && !wgmma_available())
     reject(
         "the wgmma kernels need a compute capability 9.0 GPU and a build with sm_90a code "
@@ -953,8 +942,8 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   if (!stages_ok || !(gemm_ok || halo_ok))
     reject("unsupported tiles " + tiles_str(tiles) +
            " (k = 32 with m, n in {32, 64, 128} and splits in {1, 2, 4, 8}, with wgmma m >= 64 "
-           "and no splits; k = 72, also with wgmma, with m in {64, 128, 256}, "
-           "n in {32, 64, 128} and no splits; stages in {2, 3, 4})");
+           "and no splits; k = 72 with m in {64, 128, 256}, n in {32, 64, 128} and no splits, "
+           "with wgmma and m = 64 splits in {1, 2, 4, 8}; stages in {2, 3, 4})");
   const WgmmaKernel wg_kernel = conv_gemm_wgmma_kernel(tiles, s);
   if (wg_kernel != WgmmaKernel::None) {
     if (!packed)
@@ -992,9 +981,12 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     a.n_tiles = int((s.k + tiles.n - 1) / tiles.n);
     a.ctiles = int((s.c + kHaloC - 1) / kHaloC);
     a.stages = a.ctiles + 1 < tiles.stages ? a.ctiles + 1 : tiles.stages;
+    a.splits = 1;
     if (tiles.wgmma) {
       a.wp = packed;
       a.stages = tiles.stages;
+      a.splits = tiles.splits;
+      while (a.splits > a.ctiles) a.splits /= 2;  // every split keeps a stage
     }
     a.vec_b = s.c % 4 == 0 && aligned16(w);
     a.xs = int(s.x_image()), a.ys = int(s.y_image());

@@ -1,9 +1,11 @@
-// The inline-PTX wrappers of conv_gemm.cu (cp.async, mma.sync TF32, TF32 rounding), kept apart
-// so that the kernels that use them read as plain C++.
+// The inline-PTX wrappers of conv_gemm.cu (cp.async, mma.sync TF32, TF32 rounding) and the
+// split-K exchange of its kernels, kept apart so that the kernels that use them read as plain C++.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
+
+#include <cooperative_groups.h>
 
 #include "launch.cuh"
 
@@ -122,6 +124,41 @@ __device__ __forceinline__ void scale_shift_act(float (&acc)[MI][NI][4],
         acc[mi][ni][2 + e] = activate(act.value, fmaf(acc[mi][ni][2 + e], sc, sf));
       }
     }
+}
+
+// -- split-K --
+// The `splits` blocks of one thread-block cluster (rank = this block's) each summed a part of a
+// tile's reduction into acc, kAcc floats laid out alike in every block. Rank 0 gets the total:
+// the others park theirs in their own shared memory (element i of thread tid at i * kThreads +
+// tid, so that a warp's accesses are consecutive) and rank 0 adds them through distributed
+// shared memory between two cluster barriers, the second keeping the others' shared memory alive
+// until it has read. No workspace, no second kernel, no atomics. Returns whether this block holds
+// the total (and runs the epilogue). Every thread of the cluster calls it, with smem (kAcc *
+// kThreads floats) no longer in use; with splits == 1 it does nothing.
+template <int kAcc, int kThreads>
+__device__ __forceinline__ bool cluster_sum(float* acc, float* smem, int rank, int splits) {
+#if __CUDA_ARCH__ >= 900  // clusters; the launchers run splits > 1 on Hopper only
+  if (splits == 1) return true;
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int tid = int(threadIdx.x);
+  if (rank != 0) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) smem[i * kThreads + tid] = acc[i];
+  }
+  cluster.sync();
+  if (rank == 0) {
+    for (int r = 1; r < splits; ++r) {
+      const float* peer = cluster.map_shared_rank(smem, r);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] += peer[i * kThreads + tid];
+    }
+  }
+  cluster.sync();
+  return rank == 0;
+#else
+  return true;
+#endif
 }
 
 }  // namespace epilog::cuda::conv_gemm_detail

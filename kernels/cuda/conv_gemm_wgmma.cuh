@@ -48,6 +48,9 @@
 //     mma, would truncate), and issues its nine wgmmas after a barrier of its own (only it reads
 //     its OpA); one wgmma group stays in flight across iterations, so copies run stages - 2
 //     stages ahead (a stage's weights are read by its wgmmas until the next iteration).
+// Split-K (splits > 1): a tile's splits are one cluster, each summing its share of the 8-channel
+// stages; rank 0 adds the others' accumulators (cluster_sum) and alone runs the epilogue. For
+// small grids over deep reductions, whose blocks would each walk a long chain of stages.
 #pragma once
 
 #include <cstdint>
@@ -78,6 +81,8 @@ struct HaloWgTile {
                 "shapes.h sizes the same buffers");
   static_assert(smem_bytes(3) <= 227 * 1024, "three stages fit in shared memory");
   static_assert(kOpA % 4 == 0 && kStageFloats % 4 == 0, "16-byte aligned buffers");
+  static_assert(kNI * 4 * kThreads <= 3 * kStageFloats,
+                "split-K parks the accumulators in the pipeline's space (at least 3 stages)");
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -214,9 +219,11 @@ __device__ __forceinline__ void store_tf32x4(float* dst, float v0, float v1, flo
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int BM, int BN, int S, bool RegA>
+// Split: splits > 1 (an instance of its own, so that the whole-tile kernels keep their code; its
+// grids are small, so it is not held to kMinBlocks: at 80 registers it spilled).
+template <int BM, int BN, int S, bool RegA, bool Split>
 __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
-                                  HaloWgTile<BM, BN, S, RegA>::kMinBlocks)
+                                  Split ? 1 : HaloWgTile<BM, BN, S, RegA>::kMinBlocks)
     conv_halo_wgmma_kernel(const HaloArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = HaloTile<BM, BN, S>;
@@ -225,21 +232,26 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wg = warp / 4, wtid = tid % 128;  // warpgroup = square of the block
   const int t = lane % 4;
-  const int n_tile = int(blockIdx.x % unsigned(a.n_tiles));
-  const int m_tile = int(blockIdx.x / unsigned(a.n_tiles));
+  // Split-K: a tile's splits are consecutive blocks, one cluster; split j sums channel stages
+  // [j * ctiles / splits, (j + 1) * ctiles / splits), never empty (splits <= ctiles).
+  const unsigned tile = Split ? blockIdx.x / unsigned(a.splits) : blockIdx.x;
+  const int split = Split ? int(blockIdx.x - tile * unsigned(a.splits)) : 0;
+  const int n_tile = int(tile % unsigned(a.n_tiles));
+  const int m_tile = int(tile / unsigned(a.n_tiles));
   const int n0 = n_tile * BN;
   const uint32_t smem0 = smem_addr(smem);
   constexpr uint32_t kStageBytes = 4 * W::kStageFloats;
-  const int stages = a.stages, ktiles = a.ctiles;
+  const int kt0 = Split ? split * a.ctiles / a.splits : 0;
+  const int stages = a.stages, ktiles = Split ? (split + 1) * a.ctiles / a.splits - kt0 : a.ctiles;
   float* const op0 = smem + stages * W::kStageFloats;  // operand buffers 0 and 1
   const uint32_t op0_addr = smem_addr(op0);
 
   const HaloSquare sq(a, m_tile * W::kSquares + wg);
   const HaloPatchLoader<BM, BN, S, 4> loader(a, smem0, warp, wg, lane, sq.ok, sq.img, sq.oy0,
                                              sq.ox0);
-  // Packed weights: this n tile's stages one after another, each kOpB floats as OpB lays them.
-  // Thread tid copies 16-byte chunks tid, tid + kThreads, ... of a stage's.
-  const float* const wp = a.wp + size_t(n_tile) * ktiles * W::kOpB + 4 * tid;
+  // Packed weights: this n tile's stages one after another, each kOpB floats as OpB lays them
+  // (this split's from stage kt0 on). Thread tid copies 16-byte chunks tid, tid + kThreads, ...
+  const float* const wp = a.wp + (size_t(n_tile) * a.ctiles + kt0) * W::kOpB + 4 * tid;
   const uint32_t b_dst = smem0 + 4 * W::kSquares * T::kPatch;
   auto load_weights = [&](int stage, int kt) {
     const float* src = wp + size_t(kt) * W::kOpB;
@@ -285,7 +297,7 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
   constexpr bool kResAhead = W::kNI <= 4 && !W::kRegA;
   float res[1][kResAhead ? W::kNI : 1][4] = {};
   if constexpr (kResAhead) {
-    if (a.res) {
+    if (a.res && split == 0) {
       int pix[1][2];
       pixels(pix);
       for_residual<1, W::kNI>(a, pix, sq.img, n0, t,
@@ -293,7 +305,7 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
     }
   }
   for (int st = 0; st < stages - kBehind; ++st) {
-    if (st < ktiles) loader.load_patch(st * kStageBytes, st);
+    if (st < ktiles) loader.load_patch(st * kStageBytes, kt0 + st);
     cp_async_commit();
   }
   int read_stage = 0, write_stage = stages - kBehind;
@@ -312,7 +324,7 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
     __syncthreads();
     if (kt + stages - kBehind < ktiles) {
       load_weights(write_stage, kt + stages - kBehind);
-      loader.load_patch(write_stage * kStageBytes, kt + stages - kBehind);
+      loader.load_patch(write_stage * kStageBytes, kt0 + kt + stages - kBehind);
     }
     cp_async_commit();
     write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
@@ -398,6 +410,10 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
   }
   wgmma_wait<0>();
   cp_async_wait<0>();
+  if constexpr (Split) {
+    __syncthreads();  // every warpgroup is done with the pipeline's space
+    if (!cluster_sum<W::kNI * 4, W::kThreads>(&acc[0][0][0], smem, split, a.splits)) return;
+  }
 
   int pix[1][2];
   pixels(pix);

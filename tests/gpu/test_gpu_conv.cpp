@@ -70,6 +70,8 @@ const std::vector<Geometry> kGeometries = {
     {"3x3 Cin 1",                  1,  1, 13, 11, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
     {"3x3 several tiles each way", 3, 20, 21, 19, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
     {"3x3 stride 2 many squares",  3, 24, 37, 35, 70, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
+    // 9 stages of 8 channels: split-K tiles split it unevenly, 8 ways at most.
+    {"3x3 deep reduction",         1, 72, 20, 21, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
     // The scalar kernel's stem path: rows of 4k floats (16-byte loads) and 8 outputs (float4
     // stores), then odd sizes.
     {"3x3 stride 2, an RGB stem",  3,  3, 17, 24, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},

@@ -107,7 +107,8 @@ struct ConvTiles {
   int n = 0;       // output channels per block
   int k = 0;       // reduction slice (Cin*Kh*Kw) staged per step
   int stages = 0;  // shared-memory pipeline depth (gemm)
-  int splits = 1;  // gemm k = 32: blocks (one cluster) each output tile's reduction is split over
+  int splits = 1;  // gemm k = 32, and k = 72 with wgmma: blocks (one cluster) each output tile's
+                   // reduction is split over
   bool wgmma = false;  // gemm: the halo (k = 72) or 1x1 direct (k = 32) kernel on Hopper's wgmma
 };
 
