@@ -979,6 +979,9 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     if (squares >= INT32_MAX) reject("too many output squares");
     a.squares = int(squares);
     a.n_tiles = int((s.k + tiles.n - 1) / tiles.n);
+    a.div_n_tiles = make_fastdiv(uint32_t(a.n_tiles));
+    a.div_tiles_yx = make_fastdiv(uint32_t(a.tiles_yx));
+    a.div_tiles_x = make_fastdiv(uint32_t(a.tiles_x));
     a.ctiles = int((s.c + kHaloC - 1) / kHaloC);
     a.stages = a.ctiles + 1 < tiles.stages ? a.ctiles + 1 : tiles.stages;
     a.splits = 1;

@@ -27,12 +27,15 @@ struct HaloArgs {
   int tiles_x, tiles_yx;  // 8x8 squares per row of squares, per image
   int squares;            // n * tiles_yx
   int n_tiles;            // ceil(k / BN)
-  int ctiles;             // ceil(c / 8): stages of the reduction
-  int stages;             // 2..4, never more than ctiles + 1 nor what shared memory holds
-  int xs, ys;             // elements between images of x and of y
-  const float* res;       // residual (y's shape) or null
-  int r_img;              // elements between its images
-  bool vec_b;             // 16-byte weight copies: c % 4 == 0 and w 16-byte aligned
+  // The divisors blocks and squares are decoded by: a runtime division is ~20 instructions, and
+  // the shallow layers' blocks are issue-bound, a sixth of their instructions in the set-up.
+  FastDiv div_n_tiles, div_tiles_yx, div_tiles_x;
+  int ctiles;        // ceil(c / 8): stages of the reduction
+  int stages;        // 2..4, never more than ctiles + 1 nor what shared memory holds
+  int xs, ys;        // elements between images of x and of y
+  const float* res;  // residual (y's shape) or null
+  int r_img;         // elements between its images
+  bool vec_b;        // 16-byte weight copies: c % 4 == 0 and w 16-byte aligned
   Activation act;
   // The wgmma kernel: blocks (one cluster) a tile's stages are split over, 1..8. One byte, in
   // what was padding: a larger struct changed ptxas's register allocation of every halo kernel.
@@ -283,9 +286,9 @@ struct HaloSquare {
   __device__ __forceinline__ HaloSquare(const HaloArgs& a, int sq) {
     ok = sq < a.squares;
     const int sqc = ok ? sq : 0;
-    img = sqc / a.tiles_yx;
+    img = fast_div(sqc, a.div_tiles_yx);
     const int rem = sqc - img * a.tiles_yx;
-    const int sy = rem / a.tiles_x, sx = rem - sy * a.tiles_x;
+    const int sy = fast_div(rem, a.div_tiles_x), sx = rem - sy * a.tiles_x;
     oy0 = sy * kHaloSide;
     ox0 = sx * kHaloSide;
   }
@@ -305,8 +308,8 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp / T::kWarpsN, wn = warp % T::kWarpsN;
   const int g = lane / 4, t = lane % 4;
-  const int n_tile = int(blockIdx.x % unsigned(a.n_tiles));
-  const int m_tile = int(blockIdx.x / unsigned(a.n_tiles));
+  const int m_tile = fast_div(int(blockIdx.x), a.div_n_tiles);
+  const int n_tile = int(blockIdx.x) - m_tile * a.n_tiles;
   const int n0 = n_tile * BN;
   const uint32_t smem0 = smem_addr(smem);
   constexpr uint32_t kStageBytes = 4 * T::kStageFloats;

@@ -234,10 +234,10 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
   const int t = lane % 4;
   // Split-K: a tile's splits are consecutive blocks, one cluster; split j sums channel stages
   // [j * ctiles / splits, (j + 1) * ctiles / splits), never empty (splits <= ctiles).
-  const unsigned tile = Split ? blockIdx.x / unsigned(a.splits) : blockIdx.x;
-  const int split = Split ? int(blockIdx.x - tile * unsigned(a.splits)) : 0;
-  const int n_tile = int(tile % unsigned(a.n_tiles));
-  const int m_tile = int(tile / unsigned(a.n_tiles));
+  const int tile = Split ? int(blockIdx.x / unsigned(a.splits)) : int(blockIdx.x);
+  const int split = Split ? int(blockIdx.x) - tile * a.splits : 0;
+  const int m_tile = fast_div(tile, a.div_n_tiles);
+  const int n_tile = tile - m_tile * a.n_tiles;
   const int n0 = n_tile * BN;
   const uint32_t smem0 = smem_addr(smem);
   constexpr uint32_t kStageBytes = 4 * W::kStageFloats;
