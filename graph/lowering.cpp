@@ -111,7 +111,7 @@ constexpr int kHaloWgmmaSmallGridStages = 4;
 // At stride 1 the wgmma halo kernel's last tiles, 64x32, may make fewer blocks than
 // kHaloMinWaves asks: 1x64x40x40 -> 64, 50 blocks (0.38 waves), 7.5 us vs the gather
 // kernel's best 8.2 (32x64 in 4 splits; 2026-12-02). But 1x128x20x20 -> 128, 36 blocks of 64x32
-// (0.27 waves) over twice the reduction: 12.5 vs the gather kernel's 8.8.
+// (0.27 waves) over twice the reduction: 12.5 vs the gather kernel's 8.8 (split, below, 7.3).
 constexpr double kHaloWgmmaMinWaves = 0.375;
 
 // The 1x1 direct kernel on warpgroup MMA (Hopper), from kDirectWgmmaMinCout output channels and
