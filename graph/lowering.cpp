@@ -181,6 +181,16 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// Split-K for a grid of `blocks` tiles over `steps` pipeline steps (either kernel's): splits
+// double while the grid stays within kSplitMaxWaves waves and every split keeps `min_steps`.
+int split_count(int64_t blocks, int64_t steps, int64_t min_steps, int sms) {
+  int splits = 1;
+  while (splits < kMaxSplits && double(blocks * splits * 2) <= kSplitMaxWaves * sms &&
+         steps >= min_steps * splits * 2)
+    splits *= 2;
+  return splits;
+}
+
 }  // namespace
 
 ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile& device) {
@@ -231,15 +241,11 @@ bool halo_wins(const ConvShape& s, int n_tile, const DeviceProfile& device) {
   return double(halo_blocks(s, 256, n_tile)) >= kHaloMinWaves * device.sm_count;
 }
 
-// Splits for a wgmma halo grid of `blocks` one-square tiles (see kHaloSplitMinStages).
+// Splits for a wgmma halo grid of `blocks` one-square tiles (see kHaloSplitMinStages): none
+// from half a wave; its steps are stages of 8 input channels.
 int halo_splits(const ConvShape& s, int64_t blocks, const DeviceProfile& device) {
-  const int64_t stages = ceil_div(s.c, 8);
-  int splits = 1;
-  if (double(blocks) >= kHaloMinWaves * device.sm_count) return splits;
-  while (splits < kMaxSplits && double(blocks * splits * 2) <= kSplitMaxWaves * device.sm_count &&
-         stages >= kHaloSplitMinStages * splits * 2)
-    splits *= 2;
-  return splits;
+  if (double(blocks) >= kHaloMinWaves * device.sm_count) return 1;
+  return split_count(blocks, ceil_div(s.c, 8), kHaloSplitMinStages, device.sm_count);
 }
 
 // The wgmma halo tiles for `s`, or nullopt where that kernel does not take it.
@@ -364,11 +370,7 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       // gather kernel only.
       const int64_t ktiles = ceil_div(s.c * s.r * s.s, 32);
       const auto splits_for = [&](int64_t blocks) {
-        int splits = 1;
-        while (splits < kMaxSplits && double(blocks * splits * 2) <= kSplitMaxWaves * sms &&
-               ktiles >= kSplitMinKTiles * splits * 2)
-          splits *= 2;
-        return splits;
+        return split_count(blocks, ktiles, kSplitMinKTiles, sms);
       };
       if (device.cc_major >= 9 && !conv_gemm_direct_fits(s)) {
         if (t.m == 32 && t.n == 32)

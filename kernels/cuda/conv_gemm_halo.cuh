@@ -38,7 +38,8 @@ struct HaloArgs {
   bool vec_b;        // 16-byte weight copies: c % 4 == 0 and w 16-byte aligned
   Activation act;
   // The wgmma kernel: blocks (one cluster) a tile's stages are split over, 1..8. One byte, in
-  // what was padding: a larger struct changed ptxas's register allocation of every halo kernel.
+  // padding: as an int it enlarged the struct, and that moved ptxas's register allocation of
+  // every halo kernel (tools/kernel_regs.py).
   uint8_t splits;
   const float* wp;  // the wgmma kernel's weights, packed for its n (pack_wgmma_weights)
 };
