@@ -278,7 +278,9 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
       int m, n;
       double waves;
     };
-    for (const auto& [m, n, waves] : {Candidate{cover == 128 ? 256 : 128, cover, kHaloMinWaves},
+    // Up to 16 output channels, 16-wide tiles (m64n16 wgmmas): NOT YET MEASURED (wip).
+    const int first_n = s.k <= 16 ? 16 : cover;
+    for (const auto& [m, n, waves] : {Candidate{cover == 128 ? 256 : 128, first_n, kHaloMinWaves},
                                       {64, 64, kHaloMinWaves},
                                       {64, 32, kHaloWgmmaMinWaves}})
       if (n <= cover && fills(m, n, waves)) {
@@ -411,10 +413,10 @@ std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel, const DeviceProfile& 
     // the 1x1 direct kernel's tiles (on other shapes they run the mma.sync k = 32 kernels).
     if (device.wgmma) {
       for (int m : {64, 128, 256})
-        for (int n : {32, 64, 128})
+        for (int n : {16, 32, 64, 128})
           for (int stages : {3, 4}) out.push_back({m, n, 72, stages, 1, true});
       // Split-K on its one-square tiles, those of the small grids.
-      for (int n : {32, 64, 128})
+      for (int n : {16, 32, 64, 128})
         for (int stages : {3, 4})
           for (int splits : {2, 4, 8}) out.push_back({64, n, 72, stages, splits, true});
       for (int m : {64, 128})

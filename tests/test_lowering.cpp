@@ -155,7 +155,7 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
   for (const Wg& r : std::vector<Wg>{
            {shape(16, 64, 80, 64, 3), {128, 64, 72, 3, 1, true}},     // 800 blocks
            {shape(16, 128, 40, 128, 3), {256, 128, 72, 3, 1, true}},  // 100 blocks
-           {shape(1, 16, 160, 16, 3), {128, 32, 72, 3, 1, true}},     // 200 blocks
+           {shape(1, 16, 160, 16, 3), {128, 16, 72, 3, 1, true}},     // 200 blocks, 16 wide
            // 100 squares: 128x64 makes 50 blocks, 64x64 100 >= 66, half a wave: whole.
            {shape(1, 64, 80, 64, 3), {64, 64, 72, 4, 1, true}},
            // 25 squares, Cout 128: 256x128 makes 7 blocks, 128x128 13, 128x64 26, 64x64 50,

@@ -161,13 +161,13 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   DeviceBuffer dw(w_n), dscale(s.k), dshift(s.k), dgamma(s.k), dbeta(s.k), dmean(s.k), dvar(s.k),
       tmp(out_n);
   upload(dw.ptr, w);
-  // The weights packed for the wgmma kernels' n = 32, 64 and 128: the halo kernel's (k = 72) or
-  // the direct kernel's (k = 32), whichever takes the shape (lowering packs them once per model,
-  // for the tiles it picks).
-  std::unique_ptr<DeviceBuffer> dpacked[2][3];
+  // The weights packed for the wgmma kernels' n = 16 (halo only), 32, 64 and 128: the halo
+  // kernel's (k = 72) or the direct kernel's (k = 32), whichever takes the shape (lowering packs
+  // them once per model, for the tiles it picks).
+  std::unique_ptr<DeviceBuffer> dpacked[2][4];
   for (int kind = 0; kind < 2; ++kind)
-    for (int i = 0; i < 3; ++i) {
-      const ConvTiles t{64, 32 << i, kind ? 72 : 32, 3, 1, true};
+    for (int i = kind ? 0 : 1; i < 4; ++i) {
+      const ConvTiles t{64, 16 << i, kind ? 72 : 32, 3, 1, true};
       if (conv_gemm_wgmma_kernel(t, s) == WgmmaKernel::None) continue;
       Tensor packed = Tensor::empty({wgmma_packed_floats(s, t)});
       pack_wgmma_weights(s, t, w.f32(), packed.f32());
@@ -175,7 +175,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
       upload(dpacked[kind][i]->ptr, packed);
     }
   auto wp = [&](const ConvTiles& t) -> const float* {
-    const int i = t.n == 32 ? 0 : t.n == 64 ? 1 : 2;
+    const int i = t.n == 16 ? 0 : t.n == 32 ? 1 : t.n == 64 ? 2 : 3;
     const auto& d = dpacked[t.k == 72][i];
     return t.wgmma && d ? d->ptr : nullptr;
   };
@@ -245,7 +245,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   // table shows what the halo tiles gain.
   if (conv_gemm_halo_fits(s)) {
     ConvTiles t = conv_tiles(ConvKernel::Gemm, s, profile);
-    t = {std::min(t.m, 128), t.n, 32, t.stages};
+    t = {std::min(t.m, 128), std::max(t.n, 32), 32, t.stages};
     variants.push_back({"gemm_k32", [&fused, t](int r) { fused(ConvKernel::Gemm, t, r); }, 2e-3});
   }
   // Where it picks a kernel on warpgroup MMA, the same kernel on mma.sync too.

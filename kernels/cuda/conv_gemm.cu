@@ -16,11 +16,12 @@
 //   k = 72  halo   3x3, stride 1 or 2 (the same both ways), dilation 1, any padding
 //                  (conv_gemm_halo.cuh): m in {64, 128, 256} output pixels (1, 2 or 4 squares
 //                  of 8x8), n in {32, 64, 128}. On any other shape k = 72 runs the k = 32
-//                  kernels below with the same n and m capped at 128. With `wgmma` the same
-//                  tiles on Hopper's warpgroup MMA (conv_gemm_wgmma.cuh; sm_90a builds on a
-//                  compute capability 9.0 GPU), reading the weights packed ahead of the run
-//                  (pack_wgmma_weights); stages 3 or 4; at m = 64 splits > 1 runs it
-//                  split-K over its 8-channel stages as the gather kernel below does.
+//                  kernels below with the same n (32 for 16) and m capped at 128. With
+//                  `wgmma` the same tiles, and n = 16 too, on Hopper's warpgroup MMA
+//                  (conv_gemm_wgmma.cuh; sm_90a builds on a compute capability 9.0 GPU),
+//                  reading the weights packed ahead of the run (pack_wgmma_weights); stages 3
+//                  or 4; at m = 64 splits > 1 runs it split-K over its 8-channel stages as the
+//                  gather kernel below does.
 //   k = 32  direct 1x1, stride 1, no padding, ho*wo % 4 == 0, x 16-byte aligned: persistent.
 //                  With `wgmma` (m in {64, 128}, no splits) the same on warpgroup MMA
 //                  (conv_direct_wgmma_kernel below), reading the weights packed ahead; on any
@@ -864,7 +865,9 @@ void launch_halo_wgmma_any(HaloArgs a, Stream stream) {
 
 template <int BM, int BN, int S>
 void launch_halo_any(HaloArgs a, bool wgmma, Stream stream) {
-  if (!wgmma) return launch_halo<BM, BN, S>(a, stream);
+  // n = 16 is built for the wgmma kernel only (conv_gemm checks the tiles).
+  if constexpr (BN != 16)
+    if (!wgmma) return launch_halo<BM, BN, S>(a, stream);
   // Split-K is built for the one-square tiles only (conv_built_tiles).
   if constexpr (BM == 64)
     if (a.splits > 1) return launch_halo_wgmma_any<BM, BN, S, true>(a, stream);
@@ -874,6 +877,12 @@ void launch_halo_any(HaloArgs a, bool wgmma, Stream stream) {
 template <int S>
 void dispatch_halo(const ConvTiles& t, const HaloArgs& a, Stream stream) {
   switch (t.m * 1000 + t.n) {
+    case 64016:
+      return launch_halo_any<64, 16, S>(a, t.wgmma, stream);
+    case 128016:
+      return launch_halo_any<128, 16, S>(a, t.wgmma, stream);
+    case 256016:
+      return launch_halo_any<256, 16, S>(a, t.wgmma, stream);
     case 64032:
       return launch_halo_any<64, 32, S>(a, t.wgmma, stream);
     case 64064:
@@ -933,7 +942,8 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
                        in(tiles.splits, {1, 2, 4, 8}) &&
                        (!tiles.wgmma || (tiles.m >= 64 && tiles.splits == 1));
   const bool halo_ok =
-      tiles.k == kHaloK && in(tiles.m, {64, 128, 256}) && in(tiles.n, {32, 64, 128}) &&
+      tiles.k == kHaloK && in(tiles.m, {64, 128, 256}) &&
+      (in(tiles.n, {32, 64, 128}) || (tiles.wgmma && tiles.n == 16)) &&
       (tiles.splits == 1 || (tiles.wgmma && tiles.m == 64 && in(tiles.splits, {2, 4, 8})));
   if (tiles.wgmma && !wgmma_available())
     reject(
@@ -943,7 +953,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     reject("unsupported tiles " + tiles_str(tiles) +
            " (k = 32 with m, n in {32, 64, 128} and splits in {1, 2, 4, 8}, with wgmma m >= 64 "
            "and no splits; k = 72 with m in {64, 128, 256}, n in {32, 64, 128} and no splits, "
-           "with wgmma and m = 64 splits in {1, 2, 4, 8}; stages in {2, 3, 4})");
+           "with wgmma also n = 16 and at m = 64 splits in {1, 2, 4, 8}; stages in {2, 3, 4})");
   const WgmmaKernel wg_kernel = conv_gemm_wgmma_kernel(tiles, s);
   if (wg_kernel != WgmmaKernel::None) {
     if (!packed)
@@ -1005,6 +1015,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   if (t.k == kHaloK) {
     t.k = kBK;
     if (t.m > 128) t.m = 128;
+    if (t.n < 32) t.n = 32;
   }
 
   GemmArgs a{};

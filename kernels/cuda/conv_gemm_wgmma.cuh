@@ -61,7 +61,10 @@ namespace epilog::cuda::conv_gemm_detail {
 
 template <int BM, int BN, int S, bool RegA>
 struct HaloWgTile {
-  using T = HaloTile<BM, BN, S>;
+  // HaloTile's patch geometry, which does not depend on n (n = 16 exists on this kernel only:
+  // the mma.sync one's warps are 32 channels wide).
+  static constexpr int kPatchN = BN < 32 ? 32 : BN;
+  using T = HaloTile<BM, kPatchN, S>;
   static constexpr int kSquares = T::kSquares, kThreads = 128 * kSquares, kNI = BN / 8;
   // n = 32 tiles keep 768 threads an SM (85 registers a thread): their layers wait on memory,
   // and the residual they fetch ahead (conv_halo_wgmma_kernel) would otherwise cost a block.
@@ -116,6 +119,16 @@ template <int NI>
 __device__ __forceinline__ void wgmma_tf32(float (&d)[NI][4], uint64_t a, uint64_t b);
 
 template <>
+__device__ __forceinline__ void wgmma_tf32<2>(float (&d)[2][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : EPILOG_D4(0), EPILOG_D4(1)
+      : "l"(a), "l"(b));
+}
+
+template <>
 __device__ __forceinline__ void wgmma_tf32<4>(float (&d)[4][4], uint64_t a, uint64_t b) {
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
@@ -161,6 +174,17 @@ __device__ __forceinline__ void wgmma_tf32_rs(float (&d)[NI][4], const uint32_t 
                                               uint64_t b);
 
 #define EPILOG_A4 "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
+
+template <>
+__device__ __forceinline__ void wgmma_tf32_rs<2>(float (&d)[2][4], const uint32_t (&a)[4],
+                                                 uint64_t b) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+      " wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+      : EPILOG_D4(0), EPILOG_D4(1)
+      : EPILOG_A4, "l"(b));
+}
 
 template <>
 __device__ __forceinline__ void wgmma_tf32_rs<4>(float (&d)[4][4], const uint32_t (&a)[4],
@@ -226,8 +250,8 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
                                   Split ? 1 : HaloWgTile<BM, BN, S, RegA>::kMinBlocks)
     conv_halo_wgmma_kernel(const HaloArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = HaloTile<BM, BN, S>;
   using W = HaloWgTile<BM, BN, S, RegA>;
+  using T = typename W::T;
   extern __shared__ __align__(16) float smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wg = warp / 4, wtid = tid % 128;  // warpgroup = square of the block
@@ -247,8 +271,8 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
   const uint32_t op0_addr = smem_addr(op0);
 
   const HaloSquare sq(a, m_tile * W::kSquares + wg);
-  const HaloPatchLoader<BM, BN, S, 4> loader(a, smem0, warp, wg, lane, sq.ok, sq.img, sq.oy0,
-                                             sq.ox0);
+  const HaloPatchLoader<BM, W::kPatchN, S, 4> loader(a, smem0, warp, wg, lane, sq.ok, sq.img,
+                                                     sq.oy0, sq.ox0);
   // Packed weights: this n tile's stages one after another, each kOpB floats as OpB lays them
   // (this split's from stage kt0 on). Thread tid copies 16-byte chunks tid, tid + kThreads, ...
   const float* const wp = a.wp + (size_t(n_tile) * a.ctiles + kt0) * W::kOpB + 4 * tid;
