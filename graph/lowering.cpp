@@ -74,14 +74,20 @@ constexpr double kHaloWgmmaMinUseful = 0.68;
 // the plane and the tiles make half a wave: m = 256 for n = 128 where that grid fills, else 128.
 // 16x64x80x80 -> 128: 256x128 34.7 vs 128x128 36.0 (3 stages) and 40.3 (4), the mma.sync
 // kernels' best 42.9 (register A, 2026-12-01); -> 64 128x64 4 stages 26.8 with register A (29.8
-// with A from shared memory, 3 stages over 32) vs 31.6; but 16x32x160x160 -> 64 60.1 vs 55.2 and
-// b32_c16_32_3x3s2_320 212.5 vs 147.6.
+// with A from shared memory, 3 stages over 32) vs 31.6; 16x32x160x160 -> 64 128x64 47.8 (3
+// stages; 54.4 with 4) vs the mma.sync kernel's 55.9 as picked before (a sweep of 2026-12-02;
+// it had lost, 60.1 vs 55.2, to the wgmma kernel of 2026-12-01); but b32_c16_32_3x3s2_320 212.5
+// vs 147.6, and 16x16x320x320 -> 32 was even (77.1 vs 78.6, 2026-12-02).
 // On grids too small for the 4-square blocks of either halo kernel (under kHaloMinWaves) it takes
 // stride 2 with 64x64 tiles from kHaloWgmmaMinWaves, whatever the depth: the YOLO-like model's
 // batch-1 layers (2026-12-02, us, 3 stages) b1_c32_64_3x3s2_160 (100 blocks) 6.4 vs the gather
 // kernel's 8.2 as picked, 1x64x80x80 -> 128 (50 blocks) 9.6 vs 11.1; 4 stages 6.7 and 10.2.
 // 1x64x80x80 -> 64 would have 25 (64x32: 50, 8.9 vs the gather kernel's 8.6).
-constexpr int64_t kHaloWgmmaStride2MinChannels = 64;
+constexpr int64_t kHaloWgmmaStride2MinChannels = 32;
+// ...in as many stages as fit where the reduction has more than this many stages of 8 channels,
+// else kHaloWgmmaStages: a pipeline as deep as the reduction is all prologue (Cin 32: 3 stages
+// 47.8 vs 4 54.4 above; Cin 64: 4 stages best).
+constexpr int64_t kHaloWgmmaStride2DeepSteps = 4;
 // Below kHaloWgmmaStride2MinChannels it takes stride 2 where its 128 x Cout-cover blocks make
 // half a wave to this many waves, in 3 stages: 1x16x320x320 -> 32 (200 blocks) 7.5 vs the
 // mma.sync halo kernel's 9.0 (2026-12-02); but with 800 and 3200 blocks it lost (above).
@@ -98,7 +104,9 @@ constexpr int kHaloStride2Stages = 2;
 // kernel's best 62.9; a 16x128x20x20 -> 128 layer (256x128: 36 blocks) 64x64 21.4 vs 128x64
 // 26.8, 128x128 26.4; b16_c64_64_3x3_80 128x64 56.3 vs 64x64 56.2; 16x64x40x40 -> 64 128x64
 // 16.0 vs 64x64 19.6 (400 blocks, 4 past the 396 that fit at once); b1_c64_64_3x3_80 (128x64: 50
-// blocks) 64x64 8.0 vs 128x32 8.7; b16_c16_16_3x3_160 128x32 47.6 vs 64x32 49.2, 256x32 64.1.
+// blocks) 64x64 8.0 vs 128x32 8.7; b16_c16_16_3x3_160 128x32 47.6 vs 64x32 49.2, 256x32 64.1,
+// and with the 16-wide tiles (2026-12-02) 64x16 36.1 vs 128x16 39.6, 128x32 46.0 (the model
+// 1.292 -> 1.275 ms at batch 16, 0.288 -> 0.286 at batch 1, with 128x16).
 // 3 pipeline stages: a fourth pays only on some shallow grids (b1_c64_64_3x3_80 64x64 7.7) and
 // loses elsewhere (b16_c64_64_3x3_80 64x64 64.4). At stride 2 it wins on some layers and loses
 // on others: see kHaloWgmmaStride2MinChannels above.
@@ -264,8 +272,10 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
   if (s.stride_h == 2) {
     if (s.c >= kHaloWgmmaStride2MinChannels) {
       const int m = cover == 128 && fills(256, 128) ? 256 : 128;
-      if (fills(m, cover))
-        return ConvTiles{m, cover, 72, halo_wgmma_max_stages(m, cover, 2), 1, true};
+      const int stages = ceil_div(s.c, 8) > kHaloWgmmaStride2DeepSteps
+                             ? halo_wgmma_max_stages(m, cover, 2)
+                             : kHaloWgmmaStages;
+      if (fills(m, cover)) return ConvTiles{m, cover, 72, stages, 1, true};
     } else if (fills(128, cover) && !fills(128, cover, kHaloWgmmaStride2MaxWaves)) {
       return ConvTiles{128, cover, 72, kHaloWgmmaStages, 1, true};
     }
@@ -278,11 +288,11 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
       int m, n;
       double waves;
     };
-    // Up to 16 output channels, 16-wide tiles (m64n16 wgmmas): NOT YET MEASURED (wip).
-    const int first_n = s.k <= 16 ? 16 : cover;
-    for (const auto& [m, n, waves] : {Candidate{cover == 128 ? 256 : 128, first_n, kHaloMinWaves},
-                                      {64, 64, kHaloMinWaves},
-                                      {64, 32, kHaloWgmmaMinWaves}})
+    // Up to 16 output channels, 64x16 tiles (m64n16 wgmmas), see kHaloWgmmaStages.
+    const bool narrow = s.k <= 16;
+    const int m0 = narrow ? 64 : cover == 128 ? 256 : 128, n0 = narrow ? 16 : cover;
+    for (const auto& [m, n, waves] :
+         {Candidate{m0, n0, kHaloMinWaves}, {64, 64, kHaloMinWaves}, {64, 32, kHaloWgmmaMinWaves}})
       if (n <= cover && fills(m, n, waves)) {
         const bool small = m * n <= 64 * 64 && double(halo_blocks(s, m, n)) < device.sm_count;
         const int stages = small

@@ -155,7 +155,7 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
   for (const Wg& r : std::vector<Wg>{
            {shape(16, 64, 80, 64, 3), {128, 64, 72, 3, 1, true}},     // 800 blocks
            {shape(16, 128, 40, 128, 3), {256, 128, 72, 3, 1, true}},  // 100 blocks
-           {shape(1, 16, 160, 16, 3), {128, 16, 72, 3, 1, true}},     // 200 blocks, 16 wide
+           {shape(1, 16, 160, 16, 3), {64, 16, 72, 3, 1, true}},      // 400 blocks, 16 wide
            // 100 squares: 128x64 makes 50 blocks, 64x64 100 >= 66, half a wave: whole.
            {shape(1, 64, 80, 64, 3), {64, 64, 72, 4, 1, true}},
            // 25 squares, Cout 128: 256x128 makes 7 blocks, 128x128 13, 128x64 26, 64x64 50,
@@ -183,11 +183,11 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(16, 128, 12, 128, 3),
             conv_tiles(ConvKernel::Gemm, shape(16, 128, 12, 128, 3), sms(132))},
            {shape(32, 16, 320, 32, 3, 2), {256, 32, 72, 2}},
-           // Under 64 input channels at stride 2, only where 128 x 32 makes at most two waves
+           // Under 32 input channels at stride 2, only where 128 x 32 makes at most two waves
            // (1 x 20 x 20 squares: 200 blocks; 16 x 20 x 20: 3200).
            {shape(1, 16, 320, 32, 3, 2), {128, 32, 72, 3, 1, true}},
            {shape(16, 16, 320, 32, 3, 2), {256, 32, 72, 2}},
-           // Stride 2 from 64 input channels: Cout-covering tiles, m = 256 for n = 128 where that
+           // Stride 2 from 32 input channels: Cout-covering tiles, m = 256 for n = 128 where that
            // makes half a wave (here 100 blocks), else 128; 4 stages or as many as fit (3 for
            // 256x128); nor onto a 20x20 plane (69% used). At batch 1 (25 squares), where neither
            // halo kernel's 4-square blocks fill, 64x64 tiles make 50 blocks >= 49.5: 3 stages,
@@ -201,8 +201,8 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(1, 64, 80, 64, 3, 2), {64, 32, 72, 4, 2, true}},
            {shape(16, 128, 40, 256, 3, 2),
             conv_tiles(ConvKernel::Gemm, shape(16, 128, 40, 256, 3, 2), sms(132))},
-           {shape(16, 32, 160, 64, 3, 2),
-            conv_tiles(ConvKernel::Gemm, shape(16, 32, 160, 64, 3, 2), sms(132))},
+           // From 32 input channels; at 32 (4 channel stages) in 3 stages.
+           {shape(16, 32, 160, 64, 3, 2), {128, 64, 72, 3, 1, true}},
            {shape(1, 7, 640, 16, 3, 2), {128, 32, 32, 2}},  // no halo kernel: no wgmma
            // 1x1, stride 1, from 32 output channels: the direct kernel on wgmma from one wave
            // of 64 x Cout-covering tiles (400 x 2, 1600, 6400 tiles); 4 stages from 256 input
