@@ -316,9 +316,11 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
   };
   // A residual is fetched now, its loads under the mainloop's, where that costs few registers
   // (n <= 32: 16 a thread, with A in shared memory: the launcher takes register A at n = 32 only
-  // without a residual); the layers with few channels that have one wait on memory, not on their
-  // MMAs.
-  constexpr bool kResAhead = W::kNI <= 4 && !W::kRegA;
+  // without a residual; n = 16: 8, with A from registers, 76 registers at 64x16); the layers with
+  // few channels that have one wait on memory, not on their MMAs. At n = 16 register A with it
+  // ahead beat shared-memory A with it ahead in an A/B call of 2026-12-02 (two rounds each): the
+  // YOLO-like model 1.275 -> 1.260 ms at batch 16, 0.287 -> 0.289 at batch 1 (within its spread).
+  constexpr bool kResAhead = W::kNI <= 4 && (!W::kRegA || W::kNI <= 2);
   float res[1][kResAhead ? W::kNI : 1][4] = {};
   if constexpr (kResAhead) {
     if (a.res && split == 0) {

@@ -161,9 +161,9 @@ inline bool conv_gemm_halo_fits(const ConvShape& s) {
 // -- gemm's halo kernel on warpgroup MMA (ConvTiles::wgmma, conv_gemm_wgmma.cuh) --
 // Whether its tiles of n channels take A from registers (read straight from the staged patches)
 // rather than from patches rewritten into shared memory: all but n = 32 with a residual (the
-// measurements are in the kernel's header comment).
+// measurements are in the kernel's header comment and at its residual fetch).
 constexpr bool halo_wgmma_reg_a(int n, bool residual) {
-  return n >= 64 || !residual;
+  return n >= 64 || n <= 16 || !residual;
 }
 // Its shared memory for `stages` stages of m / 64 squares by n channels at stride `stride`: each
 // stage holds the input patches (8 channel planes of kCS floats each per square, as the mma.sync
