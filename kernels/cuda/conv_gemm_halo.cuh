@@ -248,7 +248,7 @@ __device__ __forceinline__ void for_residual(const HaloArgs& a, const int (&pix)
   // The residual's offsets differ from y's by the image strides only (one image a square).
   const float* __restrict__ r = a.res + img * (a.r_img - a.ys);
   for_outputs<MI, NI>(pix, a.k, n0, t, [&](int mi, int ni, int q, int n, int p) {
-    f(mi, ni, q, __ldg(r + size_t(n) * hwo + p));
+    f(mi, ni, q, __ldg(r + (n * hwo + p)));
   });
 }
 
@@ -273,9 +273,10 @@ __device__ __forceinline__ void halo_epilogue(const HaloArgs& a, float (&acc)[MI
     for_residual<MI, NI>(a, pix, img, n0, t,
                          [&](int mi, int ni, int q, float v) { acc[mi][ni][q] += v; });
   }
+  // 32-bit offsets: y and the residual span under 2^31 elements (conv_gemm checks).
   const int hwo = a.ho * a.wo;
   for_outputs<MI, NI>(pix, a.k, n0, t, [&](int mi, int ni, int q, int n, int p) {
-    a.y[size_t(n) * hwo + p] = acc[mi][ni][q];
+    a.y[n * hwo + p] = acc[mi][ni][q];
   });
 }
 
