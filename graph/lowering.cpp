@@ -97,9 +97,9 @@ constexpr double kHaloWgmmaStride2MaxWaves = 2.0;
 // b32_c16_32_3x3s2_320: 148.5 with 2 stages, 193.0 with 3.
 constexpr int kHaloStride2Stages = 2;
 // The halo kernel on warpgroup MMA (Hopper), at stride 1: n covering Cout with m = 256 for
-// n = 128, else 128; where that grid is under kHaloMinWaves waves, 64x64 (n <= Cout cover), then
-// 64x32. With A from registers (conv_gemm_wgmma.cuh) n = 128 wants four warpgroups a block, and
-// 64x64 beats the tiles of as many blocks. Sweeps and A/B calls of 2026-12-01 (us; 3 stages):
+// n = 128, else 128, and 64x16 up to 16 output channels; where that grid is under kHaloMinWaves
+// waves, 64x64 (n <= Cout cover), then 64x32. With A from registers (conv_gemm_wgmma.cuh)
+// n = 128 wants four warpgroups a block, and 64x64 beats the tiles of as many blocks. Sweeps and A/B calls of 2026-12-01 (us; 3 stages):
 // b16_c128_128_3x3_40 256x128 43.6 vs 128x128 51.2, 128x64 53.0, 64x64 52.1, the mma.sync
 // kernel's best 62.9; a 16x128x20x20 -> 128 layer (256x128: 36 blocks) 64x64 21.4 vs 128x64
 // 26.8, 128x128 26.4; b16_c64_64_3x3_80 128x64 56.3 vs 64x64 56.2; 16x64x40x40 -> 64 128x64
