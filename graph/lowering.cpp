@@ -96,20 +96,20 @@ constexpr double kHaloWgmmaStride2MaxWaves = 2.0;
 // under an 8x8 square): two stages (95 KB at n = 32) let two blocks share an SM, three do not.
 // b32_c16_32_3x3s2_320: 148.5 with 2 stages, 193.0 with 3.
 constexpr int kHaloStride2Stages = 2;
-// The halo kernel on warpgroup MMA (Hopper), at stride 1: n covering Cout with m = 256 for
-// n = 128, else 128, and 64x16 up to 16 output channels; where that grid is under kHaloMinWaves
-// waves, 64x64 (n <= Cout cover), then 64x32. With A from registers (conv_gemm_wgmma.cuh)
-// n = 128 wants four warpgroups a block, and 64x64 beats the tiles of as many blocks. Sweeps and A/B calls of 2026-12-01 (us; 3 stages):
-// b16_c128_128_3x3_40 256x128 43.6 vs 128x128 51.2, 128x64 53.0, 64x64 52.1, the mma.sync
-// kernel's best 62.9; a 16x128x20x20 -> 128 layer (256x128: 36 blocks) 64x64 21.4 vs 128x64
-// 26.8, 128x128 26.4; b16_c64_64_3x3_80 128x64 56.3 vs 64x64 56.2; 16x64x40x40 -> 64 128x64
-// 16.0 vs 64x64 19.6 (400 blocks, 4 past the 396 that fit at once); b1_c64_64_3x3_80 (128x64: 50
-// blocks) 64x64 8.0 vs 128x32 8.7; b16_c16_16_3x3_160 128x32 47.6 vs 64x32 49.2, 256x32 64.1,
-// and with the 16-wide tiles (2026-12-02) 64x16 36.1 vs 128x16 39.6, 128x32 46.0 (the model
-// 1.292 -> 1.275 ms at batch 16, 0.288 -> 0.286 at batch 1, with 128x16).
-// 3 pipeline stages: a fourth pays only on some shallow grids (b1_c64_64_3x3_80 64x64 7.7) and
-// loses elsewhere (b16_c64_64_3x3_80 64x64 64.4). At stride 2 it wins on some layers and loses
-// on others: see kHaloWgmmaStride2MinChannels above.
+// The halo kernel on warpgroup MMA (Hopper), at stride 1: n covering Cout with m = 256 for n = 128,
+// else 128, and 64x16 up to 16 output channels; where that grid is under kHaloMinWaves waves, 64x64
+// (n <= Cout cover), then 64x32. With A from registers (conv_gemm_wgmma.cuh) n = 128 wants four
+// warpgroups a block, and 64x64 beats the tiles of as many blocks. Sweeps and A/B calls of
+// 2026-12-01 (us; 3 stages): b16_c128_128_3x3_40 256x128 43.6 vs 128x128 51.2, 128x64 53.0, 64x64
+// 52.1, the mma.sync kernel's best 62.9; a 16x128x20x20 -> 128 layer (256x128: 36 blocks) 64x64
+// 21.4 vs 128x64 26.8, 128x128 26.4; b16_c64_64_3x3_80 128x64 56.3 vs 64x64 56.2; 16x64x40x40 -> 64
+// 128x64 16.0 vs 64x64 19.6 (400 blocks, 4 past the 396 that fit at once); b1_c64_64_3x3_80
+// (128x64: 50 blocks) 64x64 8.0 vs 128x32 8.7; b16_c16_16_3x3_160 128x32 47.6 vs 64x32 49.2, 256x32
+// 64.1, and with the 16-wide tiles (2026-12-02) 64x16 36.1 vs 128x16 39.6, 128x32 46.0 (the model
+// 1.292 -> 1.275 ms at batch 16, 0.288 -> 0.286 at batch 1, with 128x16). 3 pipeline stages: a
+// fourth pays only on some shallow grids (b1_c64_64_3x3_80 64x64 7.7) and loses elsewhere
+// (b16_c64_64_3x3_80 64x64 64.4). At stride 2 it wins on some layers and loses on others: see
+// kHaloWgmmaStride2MinChannels above.
 constexpr int kHaloWgmmaStages = 3;
 // ...and at stride 1, tiles up to 64x64 take as many as fit up to 4 where their grid is under one
 // wave (a block an SM at most; 256x128 was not measured so): the YOLO-like model's batch-1 layers
