@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -161,23 +162,22 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   DeviceBuffer dw(w_n), dscale(s.k), dshift(s.k), dgamma(s.k), dbeta(s.k), dmean(s.k), dvar(s.k),
       tmp(out_n);
   upload(dw.ptr, w);
-  // The weights packed for the wgmma kernels' n = 16 (halo only), 32, 64 and 128: the halo
-  // kernel's (k = 72) or the direct kernel's (k = 32), whichever takes the shape (lowering packs
-  // them once per model, for the tiles it picks).
-  std::unique_ptr<DeviceBuffer> dpacked[2][4];
-  for (int kind = 0; kind < 2; ++kind)
-    for (int i = kind ? 0 : 1; i < 4; ++i) {
-      const ConvTiles t{64, 16 << i, kind ? 72 : 32, 3, 1, true};
+  // The weights packed for every wgmma tile width, by (k, n): the halo kernel's (k = 72) or the
+  // direct kernel's (k = 32), whichever takes the shape (lowering packs them once per model, for
+  // the tiles it picks).
+  std::map<std::pair<int, int>, std::unique_ptr<DeviceBuffer>> dpacked;
+  for (int k : {32, 72})
+    for (int n : {16, 32, 64, 128}) {
+      const ConvTiles t{64, n, k, 3, 1, true};
       if (conv_gemm_wgmma_kernel(t, s) == WgmmaKernel::None) continue;
       Tensor packed = Tensor::empty({wgmma_packed_floats(s, t)});
       pack_wgmma_weights(s, t, w.f32(), packed.f32());
-      dpacked[kind][i] = std::make_unique<DeviceBuffer>(packed.numel());
-      upload(dpacked[kind][i]->ptr, packed);
+      auto& d = dpacked[{k, n}] = std::make_unique<DeviceBuffer>(packed.numel());
+      upload(d->ptr, packed);
     }
   auto wp = [&](const ConvTiles& t) -> const float* {
-    const int i = t.n == 16 ? 0 : t.n == 32 ? 1 : t.n == 64 ? 2 : 3;
-    const auto& d = dpacked[t.k == 72][i];
-    return t.wgmma && d ? d->ptr : nullptr;
+    const auto it = dpacked.find({t.k, t.n});
+    return t.wgmma && it != dpacked.end() ? it->second->ptr : nullptr;
   };
   auto up = [](DeviceBuffer& d, const std::vector<float>& v) {
     EPILOG_CUDA_CHECK(cudaMemcpy(d.ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
