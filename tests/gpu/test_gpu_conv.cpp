@@ -76,6 +76,10 @@ const std::vector<Geometry> kGeometries = {
     // stores), then odd sizes.
     {"3x3 stride 2, an RGB stem",  3,  3, 17, 24, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
     {"3x3 stem, odd sizes",        3,  3, 17, 21, 16, 3, 3, 2, 2, 2, 1, 1, 2, 1, 1, 1},
+    // The stem's first tap at each phase of its 16-byte group: (-pad_l) mod 4 = 0, 1 and 2.
+    {"3x3 stem, no padding",       1,  3, 16, 20, 12, 3, 3, 2, 2, 0, 0, 0, 0, 1, 1, 1},
+    {"3x3 stem, left pad 3",       1,  4, 12, 16, 16, 3, 3, 2, 2, 1, 3, 1, 0, 1, 1, 1},
+    {"3x3 stem stride 1, pad 2",   3,  2, 13, 12,  7, 3, 3, 1, 1, 2, 2, 0, 1, 1, 1, 1},
     {"5x5 pad 2",                  1,  9, 15, 19, 33, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1},
     {"5x5 stride 2 asymmetric",    3,  4, 17, 13, 13, 5, 5, 2, 2, 1, 2, 2, 1, 1, 1, 1},
     {"5x5 dilation 2",             1,  5, 10,  9,  7, 5, 5, 1, 1, 4, 4, 4, 4, 2, 2, 1},
