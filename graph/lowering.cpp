@@ -178,10 +178,11 @@ constexpr int64_t kHaloSplitMinStages = 4;
 // An image network's first layer (conv_scalar_stem_fits: 3x3 over <= 4 channels into <= 16)
 // goes to scalar's stem path, a thread computing 4 pixels x all output channels from one read of
 // its inputs, from this many of its 256-item blocks per SM: 3 -> 16 channels, 640x640 at stride
-// 2, 1600 blocks (batch 16) 85.8 vs gemm 118.0, 400 (batch 4) 26.8 vs 32.1, but 100 (batch 1)
-// 11.2 vs 10.0. Two blocks of it fit an SM. Measured at 3 input channels; 1, 2 and 4 take the
-// same path unmeasured.
-constexpr double kStemMinBlocksPerSm = 2.0;
+// 2, 1600 blocks (batch 16) 85.8 vs gemm 118.0, 400 (batch 4) 26.8 vs 32.1; 100 (batch 1, 0.76
+// an SM) 11.2 vs 10.0 before its loads ran a row ahead, 9.3 vs 10.0 since (A/B, 2026-12-02; the
+// YOLO-like model at batch 1 0.284 -> 0.283 ms, within its noise). Smaller grids were not
+// measured and keep gemm. Measured at 3 input channels; 1, 2 and 4 take the same path unmeasured.
+constexpr double kStemMinBlocksPerSm = 0.75;
 
 namespace {
 

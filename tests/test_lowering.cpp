@@ -41,9 +41,11 @@ TEST_CASE("lowering: select_conv_kernel follows its ordered rules", "[lowering]"
   const std::vector<Row> rows = {
       {shape(16, 96, 56, 96, 3, 1, 96), ConvKernel::Scalar, "groups"},  // depthwise
       {shape(1, 8, 320, 8, 1), ConvKernel::Tiled, "reduction 8 < 16"},
-      // The stem path from 2 blocks of 256 items per SM: 100 blocks at batch 1, 400 at 4.
-      {shape(1, 3, 640, 16, 3, 2), ConvKernel::Gemm, "reduction 27 >= 16"},
-      {shape(4, 3, 640, 16, 3, 2), ConvKernel::Scalar, "400 blocks >= 2 per SM: scalar's stem"},
+      // The stem path from 0.75 blocks of 256 items per SM: 100 blocks at batch 1 (132 SMs),
+      // 25 at 320x320.
+      {shape(1, 3, 640, 16, 3, 2), ConvKernel::Scalar, "100 blocks >= 0.75 per SM: scalar's stem"},
+      {shape(4, 3, 640, 16, 3, 2), ConvKernel::Scalar, "400 blocks >= 0.75 per SM: scalar's stem"},
+      {shape(1, 3, 320, 16, 3, 2), ConvKernel::Gemm, "reduction 27 >= 16"},
       {shape(1, 3, 640, 32, 3, 2), ConvKernel::Gemm, "reduction 27 >= 16"},  // Cout > 16
       {shape(1, 5, 640, 16, 3, 2), ConvKernel::Gemm, "reduction 45 >= 16"},  // Cin > 4
       {shape(1, 15, 80, 16, 1), ConvKernel::Tiled, "reduction 15 < 16"},
