@@ -687,14 +687,12 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
     // 23.9; the YOLO-like model 1.250 -> 1.239 ms at batch 16.
     // The 4-byte loads of the unaligned path spill with a row ahead (8 and 48 bytes at stride 1
     // and 2), so they take a row at a time.
-    constexpr bool kAhead = VecIn;
     float acc[kStemK][kStemV] = {};
-    float in[kIn];
-    if constexpr (kAhead) load_row(0, in);
+    float in[kIn], next[VecIn ? kIn : 1];
+    if constexpr (VecIn) load_row(0, in);
 #pragma unroll 1
     for (int r = 0; r < rows; ++r) {
-      float next[kIn];
-      if constexpr (kAhead) {
+      if constexpr (VecIn) {
         load_row(r + 1, next);
       } else {
         load_row(r, in);
@@ -714,7 +712,7 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
             acc[4 * k4 + 3][v] = fmaf(xv, w4.w, acc[4 * k4 + 3][v]);
           }
         }
-      if constexpr (kAhead) {
+      if constexpr (VecIn) {
 #pragma unroll
         for (int u = 0; u < kIn; ++u) in[u] = next[u];
       }
