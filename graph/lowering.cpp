@@ -88,6 +88,12 @@ constexpr int64_t kHaloWgmmaStride2MinChannels = 32;
 // else kHaloWgmmaStages: a pipeline as deep as the reduction is all prologue (Cin 32: 3 stages
 // 47.8 vs 4 54.4 above; Cin 64: 4 stages best).
 constexpr int64_t kHaloWgmmaStride2DeepSteps = 4;
+// ...but at n = 64 where its 128 x 64 blocks make under this many waves, 64x64 tiles in 3 stages:
+// 16x64x80x80 -> 64 (200 blocks of 128 x 64; 2026-12-03 sweep, us) 64x64 3 stages 24.1 vs
+// 128x64 26.0 (3 stages) and 26.2 (4, as picked before), 256x64 25.1; 16x32x160x160 -> 64 (800
+// blocks) stays on 128x64, 47.4 vs 64x64 51.0. A/B (2026-12-03, us): 25.9 -> 23.8 at batch 16,
+// 13.5 -> 12.8 at batch 8, 2x32x160x160 -> 64 10.1 -> 8.8, 4x32x160x160 -> 64 15.5 either way.
+constexpr double kHaloWgmmaStride2NarrowWaves = 2.0;
 // Below kHaloWgmmaStride2MinChannels it takes stride 2 where its 128 x Cout-cover blocks make
 // half a wave to this many waves, in 3 stages: 1x16x320x320 -> 32 (200 blocks) 7.5 vs the
 // mma.sync halo kernel's 9.0 (2026-12-02); but with 800 and 3200 blocks it lost (above).
@@ -272,8 +278,9 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
   };
   if (s.stride_h == 2) {
     if (s.c >= kHaloWgmmaStride2MinChannels) {
-      const int m = cover == 128 && fills(256, 128) ? 256 : 128;
-      const int stages = ceil_div(s.c, 8) > kHaloWgmmaStride2DeepSteps
+      const bool narrow = cover == 64 && !fills(128, 64, kHaloWgmmaStride2NarrowWaves);
+      const int m = cover == 128 && fills(256, 128) ? 256 : narrow ? 64 : 128;
+      const int stages = m > 64 && ceil_div(s.c, 8) > kHaloWgmmaStride2DeepSteps
                              ? halo_wgmma_max_stages(m, cover, 2)
                              : kHaloWgmmaStages;
       if (fills(m, cover)) return ConvTiles{m, cover, 72, stages, 1, true};

@@ -197,7 +197,10 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            // Cout 64 (25 blocks) 64x32 tiles in 2 splits.
            {shape(16, 64, 80, 128, 3, 2), {256, 128, 72, 3, 1, true}},
            {shape(8, 64, 80, 128, 3, 2), {128, 128, 72, 4, 1, true}},  // 256x128: 50 blocks
-           {shape(16, 64, 80, 64, 3, 2), {128, 64, 72, 4, 1, true}},
+           // At Cout 64, 64x64 where 128x64 makes under two waves (400 squares: 200 blocks;
+           // 1600: 800).
+           {shape(16, 64, 80, 64, 3, 2), {64, 64, 72, 3, 1, true}},
+           {shape(64, 64, 80, 64, 3, 2), {128, 64, 72, 4, 1, true}},
            {shape(1, 64, 80, 128, 3, 2), {64, 64, 72, 3, 2, true}},
            {shape(1, 32, 160, 64, 3, 2), {64, 64, 72, 3, 1, true}},
            {shape(1, 64, 80, 64, 3, 2), {64, 32, 72, 4, 2, true}},
