@@ -278,8 +278,9 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
   };
   if (s.stride_h == 2) {
     if (s.c >= kHaloWgmmaStride2MinChannels) {
-      const bool narrow = cover == 64 && !fills(128, 64, kHaloWgmmaStride2NarrowWaves);
-      const int m = cover == 128 && fills(256, 128) ? 256 : narrow ? 64 : 128;
+      int m = 128;
+      if (cover == 128 && fills(256, 128)) m = 256;
+      if (cover == 64 && !fills(128, 64, kHaloWgmmaStride2NarrowWaves)) m = 64;
       const int stages = m > 64 && ceil_div(s.c, 8) > kHaloWgmmaStride2DeepSteps
                              ? halo_wgmma_max_stages(m, cover, 2)
                              : kHaloWgmmaStages;
