@@ -144,6 +144,17 @@ constexpr int64_t kDirectWgmmaMinCout = 32;
 constexpr double kDirectWgmmaMinWaves = 1.0;
 constexpr int64_t kDirectWgmmaDeepInput = 256;
 
+// The same kernel gathering its A tiles (any other shape with an even output plane), for deep
+// reductions (over kGemmDeepReduction) where the halo kernels do not take the layer: 64 x
+// Cout-covering tiles in 4 stages from kGatherWgmmaMinWaves waves of them, else the mma.sync
+// gather kernel (split). Sweep of 2026-12-03 (us; 3x3 stride 2 from 40x40, 1152-deep, the
+// YOLO-like model's b7 and n19): 16x128 -> 256 64x128 40.3 (128x128 40.3, 3 stages 41.0) vs the
+// mma.sync kernels' best 50.6 (pick 51.5); 16x128 -> 128 (100 tiles, 0.76 waves) 28.6 vs 29.9
+// (pick 30.0), with half the channels (64x64, 200 tiles) 33.9; 8x128 -> 256 the same 29.0 vs
+// 29.2; at batch 4 (50 tiles, 0.38 waves) 29.4 vs the split mma.sync kernel's 20.7. Shallower
+// reductions and other windows were not measured and keep the mma.sync kernels.
+constexpr double kGatherWgmmaMinWaves = 0.75;
+
 // Split-K (the gather kernel; a tile's blocks form one thread-block cluster, which sums their
 // accumulators in shared memory): a block's k tiles run one after another, each paying a load
 // latency, so a small grid over a deep reduction waits on the chain, not on the SMs. Splits
@@ -366,6 +377,12 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         t.n = cover;
         t.k = 72;  // 8 input channels x 9 taps per stage
         if (s.stride_h == 2) t.stages = kHaloStride2Stages;
+        break;
+      }
+      if (device.wgmma && !conv_gemm_direct_fits(s) && (s.ho * s.wo) % 2 == 0 &&
+          s.k >= kDirectWgmmaMinCout && s.c * s.r * s.s > kGemmDeepReduction &&
+          double(tiles_of(64, cover)) >= kGatherWgmmaMinWaves * sms) {
+        t = {64, cover, 32, 4, 1, true};
         break;
       }
       // The largest tile (m x n, then the wider n) whose grid has the waves it needs, else the

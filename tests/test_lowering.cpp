@@ -204,8 +204,15 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(1, 64, 80, 128, 3, 2), {64, 64, 72, 3, 2, true}},
            {shape(1, 32, 160, 64, 3, 2), {64, 64, 72, 3, 1, true}},
            {shape(1, 64, 80, 64, 3, 2), {64, 32, 72, 4, 2, true}},
-           {shape(16, 128, 40, 256, 3, 2),
-            conv_tiles(ConvKernel::Gemm, shape(16, 128, 40, 256, 3, 2), sms(132))},
+           // Onto a 20x20 plane (no halo kernel), deeper than 256: the wgmma kernel gathering
+           // A, 64 x Cout-covering tiles in 4 stages from 0.75 waves (200 and 100 tiles); at
+           // batch 4 (50 tiles) and on a shallow reduction the mma.sync gather kernel.
+           {shape(16, 128, 40, 256, 3, 2), {64, 128, 32, 4, 1, true}},
+           {shape(16, 128, 40, 128, 3, 2), {64, 128, 32, 4, 1, true}},
+           {shape(4, 128, 40, 256, 3, 2),
+            conv_tiles(ConvKernel::Gemm, shape(4, 128, 40, 256, 3, 2), sms(132))},
+           {shape(64, 16, 40, 128, 3, 2),
+            conv_tiles(ConvKernel::Gemm, shape(64, 16, 40, 128, 3, 2), sms(132))},
            // From 32 input channels; at 32 (4 channel stages) in 3 stages.
            {shape(16, 32, 160, 64, 3, 2), {128, 64, 72, 3, 1, true}},
            {shape(1, 7, 640, 16, 3, 2), {128, 32, 32, 2}},  // no halo kernel: no wgmma
@@ -360,8 +367,7 @@ TEST_CASE("lowering: the wgmma halo kernel's weights are packed in its layout, r
   CHECK_FALSE(q.nodes[0].packed.defined());
 }
 
-TEST_CASE("lowering: the wgmma direct kernel's 1x1 weights are packed in its layout",
-          "[lowering]") {
+TEST_CASE("lowering: the wgmma k = 32 kernel's weights are packed in its layout", "[lowering]") {
   // 40 -> 72 channels, 1x1: Cin fills one and a quarter stages of 32, Cout two n tiles of 64.
   const ConvShape s = shape(16, 40, 40, 72, 1);
   REQUIRE(conv_gemm_direct_fits(s));
@@ -401,10 +407,35 @@ TEST_CASE("lowering: the wgmma direct kernel's 1x1 weights are packed in its lay
   for (float v : p) nonzero += read(v) != 0.0f;
   CHECK(nonzero == 72 * 40);
 
-  // Tiles the direct kernel does not take pack nothing: a 3x3 shape, or k = 72 on a 1x1 one.
-  CHECK(wgmma_packed_floats(shape(16, 40, 40, 72, 3), t) == 0);
+  // Tiles no wgmma kernel takes pack nothing: k = 72 on a 1x1 shape, mma.sync tiles, an odd
+  // output plane (the gathering form stores pixel pairs), groups.
   CHECK(wgmma_packed_floats(s, ConvTiles{128, 64, 72, 3, 1, true}) == 0);
   CHECK(wgmma_packed_floats(s, ConvTiles{128, 64, 32, 4, 1, false}) == 0);
+  CHECK(wgmma_packed_floats(shape(16, 40, 41, 72, 3), t) == 0);
+  ConvShape grouped = shape(16, 40, 40, 72, 3);
+  grouped.groups = 2;
+  CHECK(wgmma_packed_floats(grouped, t) == 0);
+
+  // On a 3x3 shape the same tiles gather A: the stages run over the whole reduction
+  // kk = 9c + 3i + j (40 x 9 = 360 steps: 12 stages, the last a quarter full).
+  const ConvShape s3 = shape(16, 40, 40, 72, 3);
+  REQUIRE(conv_gemm_wgmma_kernel(t, s3) == WgmmaKernel::Gather);
+  std::vector<float> w3(72 * 40 * 9), p3(size_t(wgmma_packed_floats(s3, t)));
+  for (size_t i = 0; i < w3.size(); ++i) w3[i] = 1.0f + float(i) / 65536.0f;
+  pack_wgmma_weights(s3, t, w3.data(), p3.data());
+  CHECK(p3.size() == 2 * 12 * 32 * 64);
+  auto at3 = [&](int64_t nt, int64_t kt, int64_t q, int64_t r, int64_t e) {
+    return p3[size_t((((nt * 12 + kt) * 8 + q) * 64 + r) * 4 + e)];
+  };
+  // Output channel 70, step 357 (channel 39, tap 6) = stage 11, step 5 of it: k step 0 (0..7),
+  // 2*2 + 1: run 1, column 2.
+  CHECK(read(at3(1, 11, 1, 6, 2)) == tf32(w3[70 * 360 + 357]));
+  CHECK(read(at3(0, 0, 3, 5, 2)) == tf32(w3[5 * 360 + 13]));
+  CHECK(read(at3(1, 11, 1, 6, 3)) == tf32(w3[70 * 360 + 359]));  // the last step
+  CHECK(read(at3(1, 11, 2, 6, 0)) == 0.0f);                      // step 360: past it
+  nonzero = 0;
+  for (float v : p3) nonzero += read(v) != 0.0f;
+  CHECK(nonzero == 72 * 360);
 }
 
 TEST_CASE("lowering: plans every node, honours a forced kernel, explains the choice",

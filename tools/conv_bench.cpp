@@ -163,8 +163,8 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
       tmp(out_n);
   upload(dw.ptr, w);
   // The weights packed for every wgmma tile width, by (k, n): the halo kernel's (k = 72) or the
-  // direct kernel's (k = 32), whichever takes the shape (lowering packs them once per model, for
-  // the tiles it picks).
+  // k = 32 kernel's (direct, or gathering A), where they take the shape (lowering packs them once
+  // per model, for the tiles it picks).
   std::map<std::pair<int, int>, std::unique_ptr<DeviceBuffer>> dpacked;
   for (int k : {32, 72})
     for (int n : {16, 32, 64, 128}) {

@@ -25,7 +25,8 @@
 //   k = 32  direct 1x1, stride 1, no padding, ho*wo % 4 == 0, x 16-byte aligned: persistent.
 //                  With `wgmma` (m in {64, 128}, no splits) the same on warpgroup MMA
 //                  (conv_direct_wgmma_kernel below), reading the weights packed ahead; on any
-//                  other shape such tiles run the mma.sync kernels.
+//                  other shape with an even output plane they run it with gathered A tiles
+//                  (Gather), on the rest the mma.sync kernels.
 //   k = 32  gather everything else.
 //   k = 32 takes m, n in {32, 64, 128}. stages in {2, 3, 4} is the depth of the cp.async pipeline
 //   (gather and halo use fewer when the reduction has fewer steps, halo when shared memory holds
@@ -472,10 +473,10 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
 // (n tiles fastest, so that the blocks resident together share their A tiles in L2); `tile` and
 // `kt` are the tile and k tile its next copy fills, `n_tile` that tile's n tile and `a_loader`
 // its A loader, all decoded once a tile.
-template <class T>
+template <class T, class Loader = DirectA<T>>
 struct DirectCursor {
   int tile, kt = 0, n_tile;
-  DirectA<T> a_loader;
+  Loader a_loader;
 
   __device__ __forceinline__ DirectCursor(const GemmArgs& a, int tid)
       : tile(int(blockIdx.x)),
@@ -491,17 +492,17 @@ struct DirectCursor {
     kt = 0;
     tile += int(gridDim.x);
     n_tile = tile % a.n_tiles;
-    a_loader = DirectA<T>(a, tile / a.n_tiles * T::BM, tid);
+    a_loader = Loader(a, tile / a.n_tiles * T::BM, tid);
   }
 };
 
 // -- the direct kernels' batchnorm + activation epilogue of one tile, from the accumulators --
-// acc[mi][ni][e] and acc[mi][ni][2 + e]: pixels m + 16 mi and m + 16 mi + 1 (m even; hw is even,
-// so a pair never straddles two images), channel n + 8 ni + 2t + e.
+// acc[mi][ni][e] and acc[mi][ni][2 + e]: pixels m + 16 mi and m + 16 mi + 1 (m even; ho*wo is
+// even, so a pair never straddles two images), channel n + 8 ni + 2t + e.
 template <int MI, int NI, class Act>
 __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[MI][NI][4], int m,
                                                 int n, int t, Act act) {
-  const int hw = a.h * a.w;
+  const int hw = a.ho * a.wo;
   int pix[MI], rpix[MI];  // y's and the residual's offsets (channel 0)
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
@@ -640,9 +641,14 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
 // the halves BN * 16 bytes apart. Each k tile's wgmmas are waited for before the next one's
 // fragments are loaded (they take the same registers), so copies run stages - 1 ahead, as in
 // conv_direct_kernel.
+// Gather: the same kernel on any other shape with an even output plane, its A tiles gathered
+// 4 bytes at a time by GatherA (as the mma.sync gather kernel stages them) and the weights packed
+// over the whole reduction (c, i, j). Why: the mma.sync gather kernel's deep 3x3 stride-2 layers
+// onto small planes (where the halo kernel's 8x8 squares waste a third or more) ran at a fifth
+// of the tensor cores' rate.
 template <int BM_, int BN_>
 struct WgDirectTile {
-  static constexpr int BM = BM_, BN = BN_, kThreads = 2 * BM, kNI = BN / 8;
+  static constexpr int BM = BM_, BN = BN_, kThreads = 2 * BM, kWarps = kThreads / 32, kNI = BN / 8;
   static constexpr int kLdA = BM + kPadA, kBFloats = kBK * BN;
   static constexpr int kStageFloats = kBK * kLdA + kBFloats;
   // Blocks of up to 64 channels are held to the registers of two an SM.
@@ -651,20 +657,21 @@ struct WgDirectTile {
   static_assert(kBFloats / 4 % kThreads == 0, "whole 16-byte weight copies a thread");
 };
 
-template <int BM, int BN>
+template <int BM, int BN, bool Gather>
 __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<BM, BN>::kMinBlocks)
     conv_direct_wgmma_kernel(const GemmArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = WgDirectTile<BM, BN>;
+  using Loader = std::conditional_t<Gather, GatherA<T>, DirectA<T>>;
   extern __shared__ __align__(16) float smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int ktiles = a.ktiles, step = int(gridDim.x);
-  const int total = DirectCursor<T>::block_ktiles(a);
+  const int total = DirectCursor<T, Loader>::block_ktiles(a);
   const uint32_t smem0 = smem_addr(smem);
   constexpr uint32_t kStageBytes = 4 * T::kStageFloats, kBOffset = 4 * kBK * T::kLdA;
 
   // The packed weights hold each n tile's k tiles one after another, kBFloats each.
-  DirectCursor<T> ld(a, tid);
+  DirectCursor<T, Loader> ld(a, tid);
   auto load_next = [&](int stage) {
     const uint32_t as = smem0 + stage * kStageBytes;
     ld.a_loader.load(a, as, ld.kt * kBK);
@@ -812,12 +819,12 @@ void launch(const GemmArgs& a, bool direct, Stream stream) {
   check_launch("conv_gemm");
 }
 
-template <int BM, int BN>
+template <int BM, int BN, bool Gather>
 void launch_direct_wgmma(const GemmArgs& a, Stream stream) {
   using T = WgDirectTile<BM, BN>;
   const int64_t tiles = (int64_t(a.m) + BM - 1) / BM * a.n_tiles;
   check_grid(tiles);
-  auto kernel = conv_direct_wgmma_kernel<BM, BN>;
+  auto kernel = conv_direct_wgmma_kernel<BM, BN, Gather>;
   static std::atomic<uint64_t> opted_in{0};
   static ResidentCache resident_cache{};
   opt_in(opted_in, T::smem_bytes(4), kernel);
@@ -872,6 +879,25 @@ void launch_halo_any(HaloArgs a, bool wgmma, Stream stream) {
   if constexpr (BM == 64)
     if (a.splits > 1) return launch_halo_wgmma_any<BM, BN, S, true>(a, stream);
   return launch_halo_wgmma_any<BM, BN, S, false>(a, stream);
+}
+
+// The wgmma k = 32 tiles (conv_gemm checks them): the direct kernel's, or Gather.
+template <bool Gather>
+void dispatch_direct_wgmma(const ConvTiles& t, const GemmArgs& a, Stream stream) {
+  switch (t.m * 1000 + t.n) {
+    case 64032:
+      return launch_direct_wgmma<64, 32, Gather>(a, stream);
+    case 64064:
+      return launch_direct_wgmma<64, 64, Gather>(a, stream);
+    case 64128:
+      return launch_direct_wgmma<64, 128, Gather>(a, stream);
+    case 128032:
+      return launch_direct_wgmma<128, 32, Gather>(a, stream);
+    case 128064:
+      return launch_direct_wgmma<128, 64, Gather>(a, stream);
+    case 128128:
+      return launch_direct_wgmma<128, 128, Gather>(a, stream);
+  }
 }
 
 template <int S>
@@ -1011,7 +1037,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   // k = 72 (with wgmma or not) on a shape the halo kernel does not take runs the k = 32 kernels
   // at the same n; wgmma tiles on a shape no wgmma kernel takes, the mma.sync ones.
   ConvTiles t = tiles;
-  t.wgmma = wg_kernel == WgmmaKernel::Direct;
+  t.wgmma = wg_kernel == WgmmaKernel::Direct || wg_kernel == WgmmaKernel::Gather;
   if (t.k == kHaloK) {
     t.k = kBK;
     if (t.m > 128) t.m = 128;
@@ -1045,8 +1071,8 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   while (a.splits > a.ktiles) a.splits /= 2;
   const int split_ktiles = (a.ktiles + a.splits - 1) / a.splits;
   // More stages than k tiles + 1 would only hold nothing in the gather kernel: its prologue
-  // already loads them all. The persistent direct kernel's pipeline runs on into the next tile.
-  a.stages = !direct && split_ktiles + 1 < t.stages ? split_ktiles + 1 : t.stages;
+  // already loads them all. The persistent kernels' pipeline runs on into the next tile.
+  a.stages = !direct && !t.wgmma && split_ktiles + 1 < t.stages ? split_ktiles + 1 : t.stages;
   a.div_rs = make_fastdiv(uint32_t(s.r * s.s));
   a.div_s = make_fastdiv(uint32_t(s.s));
   a.vec_b = kg % 4 == 0 && aligned16(w);
@@ -1056,22 +1082,10 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   a.res = residual, a.r_img = int(s.r_image());
   a.act = act;
 
-  if (t.wgmma && direct) {
+  if (t.wgmma) {
     a.wp = packed;
-    switch (t.m * 1000 + t.n) {
-      case 64032:
-        return launch_direct_wgmma<64, 32>(a, stream);
-      case 64064:
-        return launch_direct_wgmma<64, 64>(a, stream);
-      case 64128:
-        return launch_direct_wgmma<64, 128>(a, stream);
-      case 128032:
-        return launch_direct_wgmma<128, 32>(a, stream);
-      case 128064:
-        return launch_direct_wgmma<128, 64>(a, stream);
-      case 128128:
-        return launch_direct_wgmma<128, 128>(a, stream);
-    }
+    return direct ? dispatch_direct_wgmma<false>(t, a, stream)
+                  : dispatch_direct_wgmma<true>(t, a, stream);
   }
   switch (t.m * 1000 + t.n) {
     case 32032:

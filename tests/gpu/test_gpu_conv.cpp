@@ -309,7 +309,7 @@ TEST_CASE("gpu conv: gemm kernel forced on the shape matrix, every built tile",
 
 // The wgmma tiles alone (also part of the case above): small enough to run under
 // compute-sanitizer. Without warpgroup MMA on this GPU or build there are none, and it says so.
-TEST_CASE("gpu conv: gemm's wgmma halo tiles on the shape matrix", "[gpu][conv][wgmma]") {
+TEST_CASE("gpu conv: gemm's wgmma tiles on the shape matrix", "[gpu][conv][wgmma]") {
   if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
     WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
     return;
@@ -334,6 +334,9 @@ TEST_CASE("gpu conv: suite layers at full size, every kernel", "[gpu][conv][suit
       {"b1_c64_64_3x3_80", 1, 64, 80, 64, 3, 1, 1},
       {"b1_c256_256_1x1_20", 1, 256, 20, 256, 1, 1, 1},
       {"b16_c96_96_3x3dw_56 at batch 2", 2, 96, 56, 96, 3, 1, 96},
+      // The YOLO-like model's deepest stride-2 layer, at a batch whose 64 x 128 tiles outnumber
+      // the blocks that fit (the wgmma kernel gathering A runs several a block).
+      {"128 -> 256 at stride 2 onto 20x20, batch 32", 32, 128, 40, 256, 3, 2, 1},
   };
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
   uint64_t seed = 9000;

@@ -189,13 +189,16 @@ inline bool conv_gemm_direct_fits(const ConvShape& s) {
 }
 
 // Which warpgroup-MMA kernel (ConvTiles::wgmma) runs tiles `t` on `s`: the halo kernel for
-// k = 72 on its 3x3 shapes, the direct kernel for k = 32 on its 1x1 shapes. On any other shape
-// wgmma tiles run the mma.sync kernels, and no packed weights are read.
-enum class WgmmaKernel : uint8_t { None, Halo, Direct };
+// k = 72 on its 3x3 shapes, the direct kernel for k = 32 on its 1x1 shapes, and for k = 32 on
+// any other shape whose output plane has an even number of pixels the same kernel gathering its
+// A tiles as the mma.sync gather kernel does (its epilogue stores pixel pairs of one image). On
+// any other shape wgmma tiles run the mma.sync kernels, and no packed weights are read.
+enum class WgmmaKernel : uint8_t { None, Halo, Direct, Gather };
 inline WgmmaKernel conv_gemm_wgmma_kernel(const ConvTiles& t, const ConvShape& s) {
-  if (!t.wgmma) return WgmmaKernel::None;
+  if (!t.wgmma || s.groups != 1) return WgmmaKernel::None;
   if (t.k == 72 && conv_gemm_halo_fits(s)) return WgmmaKernel::Halo;
   if (t.k == 32 && conv_gemm_direct_fits(s)) return WgmmaKernel::Direct;
+  if (t.k == 32 && (s.ho * s.wo) % 2 == 0) return WgmmaKernel::Gather;
   return WgmmaKernel::None;
 }
 
@@ -206,18 +209,20 @@ inline WgmmaKernel conv_gemm_wgmma_kernel(const ConvTiles& t, const ConvShape& s
 // Halo: for each n tile nt, stage of 8 input channels kt, tap (i, j) and chunk of 4 channels,
 // tc = 2 (3i + j) + chunk, n rows r of 4 floats:
 //   P[(((nt * stages + kt) * 18 + tc) * n + r) * 4 + e] = w[nt n + r, 8kt + 4 chunk + e, i, j].
-// Direct: for each n tile nt, stage of 32 input channels kt, k step q / 2 and half q % 2 of it,
-// n rows r of 4 floats, the channels of a k step in the order the kernel's A fragments take
-// them (column e of its first half is channel 2e, of its second 2e + 1):
+// Direct and Gather: over the reduction kk = (c * r + i) * s + j (the weight's own order; the
+// input channel on 1x1 shapes), for each n tile nt, stage of 32 steps kt, k step q / 2 and half
+// q % 2 of it, n rows r of 4 floats, the steps of a k step in the order the kernel's A fragments
+// take them (column e of its first half is step 2e, of its second 2e + 1):
 //   P[(((nt * stages + kt) * 8 + q) * n + r) * 4 + e] = w[nt n + r, 32kt + 8(q / 2) + 2e + q % 2].
-// Both are 0 floats where conv_gemm_wgmma_kernel(t, s) is None.
+// All are 0 floats where conv_gemm_wgmma_kernel(t, s) is None.
 inline int64_t wgmma_packed_floats(const ConvShape& s, const ConvTiles& t) {
   const int64_t n_tiles = (s.k + t.n - 1) / t.n;
   switch (conv_gemm_wgmma_kernel(t, s)) {
     case WgmmaKernel::Halo:
       return n_tiles * t.n * ((s.c + 7) / 8) * 72;
     case WgmmaKernel::Direct:
-      return n_tiles * t.n * ((s.c + 31) / 32) * 32;
+    case WgmmaKernel::Gather:
+      return n_tiles * t.n * ((s.c * s.r * s.s + 31) / 32) * 32;
     case WgmmaKernel::None:
       break;
   }
@@ -228,8 +233,10 @@ inline void pack_wgmma_weights(const ConvShape& s, const ConvTiles& t, const flo
   if (kernel == WgmmaKernel::None) return;
   const bool halo = kernel == WgmmaKernel::Halo;
   const int64_t n = t.n, tiles = (s.k + n - 1) / n;
-  const int64_t depth = halo ? 8 : 32, stages = (s.c + depth - 1) / depth;
-  const int64_t runs = halo ? 18 : 8, taps = halo ? 9 : 1;  // runs of n rows a stage
+  // Halo: stages of 8 input channels, 9 taps each; else stages of 32 steps of the reduction.
+  const int64_t rows = halo ? s.c : s.c * s.r * s.s, taps = halo ? 9 : 1;
+  const int64_t depth = halo ? 8 : 32, stages = (rows + depth - 1) / depth;
+  const int64_t runs = halo ? 18 : 8;  // runs of n rows a stage
   for (int64_t nt = 0; nt < tiles; ++nt)
     for (int64_t kt = 0; kt < stages; ++kt)
       for (int64_t q = 0; q < runs; ++q)
@@ -238,7 +245,7 @@ inline void pack_wgmma_weights(const ConvShape& s, const ConvTiles& t, const flo
             const int64_t k = nt * n + r, tap = halo ? q >> 1 : 0;
             const int64_t c =
                 halo ? 8 * kt + 4 * (q & 1) + e : 32 * kt + 8 * (q >> 1) + 2 * e + (q & 1);
-            float v = k < s.k && c < s.c ? w[(k * s.c + c) * taps + tap] : 0.0f;
+            float v = k < s.k && c < rows ? w[(k * rows + c) * taps + tap] : 0.0f;
             uint32_t bits;
             std::memcpy(&bits, &v, 4);
             bits += 0x1000u;
