@@ -379,7 +379,7 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         if (s.stride_h == 2) t.stages = kHaloStride2Stages;
         break;
       }
-      if (device.wgmma && !conv_gemm_direct_fits(s) && (s.ho * s.wo) % 2 == 0 &&
+      if (device.wgmma && s.groups == 1 && !conv_gemm_direct_fits(s) && (s.ho * s.wo) % 2 == 0 &&
           s.k >= kDirectWgmmaMinCout && s.c * s.r * s.s > kGemmDeepReduction &&
           double(tiles_of(64, cover)) >= kGatherWgmmaMinWaves * sms) {
         t = {64, cover, 32, 4, 1, true};

@@ -234,6 +234,11 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
     INFO("Cin " << r.s.c << " Cout " << r.s.k << " stride " << r.s.stride_h);
     CHECK(conv_tiles(ConvKernel::Gemm, r.s, hopper) == r.want);
   }
+  // gemm's tiles for a depthwise layer (gemm never runs one: conv_supports) are not wgmma ones,
+  // which would have a benchmark run them.
+  ConvShape depthwise = shape(16, 96, 56, 96, 3);
+  depthwise.groups = 96;
+  CHECK_FALSE(conv_tiles(ConvKernel::Gemm, depthwise, hopper).wgmma);
   // Split-K's thread-block clusters need Hopper: before it, the same layer keeps whole tiles.
   DeviceProfile ampere = sms(108);
   ampere.cc_major = 8;

@@ -497,12 +497,13 @@ struct DirectCursor {
 };
 
 // -- the direct kernels' batchnorm + activation epilogue of one tile, from the accumulators --
-// acc[mi][ni][e] and acc[mi][ni][2 + e]: pixels m + 16 mi and m + 16 mi + 1 (m even; ho*wo is
-// even, so a pair never straddles two images), channel n + 8 ni + 2t + e.
+// acc[mi][ni][e] and acc[mi][ni][2 + e]: pixels m + 16 mi and m + 16 mi + 1 (m even; the output
+// plane hw = ho*wo is even, so a pair never straddles two images), channel n + 8 ni + 2t + e.
+// The direct kernels pass h*w, which is the same there: with ho*wo ptxas allocated their
+// registers anew (the 1x1 layers up to 2% slower in an A/B call of 2026-12-03).
 template <int MI, int NI, class Act>
 __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[MI][NI][4], int m,
-                                                int n, int t, Act act) {
-  const int hw = a.ho * a.wo;
+                                                int n, int t, Act act, int hw) {
   int pix[MI], rpix[MI];  // y's and the residual's offsets (channel 0)
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
@@ -597,7 +598,7 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
 
   auto store_tile = [&](int tile, auto act) {
     direct_epilogue(a, acc, tile / a.n_tiles * BM + wm * T::kWM + 2 * g,
-                    tile % a.n_tiles * BN + wn * T::kWN, t, act);
+                    tile % a.n_tiles * BN + wn * T::kWN, t, act, a.h * a.w);
   };
 
   // -- mainloop over this block's tiles --
@@ -737,7 +738,7 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
     if (++kt == ktiles) {
       with_activation(a.act, [&](auto act) {
         direct_epilogue(a, acc, tile / a.n_tiles * BM + 64 * wg + 16 * w4 + 2 * g,
-                        tile % a.n_tiles * BN, t, act);
+                        tile % a.n_tiles * BN, t, act, Gather ? a.ho * a.wo : a.h * a.w);
       });
       clear();
       kt = 0;
