@@ -379,10 +379,11 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         if (s.stride_h == 2) t.stages = kHaloStride2Stages;
         break;
       }
-      if (device.wgmma && s.groups == 1 && !conv_gemm_direct_fits(s) && (s.ho * s.wo) % 2 == 0 &&
+      const ConvTiles gather{64, cover, 32, 4, 1, true};
+      if (device.wgmma && conv_gemm_wgmma_kernel(gather, s) == WgmmaKernel::Gather &&
           s.k >= kDirectWgmmaMinCout && s.c * s.r * s.s > kGemmDeepReduction &&
           double(tiles_of(64, cover)) >= kGatherWgmmaMinWaves * sms) {
-        t = {64, cover, 32, 4, 1, true};
+        t = gather;
         break;
       }
       // The largest tile (m x n, then the wider n) whose grid has the waves it needs, else the
