@@ -639,9 +639,10 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
 // hold the pixel pairs direct_epilogue stores. B, the weights packed ahead in that column order
 // (pack_wgmma_weights, rounded to TF32): a stage is 8 runs q of BN rows x 4 channels, runs 2s and
 // 2s + 1 the two halves of k step s, i.e. wgmma's K-major core matrices of 8 rows x 16 bytes,
-// the halves BN * 16 bytes apart. Each k tile's wgmmas are waited for before the next one's
-// fragments are loaded (they take the same registers), so copies run stages - 1 ahead, as in
-// conv_direct_kernel.
+// the halves BN * 16 bytes apart; a stage's are one bulk copy completing on the stage's mbarrier,
+// as in the halo kernel on wgmma (conv_gemm_wgmma.cuh says why; b16_c256_256_1x1_40 35.2 ->
+// 33.7 us). Each k tile's wgmmas are waited for before the next one's fragments are loaded
+// (they take the same registers), so copies run stages - 1 ahead, as in conv_direct_kernel.
 // Gather: the same kernel on any other shape with an even output plane, its A tiles gathered
 // 4 bytes at a time by GatherA (as the mma.sync gather kernel stages them) and the weights packed
 // over the whole reduction (c, i, j). Why: the mma.sync gather kernel's deep 3x3 stride-2 layers
@@ -654,8 +655,10 @@ struct WgDirectTile {
   static constexpr int kStageFloats = kBK * kLdA + kBFloats;
   // Blocks of up to 64 channels are held to the registers of two an SM.
   static constexpr int kMinBlocks = BN <= 64 ? 2 : 1;
-  static constexpr size_t smem_bytes(int stages) { return 4 * size_t(stages) * kStageFloats; }
-  static_assert(kBFloats / 4 % kThreads == 0, "whole 16-byte weight copies a thread");
+  // The stages, then one mbarrier a stage (up to 4) for its weights.
+  static constexpr size_t smem_bytes(int stages) {
+    return 4 * size_t(stages) * kStageFloats + 8 * 4;
+  }
 };
 
 template <int BM, int BN, bool Gather>
@@ -671,15 +674,19 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
   const uint32_t smem0 = smem_addr(smem);
   constexpr uint32_t kStageBytes = 4 * T::kStageFloats, kBOffset = 4 * kBK * T::kLdA;
 
-  // The packed weights hold each n tile's k tiles one after another, kBFloats each.
+  // The packed weights hold each n tile's k tiles one after another, kBFloats each: a stage's
+  // are one bulk copy, issued by thread 0 and counted on the stage's mbarrier.
+  const uint32_t bars = smem0 + uint32_t(a.stages) * kStageBytes;
   DirectCursor<T, Loader> ld(a, tid);
   auto load_next = [&](int stage) {
     const uint32_t as = smem0 + stage * kStageBytes;
     ld.a_loader.load(a, as, ld.kt * kBK);
-    const float* src = a.wp + (size_t(ld.n_tile) * ktiles + ld.kt) * T::kBFloats + 4 * tid;
-#pragma unroll
-    for (int i = 0; i < T::kBFloats / 4; i += T::kThreads)
-      cp_async16(as + kBOffset + 16 * (i + tid), src + 4 * i, true);
+    if (tid == 0) {
+      const uint32_t bar = bars + 8 * stage;
+      mbar_expect_tx(bar, 4 * T::kBFloats);
+      bulk_copy(as + kBOffset, a.wp + (size_t(ld.n_tile) * ktiles + ld.kt) * T::kBFloats,
+                4 * T::kBFloats, bar);
+    }
     ld.advance(a, tid);
   };
 
@@ -695,6 +702,11 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
 
   // -- mainloop over this block's tiles --
   const int stages = a.stages;
+  if (tid == 0) {
+    for (int st = 0; st < stages; ++st) mbar_init(bars + 8 * st, 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
   detail::pdl_begin();
   for (int st = 0; st < stages - 1; ++st) {
     if (st < total) load_next(st);
@@ -702,10 +714,10 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
   }
   clear();
   int read_stage = 0, write_stage = stages - 1, tile = int(blockIdx.x), kt = 0;
+  uint32_t phase = 0;  // of read_stage's mbarrier: flips each time the stages come round
   for (int it = 0; it < total; ++it) {
     cp_async_wait_stage(stages);
-    // This thread's weight copies of stage it, before the tensor cores read them.
-    fence_proxy_async();
+    mbar_wait(bars + 8 * read_stage, phase);
     // Stage it is visible to all, and every warpgroup's wgmmas are done with the stage the next
     // copy overwrites (each waits for its own below).
     __syncthreads();
@@ -734,7 +746,7 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
     // are done: waiting here is what ptxas would otherwise insert (two register sets in turn
     // made it wait after every wgmma instead).
     wgmma_wait<0>();
-    read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
+    if (++read_stage == stages) read_stage = 0, phase ^= 1;
     if (++kt == ktiles) {
       with_activation(a.act, [&](auto act) {
         direct_epilogue(a, acc, tile / a.n_tiles * BM + 64 * wg + 16 * w4 + 2 * g,
@@ -987,6 +999,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
       reject("the wgmma kernels read the weights packed ahead (pack_wgmma_weights), got none");
     if (wgmma_packed_floats(s, tiles) >= INT32_MAX)
       reject("packed weights span 2^31 floats or more");
+    if (!aligned16(packed)) reject("packed weights must be 16-byte aligned (bulk copies)");
   }
   const int64_t m = s.n * s.ho * s.wo, kg = s.c * s.r * s.s;
   if (m == 0 || s.k == 0) return;

@@ -23,9 +23,14 @@
 //   B of tap (i, j): OpB[9 taps][2 chunks][n][4 channels]: 8 channel rows a core matrix, rows of
 //     one chunk 16 bytes apart, the chunks n * 16 bytes apart.
 // Pipeline: `stages` stage buffers, each the input patches as the loader's cp.async copies
-// stage them (HaloTile's layout) and the stage's weights, copied 16 bytes at a time from the
-// weights packed ahead of the run (pack_wgmma_weights: already in OpB's layout and rounded to
-// TF32; the first stages' before the wait for the previous kernel, which does not write them).
+// stage them (HaloTile's layout) and the stage's weights, one bulk copy (cp.async.bulk, issued by
+// thread 0, completing on the stage's mbarrier) from the weights packed ahead of the run
+// (pack_wgmma_weights: already in OpB's layout and rounded to TF32; the first stages' before the
+// wait for the previous kernel, which does not write them). The tensor cores read the weights
+// through the async proxy that wrote them: 16-byte cp.async copies of them needed a
+// fence.proxy.async before every stage's wgmmas, which orders all of the thread's copies still
+// in flight, the next stages' too (A/B of 2026-12-03, us: b16_c64_64_3x3_80 54.4 -> 52.2,
+// b16_c128_128_3x3_40 43.4 -> 41.9).
 // A, two ways (halo_wgmma_reg_a in shapes.h picks one):
 //   From registers: all tiles but n = 32 with a residual (n = 16 fetches one ahead here: the
 //     model 1.275 -> 1.260 ms at batch 16 against shared-memory A). Each lane loads its pixels'
@@ -78,8 +83,10 @@ struct HaloWgTile {
   // A stage: the staged patches (HaloTile's), then the packed weights.
   static constexpr int kStageFloats = kSquares * T::kPatch + kOpB;
   static constexpr int kMaxStages = halo_wgmma_max_stages(BM, BN, S);
+  // Then one mbarrier a stage (up to 4) for its weights.
   static constexpr size_t smem_bytes(int stages) {
-    return sizeof(float) * (size_t(stages) * kStageFloats + (kRegA ? 0 : 2 * kSquares * kOpA));
+    return sizeof(float) * (size_t(stages) * kStageFloats + (kRegA ? 0 : 2 * kSquares * kOpA)) +
+           8 * 4;
   }
   static_assert(smem_bytes(kMaxStages) ==
                     size_t(halo_wgmma_smem_bytes(BM, BN, S, kMaxStages, kRegA)),
@@ -112,6 +119,43 @@ __device__ __forceinline__ void wgmma_wait() {
 // Orders this thread's ordinary shared-memory stores before the tensor cores' reads.
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// -- bulk copies completing on an mbarrier (the tensor memory accelerator's 1-D form) --
+// Written by the async proxy, as the tensor cores read: no proxy fence between the two, where a
+// fence.proxy.async after cp.async would order all of the thread's copies still in flight.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes this thread's mbarrier.inits visible to the async proxy (the copies that complete on
+// them); a barrier then makes them visible to the block.
+__device__ __forceinline__ void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also expects `bytes` to land before the phase completes.
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory,
+// counted on `bar`.
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
 }
 
 #define EPILOG_D4(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
@@ -276,17 +320,22 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
   const HaloPatchLoader<BM, W::kPatchN, S, 4> loader(a, smem0, warp, wg, lane, sq.ok, sq.img,
                                                      sq.oy0, sq.ox0);
   // Packed weights: this n tile's stages one after another, each kOpB floats as OpB lays them
-  // (this split's from stage kt0 on). Thread tid copies 16-byte chunks tid, tid + kThreads, ...
-  const float* const wp = a.wp + (size_t(n_tile) * a.ctiles + kt0) * W::kOpB + 4 * tid;
+  // (this split's from stage kt0 on); a stage's are one bulk copy, issued by thread 0 and
+  // counted on the stage's mbarrier.
+  const float* const wp = a.wp + (size_t(n_tile) * a.ctiles + kt0) * W::kOpB;
   const uint32_t b_dst = smem0 + 4 * W::kSquares * T::kPatch;
+  const uint32_t bars = op0_addr + (W::kRegA ? 0 : 4 * 2 * W::kSquares * W::kOpA);
   auto load_weights = [&](int stage, int kt) {
-    const float* src = wp + size_t(kt) * W::kOpB;
-    const uint32_t dst = b_dst + stage * kStageBytes + 16 * tid;
-#pragma unroll
-    for (int id = 0; id < W::kOpB / 4; id += W::kThreads)
-      if (W::kOpB / 4 % W::kThreads == 0 || id + tid < W::kOpB / 4)
-        cp_async16(dst + 16 * id, src + 4 * id, true);
+    if (tid != 0) return;
+    const uint32_t bar = bars + 8 * stage;
+    mbar_expect_tx(bar, 4 * W::kOpB);
+    bulk_copy(b_dst + stage * kStageBytes, wp + size_t(kt) * W::kOpB, 4 * W::kOpB, bar);
   };
+  if (tid == 0) {
+    for (int st = 0; st < stages; ++st) mbar_init(bars + 8 * st, 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
 
   float acc[1][W::kNI][4];
 #pragma unroll
@@ -337,6 +386,7 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
     cp_async_commit();
   }
   int read_stage = 0, write_stage = stages - kBehind;
+  uint32_t phase = 0;  // of read_stage's mbarrier: flips each time the stages come round
   for (int kt = 0; kt < ktiles; ++kt) {
     // Stage kt's copies are done once at most stages - kBehind - 1 younger groups are pending.
     if (stages - kBehind >= 3)
@@ -345,8 +395,7 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
       cp_async_wait<1>();
     else
       cp_async_wait<0>();
-    // This thread's copies of stage kt, before the tensor cores read them (its weights).
-    fence_proxy_async();
+    mbar_wait(bars + 8 * read_stage, phase);
     // Stage kt is visible to all; every warpgroup's wgmmas of stage kt - kBehind are done (the
     // waits at the end of the iterations), so its stage and operand buffers may be rewritten.
     __syncthreads();
@@ -434,7 +483,7 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
       wgmma_commit();
       wgmma_wait<1>();
     }
-    read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
+    if (++read_stage == stages) read_stage = 0, phase ^= 1;
   }
   wgmma_wait<0>();
   cp_async_wait<0>();

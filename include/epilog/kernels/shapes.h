@@ -169,11 +169,11 @@ constexpr bool halo_wgmma_reg_a(int n, bool residual) {
 // stage holds the input patches (8 channel planes of kCS floats each per square, as the mma.sync
 // halo kernel stages them) and the stage's packed weights (72 n floats); besides, where A comes
 // from shared memory, two buffers of the patches rewritten for the tensor cores (8 x kPos floats
-// per square).
+// per square); then an mbarrier a stage (room for 4) on which the weights' copies complete.
 constexpr int64_t halo_wgmma_smem_bytes(int m, int n, int stride, int stages, bool reg_a) {
   const int64_t side = 7 * stride + 3, pos = side * side, cs = (pos + 23) / 32 * 32 + 8;
   const int64_t squares = m / 64;
-  return 4 * (stages * (squares * 8 * cs + 72 * n) + (reg_a ? 0 : 2 * squares * 8 * pos));
+  return 4 * (stages * (squares * 8 * cs + 72 * n) + (reg_a ? 0 : 2 * squares * 8 * pos)) + 8 * 4;
 }
 // Its pipeline depth for those tiles, with or without a residual: 4 where they fit in the 227 KB
 // a block may have, else 3 (every tile fits three: the kernel asserts it).
