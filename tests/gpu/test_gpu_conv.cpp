@@ -337,9 +337,10 @@ TEST_CASE("gpu conv: suite layers at full size, every kernel", "[gpu][conv][suit
       // The YOLO-like model's deepest stride-2 layer, at a batch whose 64 x 128 tiles outnumber
       // the blocks that fit (the wgmma kernel gathering A runs several a block).
       {"128 -> 256 at stride 2 onto 20x20, batch 32", 32, 128, 40, 256, 3, 2, 1},
-      // b16_c256_256_1x1_40 at a batch whose tiles outnumber the persistent direct kernel's
-      // blocks: each block runs several tiles of one n tile.
-      {"b16_c256_256_1x1_40 at batch 4", 4, 256, 40, 256, 1, 1, 1},
+      // b16_c256_256_1x1_40 at a batch whose 400 64 x 128 tiles outnumber the 264 blocks of the
+      // persistent wgmma direct kernel (2 an SM on an H200): blocks run two tiles or more,
+      // through one pipeline of bulk-copied weights.
+      {"b16_c256_256_1x1_40 at batch 8", 8, 256, 40, 256, 1, 1, 1},
   };
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
   uint64_t seed = 9000;
