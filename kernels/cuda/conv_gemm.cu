@@ -657,7 +657,7 @@ struct WgDirectTile {
   static constexpr int kMinBlocks = BN <= 64 ? 2 : 1;
   // The stages, then one mbarrier a stage (up to 4) for its weights.
   static constexpr size_t smem_bytes(int stages) {
-    return 4 * size_t(stages) * kStageFloats + 8 * 4;
+    return 4 * size_t(stages) * kStageFloats + kWgmmaBarrierBytes;
   }
 };
 
@@ -681,12 +681,9 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
   auto load_next = [&](int stage) {
     const uint32_t as = smem0 + stage * kStageBytes;
     ld.a_loader.load(a, as, ld.kt * kBK);
-    if (tid == 0) {
-      const uint32_t bar = bars + 8 * stage;
-      mbar_expect_tx(bar, 4 * T::kBFloats);
-      bulk_copy(as + kBOffset, a.wp + (size_t(ld.n_tile) * ktiles + ld.kt) * T::kBFloats,
-                4 * T::kBFloats, bar);
-    }
+    if (tid == 0)
+      copy_stage(bars + 8 * stage, as + kBOffset,
+                 a.wp + (size_t(ld.n_tile) * ktiles + ld.kt) * T::kBFloats, 4 * T::kBFloats);
     ld.advance(a, tid);
   };
 
@@ -702,10 +699,7 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
 
   // -- mainloop over this block's tiles --
   const int stages = a.stages;
-  if (tid == 0) {
-    for (int st = 0; st < stages; ++st) mbar_init(bars + 8 * st, 1);
-    fence_mbar_init();
-  }
+  init_stage_barriers(bars, stages, tid);
   __syncthreads();
   detail::pdl_begin();
   for (int st = 0; st < stages - 1; ++st) {

@@ -86,7 +86,7 @@ struct HaloWgTile {
   // Then one mbarrier a stage (up to 4) for its weights.
   static constexpr size_t smem_bytes(int stages) {
     return sizeof(float) * (size_t(stages) * kStageFloats + (kRegA ? 0 : 2 * kSquares * kOpA)) +
-           8 * 4;
+           kWgmmaBarrierBytes;
   }
   static_assert(smem_bytes(kMaxStages) ==
                     size_t(halo_wgmma_smem_bytes(BM, BN, S, kMaxStages, kRegA)),
@@ -124,19 +124,6 @@ __device__ __forceinline__ void fence_proxy_async() {
 // -- bulk copies completing on an mbarrier (the tensor memory accelerator's 1-D form) --
 // Written by the async proxy, as the tensor cores read: no proxy fence between the two, where a
 // fence.proxy.async after cp.async would order all of the thread's copies still in flight.
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Makes this thread's mbarrier.inits visible to the async proxy (the copies that complete on
-// them); a barrier then makes them visible to the block.
-__device__ __forceinline__ void fence_mbar_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// One arrival that also expects `bytes` to land before the phase completes.
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done)
@@ -147,15 +134,27 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
 }
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory,
-// counted on `bar`.
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
-                                          uint32_t bar) {
+// One stage's weights: `bytes` (a multiple of 16, both addresses 16-byte aligned) from global
+// to shared memory: the one arrival on the stage's mbarrier `bar`, which then also expects the
+// bytes. One thread issues it.
+__device__ __forceinline__ void copy_stage(uint32_t bar, uint32_t dst, const void* src,
+                                           uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
           "r"(dst),
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
+}
+// Thread 0 initialises the `stages` mbarriers from `bars` on (one arrival each: copy_stage's)
+// and makes them visible to the async proxy that completes them; the block's threads first
+// wait on them after a barrier.
+__device__ __forceinline__ void init_stage_barriers(uint32_t bars, int stages, int tid) {
+  if (tid != 0) return;
+  for (int st = 0; st < stages; ++st)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + 8 * st) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
 #define EPILOG_D4(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
@@ -326,15 +325,11 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
   const uint32_t b_dst = smem0 + 4 * W::kSquares * T::kPatch;
   const uint32_t bars = op0_addr + (W::kRegA ? 0 : 4 * 2 * W::kSquares * W::kOpA);
   auto load_weights = [&](int stage, int kt) {
-    if (tid != 0) return;
-    const uint32_t bar = bars + 8 * stage;
-    mbar_expect_tx(bar, 4 * W::kOpB);
-    bulk_copy(b_dst + stage * kStageBytes, wp + size_t(kt) * W::kOpB, 4 * W::kOpB, bar);
+    if (tid == 0)
+      copy_stage(bars + 8 * stage, b_dst + stage * kStageBytes, wp + size_t(kt) * W::kOpB,
+                 4 * W::kOpB);
   };
-  if (tid == 0) {
-    for (int st = 0; st < stages; ++st) mbar_init(bars + 8 * st, 1);
-    fence_mbar_init();
-  }
+  init_stage_barriers(bars, stages, tid);
   __syncthreads();
 
   float acc[1][W::kNI][4];

@@ -158,6 +158,10 @@ inline bool conv_gemm_halo_fits(const ConvShape& s) {
          s.stride_h == s.stride_w && (s.stride_h == 1 || s.stride_h == 2);
 }
 
+// The wgmma kernels' shared memory ends in one 8-byte mbarrier for each of up to 4 stages, on
+// which the stage's weights' bulk copy completes.
+constexpr int64_t kWgmmaBarrierBytes = 8 * 4;
+
 // -- gemm's halo kernel on warpgroup MMA (ConvTiles::wgmma, conv_gemm_wgmma.cuh) --
 // Whether its tiles of n channels take A from registers (read straight from the staged patches)
 // rather than from patches rewritten into shared memory: all but n = 32 with a residual (the
@@ -169,11 +173,12 @@ constexpr bool halo_wgmma_reg_a(int n, bool residual) {
 // stage holds the input patches (8 channel planes of kCS floats each per square, as the mma.sync
 // halo kernel stages them) and the stage's packed weights (72 n floats); besides, where A comes
 // from shared memory, two buffers of the patches rewritten for the tensor cores (8 x kPos floats
-// per square); then an mbarrier a stage (room for 4) on which the weights' copies complete.
+// per square); then the stages' mbarriers.
 constexpr int64_t halo_wgmma_smem_bytes(int m, int n, int stride, int stages, bool reg_a) {
   const int64_t side = 7 * stride + 3, pos = side * side, cs = (pos + 23) / 32 * 32 + 8;
   const int64_t squares = m / 64;
-  return 4 * (stages * (squares * 8 * cs + 72 * n) + (reg_a ? 0 : 2 * squares * 8 * pos)) + 8 * 4;
+  return 4 * (stages * (squares * 8 * cs + 72 * n) + (reg_a ? 0 : 2 * squares * 8 * pos)) +
+         kWgmmaBarrierBytes;
 }
 // Its pipeline depth for those tiles, with or without a residual: 4 where they fit in the 227 KB
 // a block may have, else 3 (every tile fits three: the kernel asserts it).
