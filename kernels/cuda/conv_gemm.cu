@@ -514,6 +514,8 @@ __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[
   }
   // Batchnorm and activation in place, then the residual (its loads fly together, no store
   // between them), then the stores; as in the halo kernel, also the faster order without one.
+  // 32-bit offsets (y and the residual span under 2^31 elements, conv_gemm checks): 64-bit ones
+  // cost about five instructions a store.
   scale_shift_act(acc, a.scale, a.shift, a.k, n, t, act);
   if (a.res) {
 #pragma unroll
@@ -522,12 +524,11 @@ __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[
       for (int e = 0; e < 2; ++e) {
         const int c = n + 8 * ni + 2 * t + e;
         if (c >= a.k) continue;
-        const float* __restrict__ rc = a.res + size_t(c) * hw;
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
           if (pix[mi] < 0) continue;
-          acc[mi][ni][e] += __ldg(rc + rpix[mi]);
-          acc[mi][ni][2 + e] += __ldg(rc + rpix[mi] + 1);
+          acc[mi][ni][e] += __ldg(a.res + (c * hw + rpix[mi]));
+          acc[mi][ni][2 + e] += __ldg(a.res + (c * hw + rpix[mi] + 1));
         }
       }
   }
@@ -537,16 +538,16 @@ __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[
     for (int e = 0; e < 2; ++e) {
       const int c = n + 8 * ni + 2 * t + e;
       if (c >= a.k) continue;
-      float* yc = a.y + size_t(c) * hw;
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         if (pix[mi] < 0) continue;
+        float* yc = a.y + (c * hw + pix[mi]);
         const float2 v = {acc[mi][ni][e], acc[mi][ni][2 + e]};
         if (a.vec2_y) {
-          *reinterpret_cast<float2*>(yc + pix[mi]) = v;
+          *reinterpret_cast<float2*>(yc) = v;
         } else {
-          yc[pix[mi]] = v.x;
-          yc[pix[mi] + 1] = v.y;
+          yc[0] = v.x;
+          yc[1] = v.y;
         }
       }
     }

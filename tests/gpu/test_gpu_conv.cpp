@@ -145,6 +145,9 @@ struct Case {
   // A residual added after the activation (fused_conv2d's fifth input); with `strided`, as
   // channels [2, 2 + K) of a batch with 3 more.
   bool residual = false;
+  // scale and shift from one float into their buffers: 4-byte aligned, not 8, so that the
+  // epilogues take their general path (scale_shift_act loads aligned pairs where it can).
+  bool odd_affine = false;
 };
 
 // Fresh inputs from `seed`, the CPU reference, the forced kernel on poisoned output, compared.
@@ -158,8 +161,9 @@ Outcome run(const Case& cc, uint64_t seed) {
   const Tensor x = xs.part(x0, {s.n, s.c, s.h, s.w}).clone();  // contiguous, for the CPU
   const Tensor w = Tensor::randn({s.k, s.c / s.groups, s.r, s.s}, seed + 1,
                                  1.0f / std::sqrt(static_cast<float>(fan_in)));
-  const Tensor scale = Tensor::randn({s.k}, seed + 2);
-  const Tensor shift = Tensor::randn({s.k}, seed + 3);
+  const int64_t a0 = cc.odd_affine ? 1 : 0;  // scale's and shift's first element
+  const Tensor scale = Tensor::randn({a0 + s.k}, seed + 2);
+  const Tensor shift = Tensor::randn({a0 + s.k}, seed + 3);
   const Shape out_shape{s.n, s.k, s.ho, s.wo};
 
   const int64_t cr = cc.strided ? s.k + 3 : s.k, r0 = cc.strided ? 2 * s.ho * s.wo : 0;
@@ -167,8 +171,8 @@ Outcome run(const Case& cc, uint64_t seed) {
   const Tensor res = rs.part(r0, out_shape).clone();
 
   Tensor ref = Tensor::empty(out_shape);
-  cpu::conv2d(s, x.f32(), w.f32(), cc.scale ? scale.f32() : nullptr,
-              cc.shift ? shift.f32() : nullptr, cc.act, ref.f32(),
+  cpu::conv2d(s, x.f32(), w.f32(), cc.scale ? scale.f32() + a0 : nullptr,
+              cc.shift ? shift.f32() + a0 : nullptr, cc.act, ref.f32(),
               cc.residual ? res.f32() : nullptr);
 
   const Tensor dx = xs.to(Device::CUDA), dw = w.to(Device::CUDA);
@@ -183,8 +187,8 @@ Outcome run(const Case& cc, uint64_t seed) {
 
   const auto* px = static_cast<const float*>(dx.raw()) + x0;
   const auto* pw = static_cast<const float*>(dw.raw());
-  const float* psc = cc.scale ? static_cast<const float*>(dscale.raw()) : nullptr;
-  const float* psh = cc.shift ? static_cast<const float*>(dshift.raw()) : nullptr;
+  const float* psc = cc.scale ? static_cast<const float*>(dscale.raw()) + a0 : nullptr;
+  const float* psh = cc.shift ? static_cast<const float*>(dshift.raw()) + a0 : nullptr;
   auto* py = static_cast<float*>(dy.raw()) + y0;
   switch (cc.kernel) {
     case ConvKernel::Scalar:
@@ -245,7 +249,8 @@ void check(const Case& cc, uint64_t seed, const std::string& what) {
        << ", scale " << cc.scale << " shift " << cc.shift << " act " << activation_name(cc.act)
        << "; max rel error " << o.rel << " (element " << o.worst << ": gpu " << o.gpu << " cpu "
        << o.cpu << "), " << o.nans << " NaN" << (cc.strided ? ", strided" : "")
-       << (cc.residual ? ", residual" : "") << ", " << o.stray << " stray writes");
+       << (cc.residual ? ", residual" : "") << (cc.odd_affine ? ", scale/shift 4-byte aligned" : "")
+       << ", " << o.stray << " stray writes");
   CHECK(o.nans == 0);
   CHECK(o.stray == 0);
   CHECK(o.rel <= tolerance(cc.kernel));
@@ -255,7 +260,7 @@ void check(const Case& cc, uint64_t seed, const std::string& what) {
 // then every built tile combination with one activation each. Run r has scale/shift presence
 // r % 4 and, past the lowering's tiles, activation (r + r / 4) % 4, so that every pair of the
 // two meets in 16 consecutive runs; runs 3 to 5 of every 6 read and write channel slabs, runs
-// 5 to 9 of every 10 add a residual.
+// 5 to 9 of every 10 add a residual, runs 7 to 13 of every 14 read scale and shift unaligned.
 void check_kernel(ConvKernel kernel, bool wgmma_only = false) {
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
   uint64_t seed = 1000 * (static_cast<uint64_t>(kernel) + 1);
@@ -266,14 +271,15 @@ void check_kernel(ConvKernel kernel, bool wgmma_only = false) {
     const ConvTiles lowered = conv_tiles(kernel, s, profile);
     for (Activation act : kActivations) {
       if (wgmma_only) break;
-      check({kernel, lowered, s, r % 2 == 0, r / 2 % 2 == 0, act, r / 3 % 2 == 1, r / 5 % 2 == 1},
+      check({kernel, lowered, s, r % 2 == 0, r / 2 % 2 == 0, act, r / 3 % 2 == 1, r / 5 % 2 == 1,
+             r / 7 % 2 == 1},
             seed += 5, std::string(g.name) + " (lowering's tiles)");
       ++r;
     }
     for (const ConvTiles& t : conv_built_tiles(kernel, profile)) {
       if (wgmma_only && !t.wgmma) continue;
       check({kernel, t, s, r % 2 == 0, r / 2 % 2 == 0, kActivations[(r + r / 4) % 4],
-             r / 3 % 2 == 1, r / 5 % 2 == 1},
+             r / 3 % 2 == 1, r / 5 % 2 == 1, r / 7 % 2 == 1},
             seed += 5, g.name);
       ++r;
     }
