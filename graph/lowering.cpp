@@ -131,7 +131,11 @@ constexpr double kHaloWgmmaMinWaves = 0.375;
 // The 1x1 direct kernel on warpgroup MMA (Hopper), from kDirectWgmmaMinCout output channels and
 // one wave of its tiles: 64 pixels (one warpgroup, so that several blocks share an SM and one's
 // epilogue runs under another's MMAs) by n covering Cout; 4 stages from kDirectWgmmaDeepInput
-// input channels, else 3. Sweeps (us; mma.sync = the best mma.sync tile): b16_c256_256_1x1_40
+// input channels where one n tile covers Cout (each A tile read once, from DRAM), else 3. Since
+// the leaner epilogue (64x128 at 146 registers, three blocks an SM in 3 stages), an A/B of 3
+// against 4 stages there (2026-12-03, us): 16x256x40x40 -> 128 19.1 -> 20.4, 16x384x40x40 ->
+// 128 23.7 -> 26.2, but b16_c256_256_1x1_40 (two n tiles sharing each A tile in L2) 31.9 ->
+// 30.2. Earlier sweeps (us; mma.sync = the best mma.sync tile): b16_c256_256_1x1_40
 // 64x128 4 stages 33.9 (3: 34.8; 128x128, one block an SM: 40.8) vs mma.sync 39.6;
 // b16_c64_64_1x1_80 64x64 3 stages 23.0 (best 64x32 21.7) vs 23.6; 16x128x80x80 -> 64 64x64 31.5
 // vs 32.6; 16x64x80x80 -> 128 64x128 36.5 vs 35.9; 16x32x160x160 -> 32 64x32 35.5 (best 2
@@ -366,8 +370,8 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         };
         const int n = fills(cover) ? cover : cover / 2;
         if (fills(n)) {
-          const bool four =
-              s.c >= kDirectWgmmaDeepInput || double(tiles_of(64, n)) < kGemmWaves * sms;
+          const bool four = (s.c >= kDirectWgmmaDeepInput && n >= s.k) ||
+                            double(tiles_of(64, n)) < kGemmWaves * sms;
           t = {64, n, 32, four ? 4 : 3, 1, true};
           break;
         }
