@@ -856,10 +856,11 @@ void launch_halo(HaloArgs a, Stream stream) {
   check_launch("conv_gemm");
 }
 
-template <int BM, int BN, int S, bool RegA, bool Split>
+template <int BM, int BN, int S, bool RegA, bool Split,
+          bool ResAhead = halo_wgmma_res_ahead(BN, RegA)>
 void launch_halo_wgmma(HaloArgs a, Stream stream) {
   using W = HaloWgTile<BM, BN, S, RegA>;
-  auto kernel = conv_halo_wgmma_kernel<BM, BN, S, RegA, Split>;
+  auto kernel = conv_halo_wgmma_kernel<BM, BN, S, RegA, Split, ResAhead>;
   static std::atomic<uint64_t> opted_in{0};
   opt_in(opted_in, W::smem_bytes(W::kMaxStages), kernel);
   a.stages = a.stages < 3 ? 3 : a.stages > W::kMaxStages ? W::kMaxStages : a.stages;
@@ -873,6 +874,11 @@ void launch_halo_wgmma(HaloArgs a, Stream stream) {
 
 template <int BM, int BN, int S, bool Split>
 void launch_halo_wgmma_any(HaloArgs a, Stream stream) {
+  // The C2f bottleneck's second conv (3x3, stride 1, a residual) at n = 64 fetches its residual
+  // ahead in a kernel of its own (see conv_halo_wgmma_kernel).
+  if constexpr (BN == 64 && S == 1 && !Split)
+    if (a.res)
+      return launch_halo_wgmma<BM, BN, S, halo_wgmma_reg_a(BN, true), Split, true>(a, stream);
   if (halo_wgmma_reg_a(BN, a.res != nullptr))
     return launch_halo_wgmma<BM, BN, S, halo_wgmma_reg_a(BN, false), Split>(a, stream);
   return launch_halo_wgmma<BM, BN, S, halo_wgmma_reg_a(BN, true), Split>(a, stream);

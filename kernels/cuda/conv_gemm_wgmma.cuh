@@ -1,8 +1,8 @@
 // The 3x3 halo kernel of conv_gemm.cu on Hopper's warpgroup MMA (wgmma, sm_90a builds only):
 // the same tiles, staging and epilogue as conv_halo_kernel (conv_gemm_halo.cuh), its MMAs issued
 // by a warpgroup (wgmma.mma_async) instead of by each warp (mma.sync), and n = 16 besides (the
-// mma.sync kernel's warps are 32 channels wide). At n <= 32 a residual is loaded before the
-// mainloop, not after it.
+// mma.sync kernel's warps are 32 channels wide). A residual is loaded before the mainloop, not
+// after it, at n <= 32 and, in a kernel of its own, at n = 64 and stride 1.
 //
 // Why: the mma.sync kernel's warps spend most of their issue slots loading and rounding
 // fragments (Nsight Compute); a wgmma m64nNk8 reads B straight from shared memory, and A from
@@ -288,9 +288,17 @@ __device__ __forceinline__ void store_tf32x4(float* dst, float v0, float v1, flo
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// Whether the kernels that `launch_halo_wgmma_any` runs for every layer of n channels fetch a
+// residual ahead (see the kernel): n <= 32 costs 16 registers at most, so even the layers without
+// one pay them; n = 64 (32 registers) has a kernel of its own for the layers with one.
+constexpr bool halo_wgmma_res_ahead(int n, bool reg_a) {
+  return n <= 32 && (!reg_a || n <= 16);
+}
+
 // Split: splits > 1 (an instance of its own, so that the whole-tile kernels keep their code; its
 // grids are small, so it is not held to kMinBlocks: at 80 registers it spilled).
-template <int BM, int BN, int S, bool RegA, bool Split>
+// ResAhead: a residual is fetched into registers before the mainloop (see below).
+template <int BM, int BN, int S, bool RegA, bool Split, bool ResAhead>
 __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
                                   Split ? 1 : HaloWgTile<BM, BN, S, RegA>::kMinBlocks)
     conv_halo_wgmma_kernel(const HaloArgs a) {
@@ -360,13 +368,15 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
 #pragma unroll
     for (int h = 0; h < 2; ++h) pix[0][h] = sq.pixel(a, 2 * (warp % 4) + h, lane / 4);
   };
-  // A residual is fetched now, its loads under the mainloop's, where that costs few registers
-  // (n <= 32: 16 a thread, with A in shared memory: the launcher takes register A at n = 32 only
-  // without a residual; n = 16: 8, with A from registers, 76 registers at 64x16); the layers with
-  // few channels that have one wait on memory, not on their MMAs. At n = 16 register A with it
-  // ahead beat shared-memory A with it ahead in an A/B call of 2026-12-02 (two rounds each): the
-  // YOLO-like model 1.275 -> 1.260 ms at batch 16, 0.287 -> 0.289 at batch 1 (within its spread).
-  constexpr bool kResAhead = W::kNI <= 4 && (!W::kRegA || W::kNI <= 2);
+  // ResAhead: a residual is fetched now, its loads under the mainloop's. Read in the epilogue,
+  // the residual of a one-wave grid is loaded by all blocks at once after their mainloops:
+  // Nsight Compute (2026-12-03) had 37% of the stall samples of a 16x64x40x40 -> 64 bottleneck
+  // (128x64 tiles, 200 blocks) on its adds, 24.2 us against 16.6 for its twin without one.
+  // Costs registers: n = 16, 8 a thread (76 at 64x16, register A: at n = 16 that beat
+  // shared-memory A with it ahead, A/B of 2026-12-02: the YOLO-like model 1.275 -> 1.260 ms at
+  // batch 16); n = 32, 16 (with A in shared memory: the launcher takes register A at n = 32 only
+  // without a residual); n = 64, 32 (a kernel of its own, halo_wgmma_res_ahead).
+  constexpr bool kResAhead = ResAhead;
   float res[1][kResAhead ? W::kNI : 1][4] = {};
   if constexpr (kResAhead) {
     if (a.res && split == 0) {
