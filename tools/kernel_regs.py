@@ -7,7 +7,7 @@ Compiles each file with the flags of DIR/compile_commands.json (default: build) 
 `-Xptxas -v`, into a scratch directory, and prints one line per kernel: registers, spill stores
 and loads, name. Run it before and after a change to a kernel and diff the two: a change meant
 to leave the code as it was must leave this list as it was: one that was believed to, and did
-not, once cost the YOLO-like model 1.2% at batch 16 (docs/perf.md).
+not, once cost the YOLO-like model 1.2% at batch 16 (docs/perf-history.md).
 """
 import argparse
 import glob
