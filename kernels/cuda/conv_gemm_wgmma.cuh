@@ -376,9 +376,8 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
   // shared-memory A with it ahead, A/B of 2026-12-02: the YOLO-like model 1.275 -> 1.260 ms at
   // batch 16); n = 32, 16 (with A in shared memory: the launcher takes register A at n = 32 only
   // without a residual); n = 64, 32 (a kernel of its own, halo_wgmma_res_ahead).
-  constexpr bool kResAhead = ResAhead;
-  float res[1][kResAhead ? W::kNI : 1][4] = {};
-  if constexpr (kResAhead) {
+  float res[1][ResAhead ? W::kNI : 1][4] = {};
+  if constexpr (ResAhead) {
     if (a.res && split == 0) {
       int pix[1][2];
       pixels(pix);
@@ -499,7 +498,7 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
 
   int pix[1][2];
   pixels(pix);
-  if constexpr (kResAhead)
+  if constexpr (ResAhead)
     halo_epilogue(a, acc, pix, sq.img, n0, t, res);
   else
     halo_epilogue(a, acc, pix, sq.img, n0, t);

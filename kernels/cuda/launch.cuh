@@ -69,8 +69,8 @@ inline bool aligned16(const void* p) {
 // Programmatic dependent launch (sm_90): a kernel launched through launch_pdl is set up by the
 // hardware while the kernel before it on the stream still runs, which hides part of the launch
 // gap between the small kernels of a model (one CUDA graph node after another): the YOLO-like
-// model 0.410 -> 0.385 ms at batch 1, 1.676 -> 1.650 at batch 16 (H200, docs/perf-history.md). Such a
-// kernel starts with pdl_begin(), which waits until the previous kernel has finished and its
+// model 0.410 -> 0.385 ms at batch 1, 1.676 -> 1.650 at batch 16 (H200, docs/perf-history.md). Such
+// a kernel starts with pdl_begin(), which waits until the previous kernel has finished and its
 // writes are visible (launched the ordinary way, it does nothing). No kernel lets the next one
 // in early (griddepcontrol.launch_dependents): at the start of every kernel that made the model
 // 0.645 ms at batch 1, the waiting blocks of the next kernel taking the SMs' slots; at the end
