@@ -856,8 +856,7 @@ void launch_halo(HaloArgs a, Stream stream) {
   check_launch("conv_gemm");
 }
 
-template <int BM, int BN, int S, bool RegA, bool Split,
-          bool ResAhead = halo_wgmma_res_ahead(BN, RegA)>
+template <int BM, int BN, int S, bool RegA, bool Split, bool ResAhead>
 void launch_halo_wgmma(HaloArgs a, Stream stream) {
   using W = HaloWgTile<BM, BN, S, RegA>;
   auto kernel = conv_halo_wgmma_kernel<BM, BN, S, RegA, Split, ResAhead>;
@@ -872,16 +871,19 @@ void launch_halo_wgmma(HaloArgs a, Stream stream) {
   check_launch("conv_gemm");
 }
 
+// The kernel for layers with a residual or without (halo_wgmma_reg_a, halo_wgmma_res_ahead):
+// where both rules give the same, the same instance.
+template <int BM, int BN, int S, bool Split, bool Residual>
+void launch_halo_wgmma_for(HaloArgs a, Stream stream) {
+  constexpr bool reg_a = halo_wgmma_reg_a(BN, Residual);
+  launch_halo_wgmma<BM, BN, S, reg_a, Split, halo_wgmma_res_ahead(BN, S, Split, reg_a, Residual)>(
+      a, stream);
+}
+
 template <int BM, int BN, int S, bool Split>
 void launch_halo_wgmma_any(HaloArgs a, Stream stream) {
-  // The C2f bottleneck's second conv (3x3, stride 1, a residual) at n = 64 fetches its residual
-  // ahead in a kernel of its own (see conv_halo_wgmma_kernel).
-  if constexpr (BN == 64 && S == 1 && !Split)
-    if (a.res)
-      return launch_halo_wgmma<BM, BN, S, halo_wgmma_reg_a(BN, true), Split, true>(a, stream);
-  if (halo_wgmma_reg_a(BN, a.res != nullptr))
-    return launch_halo_wgmma<BM, BN, S, halo_wgmma_reg_a(BN, false), Split>(a, stream);
-  return launch_halo_wgmma<BM, BN, S, halo_wgmma_reg_a(BN, true), Split>(a, stream);
+  if (a.res) return launch_halo_wgmma_for<BM, BN, S, Split, true>(a, stream);
+  launch_halo_wgmma_for<BM, BN, S, Split, false>(a, stream);
 }
 
 template <int BM, int BN, int S>

@@ -288,10 +288,12 @@ __device__ __forceinline__ void store_tf32x4(float* dst, float v0, float v1, flo
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// Whether the kernels that `launch_halo_wgmma_any` runs for every layer of n channels fetch a
-// residual ahead (see the kernel): n <= 32 costs 16 registers at most, so even the layers without
-// one pay them; n = 64 (32 registers) has a kernel of its own for the layers with one.
-constexpr bool halo_wgmma_res_ahead(int n, bool reg_a) {
+// Whether the kernel for a layer of n channels (with a residual or not) fetches a residual ahead
+// (see the kernel): n <= 32 costs 16 registers at most, so even the layers without one run the
+// kernel that does; at n = 64 (32 registers) the whole-tile, stride-1 layers with one run a
+// kernel of their own (the C2f bottleneck's second conv).
+constexpr bool halo_wgmma_res_ahead(int n, int stride, bool split, bool reg_a, bool residual) {
+  if (n == 64) return residual && stride == 1 && !split;
   return n <= 32 && (!reg_a || n <= 16);
 }
 
