@@ -469,6 +469,11 @@ std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel, const DeviceProfile& 
       for (int m : {64, 128})
         for (int n : {32, 64, 128})
           for (int stages : {2, 3, 4}) out.push_back({m, n, 32, stages, 1, true});
+      // ...and split-K on them (not yet taken by any rule: unmeasured).
+      for (int m : {64, 128})
+        for (int n : {32, 64, 128})
+          for (int stages : {3, 4})
+            for (int splits : {2, 4, 8}) out.push_back({m, n, 32, stages, splits, true});
     }
   }
   return out;

@@ -478,10 +478,12 @@ struct DirectCursor {
   int tile, kt = 0, n_tile;
   Loader a_loader;
 
-  __device__ __forceinline__ DirectCursor(const GemmArgs& a, int tid)
-      : tile(int(blockIdx.x)),
-        n_tile(int(blockIdx.x) % a.n_tiles),
-        a_loader(a, int(blockIdx.x) / a.n_tiles * T::BM, tid) {}
+  __device__ __forceinline__ DirectCursor(const GemmArgs& a, int tid, int tile0 = int(blockIdx.x),
+                                          int kt0 = 0)
+      : tile(tile0),
+        kt(kt0),
+        n_tile(tile0 % a.n_tiles),
+        a_loader(a, tile0 / a.n_tiles * T::BM, tid) {}
   // This block's k tiles, all of its tiles together.
   static __device__ __forceinline__ int block_ktiles(const GemmArgs& a) {
     const int tiles = (a.m + T::BM - 1) / T::BM * a.n_tiles, step = int(gridDim.x);
@@ -649,6 +651,10 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
 // over the whole reduction (c, i, j). Why: the mma.sync gather kernel's deep 3x3 stride-2 layers
 // onto small planes (where the halo kernel's 8x8 squares waste a third or more) ran at a fifth
 // of the tensor cores' rate.
+// Split (splits > 1, either loader): not persistent; a tile's splits are consecutive blocks, one
+// cluster, each summing k tiles [split * ktiles / splits, (split + 1) * ktiles / splits); rank 0
+// adds the others' accumulators (cluster_sum) and alone runs the epilogue. For grids of under a
+// wave over deep reductions, whose blocks would each walk a long chain of k tiles.
 template <int BM_, int BN_>
 struct WgDirectTile {
   static constexpr int BM = BM_, BN = BN_, kThreads = 2 * BM, kWarps = kThreads / 32, kNI = BN / 8;
@@ -660,9 +666,11 @@ struct WgDirectTile {
   static constexpr size_t smem_bytes(int stages) {
     return 4 * size_t(stages) * kStageFloats + kWgmmaBarrierBytes;
   }
+  static_assert(kNI * 4 * kThreads <= 2 * kStageFloats,
+                "split-K parks the accumulators in the pipeline's space (at least 2 stages)");
 };
 
-template <int BM, int BN, bool Gather>
+template <int BM, int BN, bool Gather, bool Split>
 __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<BM, BN>::kMinBlocks)
     conv_direct_wgmma_kernel(const GemmArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -671,14 +679,19 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
   extern __shared__ __align__(16) float smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int ktiles = a.ktiles, step = int(gridDim.x);
-  const int total = DirectCursor<T, Loader>::block_ktiles(a);
+  // Split: this block's tile and share of its k tiles (never empty: splits <= ktiles).
+  const int tile0 = Split ? int(blockIdx.x / unsigned(a.splits)) : int(blockIdx.x);
+  const int split = Split ? int(blockIdx.x) - tile0 * a.splits : 0;
+  const int kt0 = Split ? split * ktiles / a.splits : 0;
+  const int total =
+      Split ? (split + 1) * ktiles / a.splits - kt0 : DirectCursor<T, Loader>::block_ktiles(a);
   const uint32_t smem0 = smem_addr(smem);
   constexpr uint32_t kStageBytes = 4 * T::kStageFloats, kBOffset = 4 * kBK * T::kLdA;
 
   // The packed weights hold each n tile's k tiles one after another, kBFloats each: a stage's
   // are one bulk copy, issued by thread 0 and counted on the stage's mbarrier.
   const uint32_t bars = smem0 + uint32_t(a.stages) * kStageBytes;
-  DirectCursor<T, Loader> ld(a, tid);
+  DirectCursor<T, Loader> ld(a, tid, tile0, kt0);
   auto load_next = [&](int stage) {
     const uint32_t as = smem0 + stage * kStageBytes;
     ld.a_loader.load(a, as, ld.kt * kBK);
@@ -708,8 +721,14 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
     cp_async_commit();
   }
   clear();
-  int read_stage = 0, write_stage = stages - 1, tile = int(blockIdx.x), kt = 0;
+  int read_stage = 0, write_stage = stages - 1, tile = tile0, kt = 0;
   uint32_t phase = 0;  // of read_stage's mbarrier: flips each time the stages come round
+  const auto epilogue = [&] {
+    with_activation(a.act, [&](auto act) {
+      direct_epilogue(a, acc, tile / a.n_tiles * BM + 64 * wg + 16 * w4 + 2 * g,
+                      tile % a.n_tiles * BN, t, act, Gather ? a.ho * a.wo : a.h * a.w);
+    });
+  };
   for (int it = 0; it < total; ++it) {
     cp_async_wait_stage(stages);
     mbar_wait(bars + 8 * read_stage, phase);
@@ -742,17 +761,18 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
     // made it wait after every wgmma instead).
     wgmma_wait<0>();
     if (++read_stage == stages) read_stage = 0, phase ^= 1;
-    if (++kt == ktiles) {
-      with_activation(a.act, [&](auto act) {
-        direct_epilogue(a, acc, tile / a.n_tiles * BM + 64 * wg + 16 * w4 + 2 * g,
-                        tile % a.n_tiles * BN, t, act, Gather ? a.ho * a.wo : a.h * a.w);
-      });
+    if (!Split && ++kt == ktiles) {
+      epilogue();
       clear();
       kt = 0;
       tile += step;
     }
   }
   cp_async_wait<0>();
+  if constexpr (Split) {
+    __syncthreads();  // every warpgroup is done with the pipeline's space
+    if (cluster_sum<T::kNI * 4, T::kThreads>(&acc[0][0][0], smem, split, a.splits)) epilogue();
+  }
 #else
   __trap();  // built without sm_90a code: conv_gemm never launches it then
 #endif
@@ -831,15 +851,23 @@ template <int BM, int BN, bool Gather>
 void launch_direct_wgmma(const GemmArgs& a, Stream stream) {
   using T = WgDirectTile<BM, BN>;
   const int64_t tiles = (int64_t(a.m) + BM - 1) / BM * a.n_tiles;
-  check_grid(tiles);
-  auto kernel = conv_direct_wgmma_kernel<BM, BN, Gather>;
-  static std::atomic<uint64_t> opted_in{0};
-  static ResidentCache resident_cache{};
-  opt_in(opted_in, T::smem_bytes(4), kernel);
+  check_grid(tiles * a.splits);
   const size_t smem = T::smem_bytes(a.stages);
-  const int64_t resident = resident_blocks(resident_cache, kernel, T::kThreads, smem, a.stages);
-  const unsigned blocks = unsigned(tiles < resident ? tiles : resident);
-  detail::launch_pdl(kernel, blocks, T::kThreads, smem, stream, 1, a);
+  if (a.splits > 1) {
+    auto kernel = conv_direct_wgmma_kernel<BM, BN, Gather, true>;
+    static std::atomic<uint64_t> opted_in{0};
+    opt_in(opted_in, T::smem_bytes(4), kernel);
+    detail::launch_pdl(kernel, unsigned(tiles * a.splits), T::kThreads, smem, stream,
+                       unsigned(a.splits), a);
+  } else {
+    auto kernel = conv_direct_wgmma_kernel<BM, BN, Gather, false>;
+    static std::atomic<uint64_t> opted_in{0};
+    static ResidentCache resident_cache{};
+    opt_in(opted_in, T::smem_bytes(4), kernel);
+    const int64_t resident = resident_blocks(resident_cache, kernel, T::kThreads, smem, a.stages);
+    const unsigned blocks = unsigned(tiles < resident ? tiles : resident);
+    detail::launch_pdl(kernel, blocks, T::kThreads, smem, stream, 1, a);
+  }
   check_launch("conv_gemm");
 }
 
@@ -981,8 +1009,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   };
   const bool stages_ok = tiles.stages >= 2 && tiles.stages <= 4;
   const bool gemm_ok = tiles.k == kBK && in(tiles.m, {32, 64, 128}) && in(tiles.n, {32, 64, 128}) &&
-                       in(tiles.splits, {1, 2, 4, 8}) &&
-                       (!tiles.wgmma || (tiles.m >= 64 && tiles.splits == 1));
+                       in(tiles.splits, {1, 2, 4, 8}) && (!tiles.wgmma || tiles.m >= 64);
   const bool halo_ok =
       tiles.k == kHaloK && in(tiles.m, {64, 128, 256}) &&
       (in(tiles.n, {32, 64, 128}) || (tiles.wgmma && tiles.n == 16)) &&
@@ -993,8 +1020,8 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
         "(EPILOG_CUDA_ARCH=90a)");
   if (!stages_ok || !(gemm_ok || halo_ok))
     reject("unsupported tiles " + tiles_str(tiles) +
-           " (k = 32 with m, n in {32, 64, 128} and splits in {1, 2, 4, 8}, with wgmma m >= 64 "
-           "and no splits; k = 72 with m in {64, 128, 256}, n in {32, 64, 128} and no splits, "
+           " (k = 32 with m, n in {32, 64, 128} and splits in {1, 2, 4, 8}, with wgmma m >= 64; "
+           "k = 72 with m in {64, 128, 256}, n in {32, 64, 128} and no splits, "
            "with wgmma also n = 16 and at m = 64 splits in {1, 2, 4, 8}; stages in {2, 3, 4})");
   const WgmmaKernel wg_kernel = conv_gemm_wgmma_kernel(tiles, s);
   if (wg_kernel != WgmmaKernel::None) {
@@ -1077,7 +1104,8 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   a.m = int(m);
   a.kg = int(kg);
   a.n_tiles = int((s.k + t.n - 1) / t.n);
-  const bool direct = t.splits == 1 && conv_gemm_direct_fits(s) && aligned16(x);
+  // The mma.sync direct kernel takes no splits; the wgmma one does.
+  const bool direct = (t.splits == 1 || t.wgmma) && conv_gemm_direct_fits(s) && aligned16(x);
   // Split j of a tile takes k tiles [j * ktiles / splits, (j + 1) * ktiles / splits): none is
   // empty while splits <= ktiles.
   a.ktiles = int((kg + kBK - 1) / kBK);
