@@ -163,7 +163,12 @@ constexpr int64_t kDirectWgmmaDeepInput = 256;
 // (pick 30.0), with half the channels (64x64, 200 tiles) 33.9; 8x128 -> 256 the same 29.0 vs
 // 29.2; at batch 4 (50 tiles, 0.38 waves) 29.4 vs the split mma.sync kernel's 20.7. Shallower
 // reductions and other windows were not measured and keep the mma.sync kernels.
+// Under one wave of such tiles, each SM's block walks the whole reduction alone: split it
+// (split_count, below) as the mma.sync gather kernel does. 16x128x40x40 -> 128 at stride 2
+// (the model's n19: 100 tiles, 36 k tiles): 28.9 us whole vs 24.5 in 2 splits, 4 slower (sweep
+// of 2026-12-03), and 29.0 -> 24.8 as lowered (A/B); 16x128 -> 256 (200 tiles) fastest whole.
 constexpr double kGatherWgmmaMinWaves = 0.75;
+constexpr double kGatherWgmmaSplitWaves = 1.0;
 
 // Split-K (the gather kernel; a tile's blocks form one thread-block cluster, which sums their
 // accumulators in shared memory): a block's k tiles run one after another, each paying a load
@@ -394,6 +399,9 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
           s.k >= kDirectWgmmaMinCout && s.c * s.r * s.s > kGemmDeepReduction &&
           double(tiles_of(64, cover)) >= kGatherWgmmaMinWaves * sms) {
         t = gather;
+        const int64_t tiles = tiles_of(64, cover);
+        if (double(tiles) < kGatherWgmmaSplitWaves * sms)
+          t.splits = split_count(tiles, ceil_div(s.c * s.r * s.s, 32), kSplitMinKTiles, sms);
         break;
       }
       // The largest tile (m x n, then the wider n) whose grid has the waves it needs, else the

@@ -206,10 +206,13 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(1, 32, 160, 64, 3, 2), {64, 64, 72, 3, 1, true}},
            {shape(1, 64, 80, 64, 3, 2), {64, 32, 72, 4, 2, true}},
            // Onto a 20x20 plane (no halo kernel), deeper than 256: the wgmma kernel gathering
-           // A, 64 x Cout-covering tiles in 4 stages from 0.75 waves (200 and 100 tiles); at
-           // batch 4 (50 tiles) and on a shallow reduction the mma.sync gather kernel.
+           // A, 64 x Cout-covering tiles in 4 stages from 0.75 waves (200 and 100 tiles), under
+           // one wave split in 2 (36 k tiles); at batch 4 (50 tiles) and on a shallow reduction
+           // the mma.sync gather kernel.
            {shape(16, 128, 40, 256, 3, 2), {64, 128, 32, 4, 1, true}},
-           {shape(16, 128, 40, 128, 3, 2), {64, 128, 32, 4, 1, true}},
+           {shape(16, 128, 40, 128, 3, 2), {64, 128, 32, 4, 2, true}},
+           {shape(10, 128, 40, 256, 3, 2), {64, 128, 32, 4, 2, true}},  // 126 tiles
+           {shape(11, 128, 40, 256, 3, 2), {64, 128, 32, 4, 1, true}},  // 138 tiles
            {shape(4, 128, 40, 256, 3, 2),
             conv_tiles(ConvKernel::Gemm, shape(4, 128, 40, 256, 3, 2), sms(132))},
            {shape(64, 16, 40, 128, 3, 2),

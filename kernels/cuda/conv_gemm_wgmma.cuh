@@ -405,12 +405,22 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
     // Stage kt is visible to all; every warpgroup's wgmmas of stage kt - kBehind are done (the
     // waits at the end of the iterations), so its stage and operand buffers may be rewritten.
     __syncthreads();
-    if (kt + stages - kBehind < ktiles) {
-      load_weights(write_stage, kt + stages - kBehind);
-      loader.load_patch(write_stage * kStageBytes, kt0 + kt + stages - kBehind);
-    }
-    cp_async_commit();
-    write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
+    // Stage kt + stages - kBehind's copies, into the buffers of a stage whose wgmmas are done.
+    const auto copy_ahead = [&] {
+      if (kt + stages - kBehind < ktiles) {
+        load_weights(write_stage, kt + stages - kBehind);
+        loader.load_patch(write_stage * kStageBytes, kt0 + kt + stages - kBehind);
+      }
+      cp_async_commit();
+      write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
+    };
+    // One-square n = 64 tiles issue them under this stage's wgmmas (below): the 20x20 layers'
+    // 64x64 blocks, one warpgroup each, wait on a chain of 16 stages, and there the copies'
+    // instructions (a sixth of a warp's) overlapped the tensor cores' work (16x128x20x20 -> 128
+    // 20.6 -> 19.1 us, A/B of 2026-12-03). Elsewhere they cost registers (128x64 tiles 94 -> 106,
+    // at n <= 32 spills, with a residual fetched ahead 126 -> 138: a block an SM fewer) and lost.
+    constexpr bool kCopiesUnder = W::kRegA && W::kSquares == 1 && W::kNI == 8;
+    if constexpr (!kCopiesUnder) copy_ahead();
     const float* p = smem + read_stage * W::kStageFloats + wg * T::kPatch;
     const uint32_t b_addr = b_dst + read_stage * kStageBytes;
     auto b_desc = [&](int tap) { return wgmma_desc(b_addr + 16 * 2 * BN * tap, 16 * BN, 128); };
@@ -462,6 +472,7 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
         wgmma_tf32_rs<W::kNI>(acc[0], af, b_desc(tap));
       }
       wgmma_commit();
+      if constexpr (kCopiesUnder) copy_ahead();
       // The next stage's fragments go to the same registers, which the wgmmas read until done.
       wgmma_wait<0>();
     } else {
