@@ -417,8 +417,8 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
     // One-square n = 64 tiles issue them under this stage's wgmmas (below): the 20x20 layers'
     // 64x64 blocks, one warpgroup each, wait on a chain of 16 stages, and there the copies'
     // instructions (a sixth of a warp's) overlapped the tensor cores' work (16x128x20x20 -> 128
-    // 20.6 -> 19.1 us, A/B of 2026-12-03). Elsewhere they cost registers (128x64 tiles 94 -> 106,
-    // at n <= 32 spills, with a residual fetched ahead 126 -> 138: a block an SM fewer) and lost.
+    // 20.6 -> 19.1 us, A/B of 2026-12-03). Elsewhere they cost registers and lost: 128x64 tiles
+    // 94 -> 106, with a residual fetched ahead 126 -> 138 (a block an SM fewer), n <= 32 spills.
     constexpr bool kCopiesUnder = W::kRegA && W::kSquares == 1 && W::kNI == 8;
     if constexpr (!kCopiesUnder) copy_ahead();
     const float* p = smem + read_stage * W::kStageFloats + wg * T::kPatch;
