@@ -134,22 +134,25 @@ constexpr int kHaloWgmmaSmallGridStages = 4;
 // (0.27 waves) over twice the reduction: 12.5 vs the gather kernel's 8.8 (split, below, 7.3).
 constexpr double kHaloWgmmaMinWaves = 0.375;
 
-// The 1x1 direct kernel on warpgroup MMA (Hopper), from kDirectWgmmaMinCout output channels and
-// one wave of its tiles: 64 pixels (one warpgroup, so that several blocks share an SM and one's
-// epilogue runs under another's MMAs) by n covering Cout; 4 stages from kDirectWgmmaDeepInput
-// input channels where one n tile covers Cout (each A tile read once, from DRAM), else 3. Since
-// the leaner epilogue (64x128 at 146 registers, three blocks an SM in 3 stages), an A/B of 3
-// against 4 stages there (2026-12-03, us): 16x256x40x40 -> 128 19.1 -> 20.4, 16x384x40x40 ->
-// 128 23.7 -> 26.2, but b16_c256_256_1x1_40 (two n tiles sharing each A tile in L2) 31.9 ->
-// 30.2. Earlier sweeps (us; mma.sync = the best mma.sync tile): b16_c256_256_1x1_40
-// 64x128 4 stages 33.9 (3: 34.8; 128x128, one block an SM: 40.8) vs mma.sync 39.6;
-// b16_c64_64_1x1_80 64x64 3 stages 23.0 (best 64x32 21.7) vs 23.6; 16x128x80x80 -> 64 64x64 31.5
-// vs 32.6; 16x64x80x80 -> 128 64x128 36.5 vs 35.9; 16x32x160x160 -> 32 64x32 35.5 (best 2
-// stages 33.5) vs 36.5. Not measured below 32 output channels. Where the Cout-covering tiles
-// make under a wave, half as many channels a tile, if they make one (A is read once an n tile,
-// so no narrower), with 4 stages under two waves: the YOLO-like model's batch-1 80x80 layers
-// (2026-12-02, us) 1x192x80x80 -> 64 64x32 6.1 vs the mma.sync kernels' 7.4 as picked (best
-// 6.2), 1x96x80x80 -> 64 4.7 vs 5.2, 1x128x80x80 -> 64 5.3 vs 5.9; with 3 stages 6.4, 5.0, 5.4.
+// The 1x1 direct kernel on warpgroup MMA (Hopper), from kDirectWgmmaMinCout output channels and one
+// wave of its tiles: 64 pixels (one warpgroup, so that several blocks share an SM and one's
+// epilogue runs under another's MMAs) by n covering Cout; 4 stages where one n tile covers Cout
+// (each A tile read once, from DRAM) from kDirectWgmmaDeepInput input channels, or at n = 128 (a
+// sweep of 2026-12-04, us: 16x192x40x40 -> 128 64x128 16.6 vs 18.0 in 3 stages, 16x128x40x40 -> 128
+// 14.6 vs 15.0, and an A/B of this rule: 18.1 -> 16.8 and 15.2 -> 14.7; but at n = 64 16x128x80x80
+// -> 64 29.0 vs 26.8 and 16x192x80x80 -> 64 35.0 vs 35.2), else 3. Since the leaner epilogue
+// (64x128 at 146 registers, three blocks an SM in 3 stages), an A/B of 3 against 4 stages there
+// (2026-12-03, us): 16x256x40x40 -> 128 19.1 -> 20.4, 16x384x40x40 -> 128 23.7 -> 26.2, but
+// b16_c256_256_1x1_40 (two n tiles sharing each A tile in L2) 31.9 -> 30.2. Earlier sweeps (us;
+// mma.sync = the best mma.sync tile): b16_c256_256_1x1_40 64x128 4 stages 33.9 (3: 34.8; 128x128,
+// one block an SM: 40.8) vs mma.sync 39.6; b16_c64_64_1x1_80 64x64 3 stages 23.0 (best 64x32 21.7)
+// vs 23.6; 16x128x80x80 -> 64 64x64 31.5 vs 32.6; 16x64x80x80 -> 128 64x128 36.5 vs 35.9;
+// 16x32x160x160 -> 32 64x32 35.5 (best 2 stages 33.5) vs 36.5. Not measured below 32 output
+// channels. Where the Cout-covering tiles make under a wave, half as many channels a tile, if they
+// make one (A is read once an n tile, so no narrower), with 4 stages under two waves: the YOLO-like
+// model's batch-1 80x80 layers (2026-12-02, us) 1x192x80x80 -> 64 64x32 6.1 vs the mma.sync
+// kernels' 7.4 as picked (best 6.2), 1x96x80x80 -> 64 4.7 vs 5.2, 1x128x80x80 -> 64 5.3 vs 5.9;
+// with 3 stages 6.4, 5.0, 5.4.
 constexpr int64_t kDirectWgmmaMinCout = 32;
 constexpr double kDirectWgmmaMinWaves = 1.0;
 constexpr int64_t kDirectWgmmaDeepInput = 256;
@@ -381,7 +384,7 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         };
         const int n = fills(cover) ? cover : cover / 2;
         if (fills(n)) {
-          const bool four = (s.c >= kDirectWgmmaDeepInput && n >= s.k) ||
+          const bool four = (n >= s.k && (s.c >= kDirectWgmmaDeepInput || n == 128)) ||
                             double(tiles_of(64, n)) < kGemmWaves * sms;
           t = {64, n, 32, four ? 4 : 3, 1, true};
           break;

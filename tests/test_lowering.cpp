@@ -221,8 +221,9 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(16, 32, 160, 64, 3, 2), {128, 64, 72, 3, 1, true}},
            {shape(1, 7, 640, 16, 3, 2), {128, 32, 32, 2}},  // no halo kernel: no wgmma
            // 1x1, stride 1, from 32 output channels: the direct kernel on wgmma from one wave
-           // of 64 x Cout-covering tiles (400 x 2, 1600, 6400 tiles); 4 stages from 256 input
-           // channels where one n tile covers Cout (not at 256 -> 256: 2 n tiles of 128). At
+           // of 64 x Cout-covering tiles (400 x 2, 1600, 6400 tiles); 4 stages where one n tile
+           // covers Cout, from 256 input channels or at n = 128 (not at 256 -> 256: 2 n tiles of
+           // 128; not at 192 -> 64). At
            // batch 1 (25 x 2 tiles), or with 16 channels, the mma.sync kernels;
            // where the covering tiles make under a wave, half as many channels (not a quarter)
            // if those make one, in 4 stages under two waves.
@@ -230,6 +231,9 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(16, 256, 20, 128, 1), {64, 64, 32, 4, 1, true}},  // 64x128: 100 tiles
            {shape(16, 256, 40, 256, 1), {64, 128, 32, 3, 1, true}},
            {shape(16, 384, 40, 128, 1), {64, 128, 32, 4, 1, true}},
+           {shape(16, 192, 40, 128, 1), {64, 128, 32, 4, 1, true}},
+           {shape(16, 128, 40, 128, 1), {64, 128, 32, 4, 1, true}},
+           {shape(16, 192, 80, 64, 1), {64, 64, 32, 3, 1, true}},
            {shape(16, 64, 80, 64, 1), {64, 64, 32, 3, 1, true}},
            {shape(16, 32, 160, 32, 1), {64, 32, 32, 3, 1, true}},
            {shape(1, 256, 40, 256, 1),

@@ -278,9 +278,12 @@ const std::vector<PoolCase>& pool_cases() {
       {{2, 3, 7, 9}, {2, 2}, {2, 2}, {0, 0, 0, 0}, true},  // ceil: partial last window
       {{2, 3, 7, 9}, {3, 3}, {2, 2}, {1, 1, 1, 1}, false},
       {{2, 3, 7, 9}, {3, 3}, {2, 2}, {1, 1, 1, 1}, true},
-      {{2, 3, 8, 8}, {5, 5}, {1, 1}, {2, 2, 2, 2}, false},  // SPPF
-      {{2, 3, 9, 10}, {3, 2}, {2, 1}, {1, 0, 0, 1}, true},  // non-square, asymmetric padding
-      {{1, 2, 5, 5}, {5, 5}, {5, 5}, {0, 0, 0, 0}, false},  // one window over everything
+      {{2, 3, 8, 8}, {5, 5}, {1, 1}, {2, 2, 2, 2}, false},   // SPPF
+      {{2, 5, 9, 11}, {3, 3}, {1, 1}, {1, 1, 1, 1}, false},  // "same" 3x3, odd plane
+      {{1, 4, 3, 2}, {5, 5}, {1, 1}, {2, 2, 2, 2}, false},   // "same" window wider than the plane
+      {{1, 2, 6, 6}, {5, 5}, {1, 1}, {2, 1, 2, 3}, false},   // stride 1, padding not "same"
+      {{2, 3, 9, 10}, {3, 2}, {2, 1}, {1, 0, 0, 1}, true},   // non-square, asymmetric padding
+      {{1, 2, 5, 5}, {5, 5}, {5, 5}, {0, 0, 0, 0}, false},   // one window over everything
       {{2, 16, 40, 40}, {5, 5}, {1, 1}, {2, 2, 2, 2}, false},
       // wider than the unrolled row loop (8): the kernel's generic loop
       {{2, 3, 20, 24}, {9, 11}, {2, 3}, {4, 5, 4, 5}, true},
@@ -309,15 +312,20 @@ TEST_CASE("gpu ops: maxpool2d with padding and ceil_mode", "[gpu][ops]") {
 }
 
 TEST_CASE("gpu ops: maxpool2d propagates NaN", "[gpu][ops]") {
-  Builder b(8);
-  Val x = b.input("x", {1, 1, 4, 4});
-  b.output(
-      b.node(OpKind::MaxPool2d, {x}, pool_attrs({2, 2}, {2, 2}, {0, 0, 0, 0}, false), "pool")[0]);
-  Tensor in = Tensor::randn({1, 1, 4, 4}, 9);
-  in.f32()[5] = kNaN;  // window (0, 0), not its first element
-  const Outputs o = run_node(b.build(), {{"x", in}});
-  REQUIRE(std::isnan(o.cpu[0].f32()[0]));
-  require_close(o.gpu[0], o.cpu[0], 1e-5, "maxpool with a NaN");
+  // 2x2 at stride 2 (the plane kernel) and 5x5 "same" (SPPF's kernel).
+  for (const bool same : {false, true}) {
+    Builder b(8);
+    Val x = b.input("x", {1, 1, 4, 4});
+    const Attrs a = same ? pool_attrs({5, 5}, {1, 1}, {2, 2, 2, 2}, false)
+                         : pool_attrs({2, 2}, {2, 2}, {0, 0, 0, 0}, false);
+    b.output(b.node(OpKind::MaxPool2d, {x}, a, "pool")[0]);
+    Tensor in = Tensor::randn({1, 1, 4, 4}, 9);
+    in.f32()[5] = kNaN;  // in window (0, 0) either way, not its first element
+    const Outputs o = run_node(b.build(), {{"x", in}});
+    INFO(same);
+    REQUIRE(std::isnan(o.cpu[0].f32()[0]));
+    require_close(o.gpu[0], o.cpu[0], 1e-5, "maxpool with a NaN");
+  }
 }
 
 TEST_CASE("gpu ops: avgpool2d with padding, ceil_mode and count_include_pad", "[gpu][ops]") {
