@@ -491,6 +491,30 @@ std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel, const DeviceProfile& 
   return out;
 }
 
+namespace {
+
+// Which of maxpool2d's kernels runs a pool (maxpool_kernel), and why.
+std::string maxpool_rule(const PoolShape& p) {
+  switch (maxpool_kernel(p)) {
+    case MaxPoolKernel::Same:
+      return fmt::format(
+          "{0}x{0} at stride 1 padded by {1}: the plane with -inf borders in "
+          "shared memory",
+          p.kh, p.kh / 2);
+    case MaxPoolKernel::Plane:
+      return fmt::format(
+          "plane and row maxima fit in shared memory ({} <= {} floats): a plane "
+          "a block",
+          p.h * p.w + p.h * p.wo, kPoolPlaneFloats);
+    case MaxPoolKernel::Window:
+      break;
+  }
+  return fmt::format("plane and row maxima over {} floats of shared memory: an output a thread",
+                     kPoolPlaneFloats);
+}
+
+}  // namespace
+
 Plan lower(Graph graph, const LowerOptions& options) {
   verify(graph, "lowering");
   Plan plan;
@@ -529,6 +553,10 @@ Plan lower(Graph graph, const LowerOptions& options) {
           np.tiles = conv_tiles(c.kernel, cs, sync);
         }
       }
+    } else if (node.op == OpKind::MaxPool2d) {
+      np.kernel = op_name(node.op);
+      np.rule = maxpool_rule(
+          pool_shape(node, graph.value(node.inputs[0]).shape, graph.value(node.outputs[0]).shape));
     } else {
       np.kernel = op_name(node.op);
       np.rule = "one kernel";

@@ -475,11 +475,25 @@ TEST_CASE("lowering: plans every node, honours a forced kernel, explains the cho
   CHECK(p.nodes[1].kernel == "gemm");
   CHECK(p.nodes[2].kernel == "tiled");  // a reduction of 8
   CHECK(p.nodes[3].kernel == "maxpool2d");
+  CHECK_THAT(p.nodes[3].rule, Catch::Contains("a plane a block"));
   std::string text = explain(p);
   CHECK_THAT(text, Catch::Contains("c1") && Catch::Contains("gemm") &&
                        Catch::Contains("reduction 32 >= 16: gemm") &&
                        Catch::Contains("reduction 8 < 16: tiled") && Catch::Contains("stages=4"));
   CHECK_THAT(text, !Catch::Contains("residual"));
+
+  // Each max-pool kernel, and why: SPPF's 5x5 "same" window, another window, a plane too large
+  // for shared memory.
+  for (const auto& [shape, opts, want] : std::vector<std::tuple<Shape, PoolOpts, std::string>>{
+           {{1, 8, 20, 20}, PoolOpts(5).stride(1).padding(2), "5x5 at stride 1 padded by 2"},
+           {{1, 8, 20, 20}, PoolOpts(5).stride(1).padding(1), "a plane a block"},
+           {{1, 8, 100, 130}, PoolOpts(3).stride(1).padding(1), "an output a thread"}}) {
+    Builder bp(3);
+    bp.output(bp.maxpool2d(bp.input("x", shape), opts, "pool"));
+    const Plan pp = lower(bp.build(), cuda);
+    INFO(shape_str(shape));
+    CHECK_THAT(pp.nodes[0].rule, Catch::Contains(want));
+  }
 
   // A residual add fused into the conv shows on its line.
   Builder br(2);

@@ -9,8 +9,9 @@
 // Layout: float32 NCHW, device pointers; x and y must not overlap. Pools take the images of x
 //   and y PoolShape::x_image() / y_image() floats apart (channel slabs of a larger batch);
 //   everything else is contiguous.
-// Grid, maxpool2d on a plane that fits in shared memory with its row maxima (kPlaneFloats): a
-//   plane per block per step, grid-stride, at most one full wave (maxpool_plane_kernel below;
+// Grid, maxpool2d on a plane that fits in shared memory with its row maxima (kPoolPlaneFloats;
+//   maxpool_kernel in shapes.h picks the kernel, and `epilog explain` prints it): a plane per
+//   block per step, grid-stride, at most one full wave (maxpool_plane_kernel below;
 //   maxpool_same_kernel for 3x3 and 5x5 windows at stride 1 padded by half the window).
 // Grid, other pools: 1-D and grid-stride, one output per thread per step, kThreads per block,
 //   at most one full wave. Item w decodes as ow = w % wo, oh = (w / wo) % ho, plane =
@@ -122,8 +123,7 @@ __global__ void __launch_bounds__(kThreads)
 // the windows' columns (h x wo, into shared memory), then each output as the maximum of its
 // window's rows of those: an output costs kh + kw shared reads instead of kh * kw loads, and
 // every input is loaded once. NaN propagates through both maxima.
-constexpr int64_t kPlaneFloats = 12 * 1024;  // plane + row maxima: 48 KB, no opt-in needed
-constexpr int kPlaneLoads = 4;               // loads in flight a thread while a plane is staged
+constexpr int kPlaneLoads = 4;  // loads in flight a thread while a plane is staged
 
 template <class I>
 __global__ void __launch_bounds__(kThreads)
@@ -225,15 +225,6 @@ __global__ void __launch_bounds__(kSameThreads)
   }
 }
 
-// The K of maxpool_same_kernel for a pool, or 0 where it does not apply.
-int same_window(const PoolShape& p) {
-  const int64_t k = p.kh, pad = k / 2;
-  const bool same = p.kw == k && k % 2 == 1 && p.stride_h == 1 && p.stride_w == 1 &&
-                    p.pad_t == pad && p.pad_b == pad && p.pad_l == pad && p.pad_r == pad;
-  const int64_t floats = p.h * (p.w + 2 * pad) + (p.h + 2 * pad) * p.w;
-  return same && (k == 3 || k == 5) && floats <= kPlaneFloats ? int(k) : 0;
-}
-
 template <bool Max>
 void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream stream) {
   const int64_t items = p.n * p.c * p.ho * p.wo;
@@ -253,25 +244,26 @@ void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream
     else
       launch(int64_t{});
   };
-  if (const int k = Max ? same_window(p) : 0) {
+  const MaxPoolKernel kernel = maxpool_kernel(p);
+  if (Max && kernel == MaxPoolKernel::Same) {
+    const int k = int(p.kh);
     const int64_t planes = p.n * p.c;
     const size_t smem = sizeof(float) * size_t(p.h * (p.w + k - 1) + (p.h + k - 1) * p.w);
     const auto launch = [&](auto i) {
       using I = decltype(i);
-      const auto kernel = k == 3 ? maxpool_same_kernel<3, I> : maxpool_same_kernel<5, I>;
+      const auto same = k == 3 ? maxpool_same_kernel<3, I> : maxpool_same_kernel<5, I>;
       const int grid =
           int(std::min<int64_t>(planes, int64_t(max_blocks()) * kThreads / kSameThreads));
-      launch_pdl(kernel, grid, kSameThreads, smem, stream, 1, int(p.h), int(p.w),
+      launch_pdl(same, grid, kSameThreads, smem, stream, 1, int(p.h), int(p.w),
                  make_fastdiv(uint32_t(p.w)), I(planes), Divisor<I>(I(p.c)), I(xs), I(ys), x, y);
     };
     with_index(launch);
     check_launch(name);
     return;
   }
-  const int64_t plane_floats = p.h * p.w + p.h * p.wo;
-  if (Max && plane_floats <= kPlaneFloats) {
+  if (Max && kernel == MaxPoolKernel::Plane) {
     const int64_t planes = p.n * p.c;
-    const size_t smem = size_t(plane_floats) * sizeof(float);
+    const size_t smem = size_t(p.h * p.w + p.h * p.wo) * sizeof(float);
     const auto launch = [&](auto i) {
       using I = decltype(i);
       launch_pdl(maxpool_plane_kernel<I>, grid_for(planes, 1), kThreads, smem, stream, 1, g,

@@ -272,4 +272,23 @@ struct PoolShape {
   int64_t y_image() const { return y_stride ? y_stride : c * ho * wo; }
 };
 
+// -- maxpool2d's CUDA kernels (kernels/cuda/pool.cu), and which one runs a pool --
+// A block stages a plane and its row maxima in shared memory up to this many floats (48 KB,
+// no opt-in needed).
+constexpr int64_t kPoolPlaneFloats = 12 * 1024;
+enum class MaxPoolKernel {
+  Same,    // 3x3 or 5x5 at stride 1 padded by half the window all round (SPPF's 5x5): the
+           // plane and its row maxima staged with -inf borders, unrolled windows
+  Plane,   // any other window over a plane that fits: clipped windows over the staged plane
+  Window,  // one output a thread, its window's loads clipped to the input
+};
+inline MaxPoolKernel maxpool_kernel(const PoolShape& p) {
+  const int64_t k = p.kh, pad = k / 2;
+  const bool same = p.kw == k && (k == 3 || k == 5) && p.stride_h == 1 && p.stride_w == 1 &&
+                    p.pad_t == pad && p.pad_b == pad && p.pad_l == pad && p.pad_r == pad;
+  if (same && p.h * (p.w + 2 * pad) + (p.h + 2 * pad) * p.w <= kPoolPlaneFloats)
+    return MaxPoolKernel::Same;
+  return p.h * p.w + p.h * p.wo <= kPoolPlaneFloats ? MaxPoolKernel::Plane : MaxPoolKernel::Window;
+}
+
 }  // namespace epilog
