@@ -495,21 +495,18 @@ namespace {
 
 // Which of maxpool2d's kernels runs a pool (maxpool_kernel), and why.
 std::string maxpool_rule(const PoolShape& p) {
+  const int64_t floats = p.h * p.w + p.h * p.wo;
   switch (maxpool_kernel(p)) {
     case MaxPoolKernel::Same:
-      return fmt::format(
-          "{0}x{0} at stride 1 padded by {1}: the plane with -inf borders in "
-          "shared memory",
-          p.kh, p.kh / 2);
+      return fmt::format("{0}x{0} at stride 1 padded by {1}: the plane with -inf borders", p.kh,
+                         p.kh / 2);
     case MaxPoolKernel::Plane:
-      return fmt::format(
-          "plane and row maxima fit in shared memory ({} <= {} floats): a plane "
-          "a block",
-          p.h * p.w + p.h * p.wo, kPoolPlaneFloats);
+      return fmt::format("plane and row maxima {} <= {} floats: a plane a block", floats,
+                         kPoolPlaneFloats);
     case MaxPoolKernel::Window:
       break;
   }
-  return fmt::format("plane and row maxima over {} floats of shared memory: an output a thread",
+  return fmt::format("plane and row maxima {} > {} floats: an output a thread", floats,
                      kPoolPlaneFloats);
 }
 

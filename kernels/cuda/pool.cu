@@ -123,8 +123,6 @@ __global__ void __launch_bounds__(kThreads)
 // the windows' columns (h x wo, into shared memory), then each output as the maximum of its
 // window's rows of those: an output costs kh + kw shared reads instead of kh * kw loads, and
 // every input is loaded once. NaN propagates through both maxima.
-constexpr int kPlaneLoads = 4;  // loads in flight a thread while a plane is staged
-
 template <class I>
 __global__ void __launch_bounds__(kThreads)
     maxpool_plane_kernel(Geometry g, FastDiv wo, I planes, Divisor<I> c, I xs, I ys,
@@ -168,7 +166,8 @@ __global__ void __launch_bounds__(kThreads)
 // a pool): 10.6 on the plane kernel, whose clipped run-time loops cost more than the bytes; 7.6
 // with this kernel in 256-thread blocks, 6.8 to 7.0 in 128-thread ones.
 constexpr int kSameThreads = 128;
-constexpr int kSameChunk = kSameThreads * kPlaneLoads;
+constexpr int kSameLoads = 4;  // loads in flight a thread while a plane is staged
+constexpr int kSameChunk = kSameThreads * kSameLoads;
 
 template <int K, class I>
 __global__ void __launch_bounds__(kSameThreads)
@@ -190,16 +189,16 @@ __global__ void __launch_bounds__(kSameThreads)
     const I img = c.div(plane), ch = plane - img * c.d;
     const float* __restrict__ src = x + img * xs + ch * I(hw);
     float* __restrict__ dst = y + img * ys + ch * I(hw);
-    // Loads kPlaneLoads deep before their stores: one round trip a chunk, not one a load.
+    // Loads kSameLoads deep before their stores: one round trip a chunk, not one a load.
     for (int base = 0; base < hw; base += kSameChunk) {
-      float v[kPlaneLoads];
+      float v[kSameLoads];
 #pragma unroll
-      for (int u = 0; u < kPlaneLoads; ++u) {
+      for (int u = 0; u < kSameLoads; ++u) {
         const int i = base + u * kSameThreads + int(threadIdx.x);
         v[u] = i < hw ? __ldg(src + i) : 0.0f;
       }
 #pragma unroll
-      for (int u = 0; u < kPlaneLoads; ++u) {
+      for (int u = 0; u < kSameLoads; ++u) {
         const int i = base + u * kSameThreads + int(threadIdx.x);
         const int r = fast_div(i, wdiv);
         if (i < hw) in[i + r * 2 * P + P] = v[u];
