@@ -397,6 +397,12 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         if (s.stride_h == 2) t.stages = kHaloStride2Stages;
         break;
       }
+      // Split-K where few blocks would each walk a long reduction (clusters: Hopper on), on the
+      // gather kernels only.
+      const int64_t ktiles = ceil_div(s.c * s.r * s.s, 32);
+      const auto splits_for = [&](int64_t blocks) {
+        return split_count(blocks, ktiles, kSplitMinKTiles, sms);
+      };
       const ConvTiles gather{64, cover, 32, 4, 1, true};
       const int64_t gather_tiles = tiles_of(64, cover);
       if (device.wgmma && conv_gemm_wgmma_kernel(gather, s) == WgmmaKernel::Gather &&
@@ -404,7 +410,7 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
           double(gather_tiles) >= kGatherWgmmaMinWaves * sms) {
         t = gather;
         if (double(gather_tiles) < kGatherWgmmaSplitWaves * sms)
-          t.splits = split_count(gather_tiles, ceil_div(s.c * s.r * s.s, 32), kSplitMinKTiles, sms);
+          t.splits = splits_for(gather_tiles);
         break;
       }
       // The largest tile (m x n, then the wider n) whose grid has the waves it needs, else the
@@ -426,12 +432,6 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
             }
       };
       largest([&](int m, int n) { return double(tiles_of(m, n)) >= waves * sms; });
-      // Split-K where few blocks would each walk a long reduction (clusters: Hopper on), on the
-      // gather kernel only.
-      const int64_t ktiles = ceil_div(s.c * s.r * s.s, 32);
-      const auto splits_for = [&](int64_t blocks) {
-        return split_count(blocks, ktiles, kSplitMinKTiles, sms);
-      };
       if (device.cc_major >= 9 && !conv_gemm_direct_fits(s)) {
         if (t.m == 32 && t.n == 32)
           largest([&](int m, int n) {
@@ -495,7 +495,7 @@ namespace {
 
 // Which of maxpool2d's kernels runs a pool (maxpool_kernel), and why.
 std::string maxpool_rule(const PoolShape& p) {
-  const int64_t floats = p.h * p.w + p.h * p.wo;
+  const int64_t floats = maxpool_plane_floats(p);
   switch (maxpool_kernel(p)) {
     case MaxPoolKernel::Same:
       return fmt::format("{0}x{0} at stride 1 padded by {1}: the plane with -inf borders", p.kh,

@@ -223,8 +223,8 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            // 1x1, stride 1, from 32 output channels: the direct kernel on wgmma from one wave
            // of 64 x Cout-covering tiles (400 x 2, 1600, 6400 tiles); 4 stages where one n tile
            // covers Cout, from 256 input channels or at n = 128 (not at 256 -> 256: 2 n tiles of
-           // 128; not at 192 -> 64). At
-           // batch 1 (25 x 2 tiles), or with 16 channels, the mma.sync kernels;
+           // 128; not at 192 -> 64). At batch 1 (25 x 2 tiles), or with 16 channels, the mma.sync
+           // kernels;
            // where the covering tiles make under a wave, half as many channels (not a quarter)
            // if those make one, in 4 stages under two waves.
            {shape(1, 192, 80, 64, 1), {64, 32, 32, 4, 1, true}},    // 200 tiles

@@ -247,7 +247,7 @@ void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream
   if (Max && kernel == MaxPoolKernel::Same) {
     const int k = int(p.kh);
     const int64_t planes = p.n * p.c;
-    const size_t smem = sizeof(float) * size_t(p.h * (p.w + k - 1) + (p.h + k - 1) * p.w);
+    const size_t smem = sizeof(float) * size_t(maxpool_same_floats(p));
     const auto launch = [&](auto i) {
       using I = decltype(i);
       const auto same = k == 3 ? maxpool_same_kernel<3, I> : maxpool_same_kernel<5, I>;
@@ -262,7 +262,7 @@ void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream
   }
   if (Max && kernel == MaxPoolKernel::Plane) {
     const int64_t planes = p.n * p.c;
-    const size_t smem = size_t(p.h * p.w + p.h * p.wo) * sizeof(float);
+    const size_t smem = sizeof(float) * size_t(maxpool_plane_floats(p));
     const auto launch = [&](auto i) {
       using I = decltype(i);
       launch_pdl(maxpool_plane_kernel<I>, grid_for(planes, 1), kThreads, smem, stream, 1, g,

@@ -282,13 +282,21 @@ enum class MaxPoolKernel {
   Plane,   // any other window over a plane that fits: clipped windows over the staged plane
   Window,  // one output a thread, its window's loads clipped to the input
 };
+// The floats a block of the plane kernel stages: the plane and its row maxima.
+inline int64_t maxpool_plane_floats(const PoolShape& p) {
+  return p.h * p.w + p.h * p.wo;
+}
+// ...and of the "same" kernel: both with kh / 2 of -inf padding either side.
+inline int64_t maxpool_same_floats(const PoolShape& p) {
+  const int64_t pad = p.kh / 2;
+  return p.h * (p.w + 2 * pad) + (p.h + 2 * pad) * p.w;
+}
 inline MaxPoolKernel maxpool_kernel(const PoolShape& p) {
   const int64_t k = p.kh, pad = k / 2;
   const bool same = p.kw == k && (k == 3 || k == 5) && p.stride_h == 1 && p.stride_w == 1 &&
                     p.pad_t == pad && p.pad_b == pad && p.pad_l == pad && p.pad_r == pad;
-  if (same && p.h * (p.w + 2 * pad) + (p.h + 2 * pad) * p.w <= kPoolPlaneFloats)
-    return MaxPoolKernel::Same;
-  return p.h * p.w + p.h * p.wo <= kPoolPlaneFloats ? MaxPoolKernel::Plane : MaxPoolKernel::Window;
+  if (same && maxpool_same_floats(p) <= kPoolPlaneFloats) return MaxPoolKernel::Same;
+  return maxpool_plane_floats(p) <= kPoolPlaneFloats ? MaxPoolKernel::Plane : MaxPoolKernel::Window;
 }
 
 }  // namespace epilog
