@@ -211,13 +211,26 @@ constexpr int64_t kSplitMinKTiles = 8;
 constexpr int64_t kHaloSplitMinStages = 4;
 
 // An image network's first layer (conv_scalar_stem_fits: 3x3 over <= 4 channels into <= 16)
-// goes to scalar's stem path, a thread computing 4 pixels x all output channels from one read of
-// its inputs, from this many of its 256-item blocks per SM: 3 -> 16 channels, 640x640 at stride
-// 2, 1600 blocks (batch 16) 85.8 vs gemm 118.0, 400 (batch 4) 26.8 vs 32.1; 100 (batch 1, 0.76
-// an SM) 11.2 vs 10.0 before its loads ran a row ahead, 9.3 vs 10.0 since (A/B, 2026-12-02; the
-// YOLO-like model at batch 1 0.284 -> 0.283 ms, within its noise). Smaller grids were not
-// measured and keep gemm. Measured at 3 input channels; 1, 2 and 4 take the same path unmeasured.
+// that gemm's stem kernel does not take (strides that differ; see kGemmStemTilesPerBlock) goes
+// to scalar's stem path, a thread computing 4 pixels x all output channels from one read of its
+// inputs, from this many of its 256-item blocks per SM, as it did at equal strides before that
+// kernel: 3 -> 16 channels, 640x640 at stride
+// 2, 1600 blocks (batch 16) 85.8 vs gemm's gather kernel 118.0, 400 (batch 4) 26.8 vs 32.1; 100
+// (batch 1, 0.76 an SM) 11.2 vs 10.0 before its loads ran a row ahead, 9.3 vs 10.0 since (A/B,
+// 2026-12-02; the YOLO-like model at batch 1 0.284 -> 0.283 ms, within its noise). Smaller grids
+// were not measured and keep gemm. Measured at 3 input channels; 1, 2 and 4 take the same path
+// unmeasured.
 constexpr double kStemMinBlocksPerSm = 0.75;
+// gemm's stem kernel takes those layers where it can (the same stride both ways): tiles of 64
+// output columns by the most rows, 8, 4 or 2, whose tiles number at least kGemmStemTilesPerBlock
+// times its persistent grid (kGemmStemBlocksPerSm blocks of 256 threads an SM at 80 registers),
+// else 2. 3 -> 16 channels, 640x640 at stride 2 (2026-12-04, us; rows 2 / 4 / 8 / 16, scalar's
+// stem path after the bar): batch 1 7.1 / 7.7 / 7.7 / 10.3 | 9.3; batch 2 12.1 / 11.2 / 13.2 /
+// 13.5 | 12.8; batch 4 21.6 / 18.6 / 19.7 / 24.2 | 24.2; batch 8 38.3 / 32.8 / 33.0 / 40.8 |
+// 43.4 (the call before); batch 16 75.6 / 64.6 / 62.0 / 71.6 | 77.1. The rule misses batch 2 by
+// 8%. 1x3x320x320 -> 16 at stride 1: 6.9 / 7.3 / 6.9 / 9.5 | 8.4.
+constexpr int kGemmStemBlocksPerSm = 3;
+constexpr double kGemmStemTilesPerBlock = 3.0;
 
 namespace {
 
@@ -240,6 +253,10 @@ int split_count(int64_t blocks, int64_t steps, int64_t min_steps, int sms) {
 ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile& device) {
   const int64_t reduction = s.c / s.groups * s.r * s.s;
   if (s.groups != 1) return {ConvKernel::Scalar, "groups > 1: only scalar handles groups"};
+  if (conv_gemm_stem_fits(s))
+    return {ConvKernel::Gemm,
+            fmt::format("3x3, {} -> {} channels, the same stride both ways: gemm's stem kernel",
+                        s.c, s.k)};
   if (conv_scalar_stem_fits(s)) {
     const int64_t blocks = ceil_div(conv_scalar_stem_items(s), kScalarThreads);
     if (double(blocks) >= kStemMinBlocksPerSm * device.sm_count)
@@ -373,6 +390,17 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       const int cover = smallest_covering({32, 64, 128}, s.k);
       const auto tiles_of = [&](int m, int n) { return ceil_div(pixels, m) * ceil_div(s.k, n); };
       t.stages = 3;
+      if (conv_gemm_stem_fits(s)) {
+        t = {128, 16, kGemmStemK, 0};
+        for (int rows : {8, 4}) {
+          const int64_t tiles = s.n * ceil_div(s.ho, rows) * ceil_div(s.wo, 64);
+          if (double(tiles) >= kGemmStemTilesPerBlock * kGemmStemBlocksPerSm * sms) {
+            t.m = 64 * rows;
+            break;
+          }
+        }
+        break;
+      }
       if (const auto wg = halo_wgmma_tiles(s, cover, device)) {
         t = *wg;
         break;
@@ -463,6 +491,8 @@ std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel, const DeviceProfile& 
       for (int n : {32, 64, 128})
         for (int stages : {3, 4})
           for (int splits : {2, 4, 8}) out.push_back({m, n, 32, stages, splits});
+    // The stem kernel; on other shapes its tiles run the gather kernel.
+    for (int m : {128, 256, 512}) out.push_back({m, 16, kGemmStemK, 0});
     // The 3x3 halo kernel; on other shapes these tiles run the k = 32 kernel.
     for (int m : {64, 128, 256})
       for (int n : {32, 64, 128})

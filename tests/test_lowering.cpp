@@ -23,6 +23,11 @@ ConvShape shape(int64_t n, int64_t cin, int64_t hw, int64_t cout, int64_t k, int
   return ConvShape{n, cin, hw, hw, cout, k, k, out, out, stride, stride, p, p, 1, 1, groups};
 }
 
+// A first layer, 3 -> 16 channels over a square plane of `hw`, at stride 1 down and 2 across.
+ConvShape stride_1x2(int64_t n, int64_t hw) {
+  return ConvShape{n, 3, hw, hw, 16, 3, 3, hw, hw / 2, 1, 2, 1, 1, 1, 1, 1};
+}
+
 // A GPU with n SMs, without the warpgroup MMA kernels (the mma.sync halo kernel's rules).
 DeviceProfile sms(int n) {
   DeviceProfile p{"test", n, false};
@@ -41,11 +46,17 @@ TEST_CASE("lowering: select_conv_kernel follows its ordered rules", "[lowering]"
   const std::vector<Row> rows = {
       {shape(16, 96, 56, 96, 3, 1, 96), ConvKernel::Scalar, "groups"},  // depthwise
       {shape(1, 8, 320, 8, 1), ConvKernel::Tiled, "reduction 8 < 16"},
-      // The stem path from 0.75 blocks of 256 items per SM: 100 blocks at batch 1 (132 SMs),
-      // 25 at 320x320.
-      {shape(1, 3, 640, 16, 3, 2), ConvKernel::Scalar, "100 blocks >= 0.75 per SM: scalar's stem"},
-      {shape(4, 3, 640, 16, 3, 2), ConvKernel::Scalar, "400 blocks >= 0.75 per SM: scalar's stem"},
-      {shape(1, 3, 320, 16, 3, 2), ConvKernel::Gemm, "reduction 27 >= 16"},
+      // A first layer with the same stride both ways: gemm's stem kernel, at any size.
+      {shape(1, 3, 640, 16, 3, 2), ConvKernel::Gemm,
+       "3 -> 16 channels, the same stride both "
+       "ways: gemm's stem kernel"},
+      {shape(4, 3, 640, 16, 3, 2), ConvKernel::Gemm, "gemm's stem kernel"},
+      {shape(1, 1, 320, 8, 3, 1), ConvKernel::Gemm, "1 -> 8 channels"},
+      // Strides 1 x 2: scalar's stem path from 0.75 blocks of 256 items per SM (99 at 132 SMs):
+      // 640 rows of 80 items make 200 blocks, 480 of 60 113, 400 of 50 79.
+      {stride_1x2(1, 640), ConvKernel::Scalar, "200 blocks >= 0.75 per SM: scalar's stem"},
+      {stride_1x2(1, 480), ConvKernel::Scalar, "113 blocks >= 0.75 per SM: scalar's stem"},
+      {stride_1x2(1, 400), ConvKernel::Gemm, "reduction 27 >= 16"},
       {shape(1, 3, 640, 32, 3, 2), ConvKernel::Gemm, "reduction 27 >= 16"},  // Cout > 16
       {shape(1, 5, 640, 16, 3, 2), ConvKernel::Gemm, "reduction 45 >= 16"},  // Cin > 4
       {shape(1, 15, 80, 16, 1), ConvKernel::Tiled, "reduction 15 < 16"},
@@ -132,6 +143,12 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
       // all 16 channels.
       {ConvKernel::Scalar, shape(16, 96, 56, 96, 3, 1, 96), 132, {256, 1, 0, 0}},
       {ConvKernel::Scalar, shape(1, 3, 640, 16, 3, 2), 132, {1024, 16, 0, 0}},
+      // gemm's stem kernel: 64 columns by the most rows (8, 4, 2) whose tiles make 3 for each of
+      // 3 x 132 resident blocks (1188), else 2. 320x320 outputs: 5 column tiles by 40 of 8 rows.
+      {ConvKernel::Gemm, shape(16, 3, 640, 16, 3, 2), 132, {512, 16, 36, 0}},  // 3200 tiles
+      {ConvKernel::Gemm, shape(4, 3, 640, 16, 3, 2), 132, {256, 16, 36, 0}},  // 800 of 8, 1600 of 4
+      {ConvKernel::Gemm, shape(1, 3, 640, 16, 3, 2), 132, {128, 16, 36, 0}},  // 400 of 4
+      {ConvKernel::Gemm, shape(1, 3, 640, 16, 3, 2), 16, {512, 16, 36, 0}},   // 200 >= 144
   };
   for (const Row& r : rows) {
     ConvTiles t = conv_tiles(r.kernel, r.s, sms(r.sm_count));

@@ -245,7 +245,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   // table shows what the halo tiles gain.
   if (conv_gemm_halo_fits(s)) {
     ConvTiles t = conv_tiles(ConvKernel::Gemm, s, profile);
-    t = {std::min(t.m, 128), std::max(t.n, 32), 32, t.stages};
+    t = {std::min(t.m, 128), std::max(t.n, 32), 32, std::max(t.stages, 2)};
     variants.push_back({"gemm_k32", [&fused, t](int r) { fused(ConvKernel::Gemm, t, r); }, 2e-3});
   }
   // Where it picks a kernel on warpgroup MMA, the same kernel on mma.sync too.
@@ -324,7 +324,9 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
       // The built tiles hold every tile lowering can pick (a lowering test checks it), split-K
       // on every gather tile included: what the tile, split and stage rules are checked with.
       for (const ConvTiles& t : conv_built_tiles(kern, profile)) {
-        if (t.k == 72 && !conv_gemm_halo_fits(s)) continue;  // would run the k = 32 kernel
+        // Tiles that would run another kernel on this shape.
+        if (t.k == 72 && !conv_gemm_halo_fits(s)) continue;
+        if (t.k == kGemmStemK && !conv_gemm_stem_fits(s)) continue;
         const double us = graph_time_us(stream, [&fused, kern, t](int r) { fused(kern, t, r); });
         all.push_back({conv_kernel_name(kern), t.m, t.n, t.k, t.stages, t.splits, t.wgmma, us});
         if (us < best_us) best_us = us, best = t;

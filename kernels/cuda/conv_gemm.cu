@@ -28,6 +28,10 @@
 //                  other shape with an even output plane they run it with gathered A tiles
 //                  (Gather), on the rest the mma.sync kernels.
 //   k = 32  gather everything else.
+//   k = 36  stem   3x3 over at most 4 channels into at most 16, the same stride 1 or 2 both
+//                  ways (conv_gemm_stem_fits): m in {128, 256, 512} (m / 64 output rows
+//                  of 64 columns), n = 16, persistent (conv_gemm_stem.cu). On any other shape
+//                  these tiles run the gather kernel at 128x32 in 2 stages.
 //   k = 32 takes m, n in {32, 64, 128}. stages in {2, 3, 4} is the depth of the cp.async pipeline
 //   (gather and halo use fewer when the reduction has fewer steps, halo when shared memory holds
 //   fewer; the direct kernel's pipeline runs on from one tile into the next). splits > 1
@@ -785,43 +789,8 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
   throw std::invalid_argument("[conv_gemm] " + what);
 }
 
-// Above 48 KB a block needs the opt-in, which is per device and kernel: set once per device (a
-// bit each) for the deepest pipeline, so that any stages fits afterwards.
-template <class... Kernel>
-void opt_in(std::atomic<uint64_t>& opted_in, size_t bytes, Kernel*... kernels) {
-  int device = 0;
-  EPILOG_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = uint64_t(1) << (device % 64);
-  if (opted_in.load(std::memory_order_relaxed) & bit) return;
-  (EPILOG_CUDA_CHECK(
-       cudaFuncSetAttribute(kernels, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes))),
-   ...);
-  opted_in.fetch_or(bit, std::memory_order_relaxed);
-}
-
 void check_grid(int64_t blocks) {
   if (blocks > INT32_MAX) reject("grid of " + std::to_string(blocks) + " blocks is too large");
-}
-
-// Resident blocks per SM of a kernel at a given dynamic shared memory, times the SMs: the
-// persistent kernels' grid. Asked once per device and pipeline depth (stages 2..4) and cached
-// in `cache`, one per kernel instantiation (tiles differ in threads, registers and shared memory).
-using ResidentCache = std::atomic<int>[64][3];
-template <class Kernel>
-int resident_blocks(ResidentCache& cache, Kernel* kernel, int threads, size_t smem, int stages) {
-  int device = 0;
-  EPILOG_CUDA_CHECK(cudaGetDevice(&device));
-  std::atomic<int>& slot = cache[device % 64][stages - 2];
-  int blocks = slot.load(std::memory_order_relaxed);
-  if (blocks == 0) {
-    int per_sm = 0, sms = 0;
-    EPILOG_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    blocks = (per_sm > 0 ? per_sm : 1) * sms;
-    slot.store(blocks, std::memory_order_relaxed);
-  }
-  return blocks;
 }
 
 template <int BM, int BN>
@@ -832,17 +801,18 @@ void launch(const GemmArgs& a, bool direct, Stream stream) {
     using T = DirectTile<BM, BN>;
     auto kernel = conv_direct_kernel<BM, BN>;
     static std::atomic<uint64_t> opted_in{0};
-    static ResidentCache resident_cache{};
-    opt_in(opted_in, T::smem_bytes(4), kernel);
+    static detail::ResidentCache resident_cache{};
+    detail::opt_in(opted_in, T::smem_bytes(4), kernel);
     const size_t smem = T::smem_bytes(a.stages);
-    const int64_t resident = resident_blocks(resident_cache, kernel, T::kThreads, smem, a.stages);
+    const int64_t resident =
+        detail::resident_blocks(resident_cache, a.stages - 2, kernel, T::kThreads, smem);
     const unsigned blocks = unsigned(tiles < resident ? tiles : resident);
     detail::launch_pdl(kernel, blocks, T::kThreads, smem, stream, 1, a);
   } else {
     using T = Tile<BM, BN>;
     auto kernel = conv_gemm_kernel<BM, BN>;
     static std::atomic<uint64_t> opted_in{0};
-    opt_in(opted_in, T::smem_bytes(4), kernel);
+    detail::opt_in(opted_in, T::smem_bytes(4), kernel);
     check_grid(tiles * a.splits);
     detail::launch_pdl(kernel, unsigned(tiles * a.splits), T::kThreads, T::smem_bytes(a.stages),
                        stream, unsigned(a.splits), a);
@@ -859,15 +829,16 @@ void launch_direct_wgmma(const GemmArgs& a, Stream stream) {
   if (a.splits > 1) {
     auto kernel = conv_direct_wgmma_kernel<BM, BN, Gather, true>;
     static std::atomic<uint64_t> opted_in{0};
-    opt_in(opted_in, T::smem_bytes(4), kernel);
+    detail::opt_in(opted_in, T::smem_bytes(4), kernel);
     detail::launch_pdl(kernel, unsigned(tiles * a.splits), T::kThreads, smem, stream,
                        unsigned(a.splits), a);
   } else {
     auto kernel = conv_direct_wgmma_kernel<BM, BN, Gather, false>;
     static std::atomic<uint64_t> opted_in{0};
-    static ResidentCache resident_cache{};
-    opt_in(opted_in, T::smem_bytes(4), kernel);
-    const int64_t resident = resident_blocks(resident_cache, kernel, T::kThreads, smem, a.stages);
+    static detail::ResidentCache resident_cache{};
+    detail::opt_in(opted_in, T::smem_bytes(4), kernel);
+    const int64_t resident =
+        detail::resident_blocks(resident_cache, a.stages - 2, kernel, T::kThreads, smem);
     const unsigned blocks = unsigned(tiles < resident ? tiles : resident);
     detail::launch_pdl(kernel, blocks, T::kThreads, smem, stream, 1, a);
   }
@@ -878,7 +849,7 @@ template <int BM, int BN, int S>
 void launch_halo(HaloArgs a, Stream stream) {
   using T = HaloTile<BM, BN, S>;
   static std::atomic<uint64_t> opted_in{0};
-  opt_in(opted_in, T::smem_bytes(T::kMaxStages), conv_halo_kernel<BM, BN, S>);
+  detail::opt_in(opted_in, T::smem_bytes(T::kMaxStages), conv_halo_kernel<BM, BN, S>);
   if (a.stages > T::kMaxStages) a.stages = T::kMaxStages;
   const int64_t blocks = (int64_t(a.squares) + T::kSquares - 1) / T::kSquares * a.n_tiles;
   check_grid(blocks);
@@ -892,7 +863,7 @@ void launch_halo_wgmma(HaloArgs a, Stream stream) {
   using W = HaloWgTile<BM, BN, S, RegA>;
   auto kernel = conv_halo_wgmma_kernel<BM, BN, S, RegA, Split, ResAhead>;
   static std::atomic<uint64_t> opted_in{0};
-  opt_in(opted_in, W::smem_bytes(W::kMaxStages), kernel);
+  detail::opt_in(opted_in, W::smem_bytes(W::kMaxStages), kernel);
   a.stages = a.stages < 3 ? 3 : a.stages > W::kMaxStages ? W::kMaxStages : a.stages;
   const int64_t blocks =
       (int64_t(a.squares) + W::kSquares - 1) / W::kSquares * a.n_tiles * a.splits;
@@ -977,6 +948,17 @@ void dispatch_halo(const ConvTiles& t, const HaloArgs& a, Stream stream) {
   }
 }
 
+}  // namespace
+
+namespace conv_gemm_detail {
+// conv_gemm_stem.cu.
+void launch_stem_mma(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
+                     const float* scale, const float* shift, Activation act, float* y,
+                     const float* residual, Stream stream);
+}  // namespace conv_gemm_detail
+
+namespace {
+
 std::string tiles_str(const ConvTiles& t) {
   return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
          " stages=" + std::to_string(t.stages) + " splits=" + std::to_string(t.splits) +
@@ -1017,15 +999,18 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
       tiles.k == kHaloK && in(tiles.m, {64, 128, 256}) &&
       (in(tiles.n, {32, 64, 128}) || (tiles.wgmma && tiles.n == 16)) &&
       (tiles.splits == 1 || (tiles.wgmma && tiles.m == 64 && in(tiles.splits, {2, 4, 8})));
+  const bool stem_ok = tiles.k == kGemmStemK && in(tiles.m, {128, 256, 512}) && tiles.n == 16 &&
+                       tiles.splits == 1 && !tiles.wgmma;
   if (tiles.wgmma && !wgmma_available())
     reject(
         "the wgmma kernels need a compute capability 9.0 GPU and a build with sm_90a code "
         "(EPILOG_CUDA_ARCH=90a)");
-  if (!stages_ok || !(gemm_ok || halo_ok))
+  if (!stem_ok && (!stages_ok || !(gemm_ok || halo_ok)))
     reject("unsupported tiles " + tiles_str(tiles) +
            " (k = 32 with m, n in {32, 64, 128} and splits in {1, 2, 4, 8}, with wgmma m >= 64; "
            "k = 72 with m in {64, 128, 256}, n in {32, 64, 128} and no splits, "
-           "with wgmma also n = 16 and at m = 64 splits in {1, 2, 4, 8}; stages in {2, 3, 4})");
+           "with wgmma also n = 16 and at m = 64 splits in {1, 2, 4, 8}; stages in {2, 3, 4}; "
+           "or k = 36, m in {128, 256, 512}, n = 16, no splits, no wgmma)");
   const WgmmaKernel wg_kernel = conv_gemm_wgmma_kernel(tiles, s);
   if (wg_kernel != WgmmaKernel::None) {
     if (!packed)
@@ -1044,6 +1029,9 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
       s.wo * s.stride_w >= kSmall || s.pad_t < 0 || s.pad_l < 0 || s.pad_t >= kSmall ||
       s.pad_l >= kSmall || (s.r - 1) * s.dil_h >= kSmall || (s.s - 1) * s.dil_w >= kSmall)
     reject("plane, padding or window out of range");
+
+  if (stem_ok && conv_gemm_stem_fits(s))
+    return launch_stem_mma(s, tiles, x, w, scale, shift, act, y, residual, stream);
 
   // -- the 3x3 halo kernel --
   if (halo_ok && conv_gemm_halo_fits(s)) {
@@ -1082,8 +1070,9 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
                            : dispatch_halo<2>(tiles, a, stream);
   }
   // k = 72 (with wgmma or not) on a shape the halo kernel does not take runs the k = 32 kernels
-  // at the same n; wgmma tiles on a shape no wgmma kernel takes, the mma.sync ones.
-  ConvTiles t = tiles;
+  // at the same n, k = 36 on a shape the stem kernel does not take the gather kernel at 128x32;
+  // wgmma tiles on a shape no wgmma kernel takes, the mma.sync ones.
+  ConvTiles t = stem_ok ? ConvTiles{128, 32, kBK, 2} : tiles;
   t.wgmma = wg_kernel == WgmmaKernel::Direct || wg_kernel == WgmmaKernel::Gather;
   if (t.k == kHaloK) {
     t.k = kBK;

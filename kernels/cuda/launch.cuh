@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -115,6 +116,43 @@ void launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, Stream
   config.attrs = pdl ? attrs : attrs + 1;
   config.numAttrs = (pdl ? 1 : 0) + (cluster > 1 ? 1 : 0);
   EPILOG_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<A>(args)...));
+}
+
+// Above 48 KB of dynamic shared memory a block needs the opt-in, which is per device and kernel:
+// set once per device (a bit each of `opted_in`) for the most a kernel will ask, so that any
+// smaller size fits afterwards.
+template <class... Kernel>
+void opt_in(std::atomic<uint64_t>& opted_in, size_t bytes, Kernel*... kernels) {
+  int device = 0;
+  EPILOG_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t(1) << (device % 64);
+  if (opted_in.load(std::memory_order_relaxed) & bit) return;
+  (EPILOG_CUDA_CHECK(
+       cudaFuncSetAttribute(kernels, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes))),
+   ...);
+  opted_in.fetch_or(bit, std::memory_order_relaxed);
+}
+
+// Blocks of a kernel resident at once on the device at a given dynamic shared memory (at least
+// one an SM): a persistent kernel's grid. Asked once per device and `slot` (the caller's index,
+// 0..2, of the shared-memory sizes it launches with) and cached in `cache`, one per kernel
+// instantiation (they differ in threads, registers and shared memory).
+using ResidentCache = std::atomic<int>[64][3];
+template <class Kernel>
+int resident_blocks(ResidentCache& cache, int slot, Kernel* kernel, int threads, size_t smem) {
+  int device = 0;
+  EPILOG_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>& cached = cache[device % 64][slot];
+  int blocks = cached.load(std::memory_order_relaxed);
+  if (blocks == 0) {
+    int per_sm = 0, sms = 0;
+    EPILOG_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    EPILOG_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    blocks = (per_sm > 0 ? per_sm : 1) * sms;
+    cached.store(blocks, std::memory_order_relaxed);
+  }
+  return blocks;
 }
 
 inline bool fits32(int64_t n) {

@@ -80,6 +80,11 @@ const std::vector<Geometry> kGeometries = {
     {"3x3 stem, no padding",       1,  3, 16, 20, 12, 3, 3, 2, 2, 0, 0, 0, 0, 1, 1, 1},
     {"3x3 stem, left pad 3",       1,  4, 12, 16, 16, 3, 3, 2, 2, 1, 3, 1, 0, 1, 1, 1},
     {"3x3 stem stride 1, pad 2",   3,  2, 13, 12,  7, 3, 3, 1, 1, 2, 2, 0, 1, 1, 1, 1},
+    // gemm's stem kernel: tiles of 64 columns by 2 to 8 rows, the last ones partial both ways,
+    // with 16-byte copies (w % 4 == 0) and 4-byte ones; strides 1 x 2 (scalar's stem path only).
+    {"3x3 stem, column tiles",     2,  3, 37, 152, 10, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
+    {"3x3 stem, odd column tiles", 1,  2, 21, 139, 16, 3, 3, 1, 1, 1, 2, 1, 0, 1, 1, 1},
+    {"3x3 stem, strides 1 x 2",    1,  3, 11, 40, 16, 3, 3, 1, 2, 1, 1, 1, 1, 1, 1, 1},
     {"5x5 pad 2",                  1,  9, 15, 19, 33, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 1},
     {"5x5 stride 2 asymmetric",    3,  4, 17, 13, 13, 5, 5, 2, 2, 1, 2, 2, 1, 1, 1, 1},
     {"5x5 dilation 2",             1,  5, 10,  9,  7, 5, 5, 1, 1, 4, 4, 4, 4, 2, 2, 1},
@@ -321,6 +326,28 @@ TEST_CASE("gpu conv: gemm's wgmma tiles on the shape matrix", "[gpu][conv][wgmma
     return;
   }
   check_kernel(ConvKernel::Gemm, true);
+}
+
+// gemm's stem kernel alone (also part of the gemm case above), on every geometry it takes with
+// each of its tiles, every activation, plain and strided, with and without a residual: small
+// enough to run under compute-sanitizer.
+TEST_CASE("gpu conv: gemm's stem kernel on the stem geometries", "[gpu][conv][stem]") {
+  const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
+  uint64_t seed = 7000;
+  int cases = 0;
+  for (const Geometry& g : kGeometries) {
+    const ConvShape s = g.shape();
+    if (!conv_gemm_stem_fits(s)) continue;
+    for (const ConvTiles& t : conv_built_tiles(ConvKernel::Gemm, profile)) {
+      if (t.k != kGemmStemK) continue;
+      for (int r = 0; r < 4; ++r) {
+        check({ConvKernel::Gemm, t, s, r != 1, r != 2, kActivations[r], r % 2 == 1, r >= 2},
+              seed += 5, g.name);
+        ++cases;
+      }
+    }
+  }
+  CHECK(cases >= 8 * 3 * 4);  // the stem geometries, 3 tiles, 4 variants each
 }
 
 // Layers of the benchmark suite (shared/bench/conv_shapes.json, padding k/2) at full size, as

@@ -150,6 +150,13 @@ inline int64_t conv_scalar_stem_items(const ConvShape& s) {
   return s.n * s.ho * ((s.wo + kStemItemOutputs - 1) / kStemItemOutputs);
 }
 
+// gemm's stem kernel (conv_gemm_stem.cu) takes those shapes with the same stride both ways,
+// staging the whole reduction, up to 4 channels x 9 taps, at once: its tiles have k = kGemmStemK.
+constexpr int kGemmStemK = kStemMaxCin * 9;
+inline bool conv_gemm_stem_fits(const ConvShape& s) {
+  return conv_scalar_stem_fits(s) && s.stride_h == s.stride_w;
+}
+
 // The shapes gemm's 3x3 "halo" kernel takes (ConvTiles::k == 72, conv_gemm.cu): a dense 3x3
 // window, dilation 1, the same stride 1 or 2 both ways. It stages the input patch under an 8x8
 // square of outputs once for all nine taps instead of gathering each tap.
