@@ -214,12 +214,11 @@ constexpr int64_t kHaloSplitMinStages = 4;
 // that gemm's stem kernel does not take (strides that differ; see kGemmStemTilesPerBlock) goes
 // to scalar's stem path, a thread computing 4 pixels x all output channels from one read of its
 // inputs, from this many of its 256-item blocks per SM, as it did at equal strides before that
-// kernel: 3 -> 16 channels, 640x640 at stride
-// 2, 1600 blocks (batch 16) 85.8 vs gemm's gather kernel 118.0, 400 (batch 4) 26.8 vs 32.1; 100
-// (batch 1, 0.76 an SM) 11.2 vs 10.0 before its loads ran a row ahead, 9.3 vs 10.0 since (A/B,
-// 2026-12-02; the YOLO-like model at batch 1 0.284 -> 0.283 ms, within its noise). Smaller grids
-// were not measured and keep gemm. Measured at 3 input channels; 1, 2 and 4 take the same path
-// unmeasured.
+// kernel: 3 -> 16 channels, 640x640 at stride 2, 1600 blocks (batch 16) 85.8 vs gemm's gather
+// kernel 118.0, 400 (batch 4) 26.8 vs 32.1; 100 (batch 1, 0.76 an SM) 11.2 vs 10.0 before its
+// loads ran a row ahead, 9.3 vs 10.0 since (A/B, 2026-12-02; the YOLO-like model at batch 1
+// 0.284 -> 0.283 ms, within its noise). Smaller grids were not measured and keep gemm. Measured
+// at 3 input channels; 1, 2 and 4 take the same path unmeasured.
 constexpr double kStemMinBlocksPerSm = 0.75;
 // gemm's stem kernel takes those layers where it can (the same stride both ways): tiles of 64
 // output columns by the most rows, 8, 4 or 2, whose tiles number at least kGemmStemTilesPerBlock
