@@ -230,11 +230,28 @@ constexpr double kStemMinBlocksPerSm = 0.75;
 // 8%. 1x3x320x320 -> 16 at stride 1: 6.9 / 7.3 / 6.9 / 9.5 | 8.4.
 constexpr int kGemmStemBlocksPerSm = 3;
 constexpr double kGemmStemTilesPerBlock = 3.0;
+// ...from this many of its 2-row tiles an SM; below, gemm's generic rules (the gather kernel),
+// as before it: 3 -> 16 channels from 128x128 at stride 2 (effnet_like's and resnet_like's first
+// layer; 2026-12-04, us, the stem kernel at lowering's tiles vs the gather kernel as picked):
+// batch 1 (32 tiles) 3.0 vs 2.7, batch 4 (128) 3.4 vs 4.1, batch 16 (512) 6.1 vs 6.6.
+constexpr double kGemmStemMinTilesPerSm = 0.5;
 
 namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
+}
+
+// gemm's stem kernel's tiles of 64 output columns by `rows` rows.
+int64_t stem_tiles(const ConvShape& s, int rows) {
+  return s.n * ceil_div(s.ho, rows) * ceil_div(s.wo, 64);
+}
+
+// Whether gemm's stem kernel takes `s` (kGemmStemMinTilesPerSm): the selector's rule and the
+// gemm tiles both ask.
+bool gemm_stem_takes(const ConvShape& s, const DeviceProfile& device) {
+  return conv_gemm_stem_fits(s) &&
+         double(stem_tiles(s, 2)) >= kGemmStemMinTilesPerSm * device.sm_count;
 }
 
 // Split-K for a grid of `blocks` tiles over `steps` pipeline steps (either kernel's): splits
@@ -252,10 +269,10 @@ int split_count(int64_t blocks, int64_t steps, int64_t min_steps, int sms) {
 ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile& device) {
   const int64_t reduction = s.c / s.groups * s.r * s.s;
   if (s.groups != 1) return {ConvKernel::Scalar, "groups > 1: only scalar handles groups"};
-  if (conv_gemm_stem_fits(s))
+  if (gemm_stem_takes(s, device))
     return {ConvKernel::Gemm,
-            fmt::format("3x3, {} -> {} channels, the same stride both ways: gemm's stem kernel",
-                        s.c, s.k)};
+            fmt::format("3x3, {} -> {} channels, {} tiles >= {} per SM: gemm's stem kernel", s.c,
+                        s.k, stem_tiles(s, 2), kGemmStemMinTilesPerSm)};
   if (conv_scalar_stem_fits(s)) {
     const int64_t blocks = ceil_div(conv_scalar_stem_items(s), kScalarThreads);
     if (double(blocks) >= kStemMinBlocksPerSm * device.sm_count)
@@ -389,11 +406,10 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       const int cover = smallest_covering({32, 64, 128}, s.k);
       const auto tiles_of = [&](int m, int n) { return ceil_div(pixels, m) * ceil_div(s.k, n); };
       t.stages = 3;
-      if (conv_gemm_stem_fits(s)) {
+      if (gemm_stem_takes(s, device)) {
         t = {128, 16, kGemmStemK, 0};
         for (int rows : {8, 4}) {
-          const int64_t tiles = s.n * ceil_div(s.ho, rows) * ceil_div(s.wo, 64);
-          if (double(tiles) >= kGemmStemTilesPerBlock * kGemmStemBlocksPerSm * sms) {
+          if (double(stem_tiles(s, rows)) >= kGemmStemTilesPerBlock * kGemmStemBlocksPerSm * sms) {
             t.m = 64 * rows;
             break;
           }

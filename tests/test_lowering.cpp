@@ -46,12 +46,14 @@ TEST_CASE("lowering: select_conv_kernel follows its ordered rules", "[lowering]"
   const std::vector<Row> rows = {
       {shape(16, 96, 56, 96, 3, 1, 96), ConvKernel::Scalar, "groups"},  // depthwise
       {shape(1, 8, 320, 8, 1), ConvKernel::Tiled, "reduction 8 < 16"},
-      // A first layer with the same stride both ways: gemm's stem kernel, at any size.
+      // A first layer with the same stride both ways: gemm's stem kernel from 0.5 of its tiles
+      // of 2 rows by 64 columns per SM (66): 160 x 5 at 640x640, 32 at 128x128 (4 x 32 at
+      // batch 4), 320 x 5 at stride 1 from 320x320.
       {shape(1, 3, 640, 16, 3, 2), ConvKernel::Gemm,
-       "3 -> 16 channels, the same stride both "
-       "ways: gemm's stem kernel"},
-      {shape(4, 3, 640, 16, 3, 2), ConvKernel::Gemm, "gemm's stem kernel"},
-      {shape(1, 1, 320, 8, 3, 1), ConvKernel::Gemm, "1 -> 8 channels"},
+       "3 -> 16 channels, 800 tiles >= 0.5 per SM: gemm's stem kernel"},
+      {shape(4, 3, 128, 16, 3, 2), ConvKernel::Gemm, "128 tiles >= 0.5 per SM: gemm's stem"},
+      {shape(1, 3, 128, 16, 3, 2), ConvKernel::Gemm, "reduction 27 >= 16"},
+      {shape(1, 1, 320, 8, 3, 1), ConvKernel::Gemm, "1 -> 8 channels, 800 tiles"},
       // Strides 1 x 2: scalar's stem path from 0.75 blocks of 256 items per SM (99 at 132 SMs):
       // 640 rows of 80 items make 200 blocks, 480 of 60 113, 400 of 50 79.
       {stride_1x2(1, 640), ConvKernel::Scalar, "200 blocks >= 0.75 per SM: scalar's stem"},
@@ -149,6 +151,8 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
       {ConvKernel::Gemm, shape(4, 3, 640, 16, 3, 2), 132, {256, 16, 36, 0}},  // 800 of 8, 1600 of 4
       {ConvKernel::Gemm, shape(1, 3, 640, 16, 3, 2), 132, {128, 16, 36, 0}},  // 400 of 4
       {ConvKernel::Gemm, shape(1, 3, 640, 16, 3, 2), 16, {512, 16, 36, 0}},   // 200 >= 144
+      // Under 0.5 tiles of 2 rows an SM (32 < 66), the generic rules: 32 x 32 gather tiles.
+      {ConvKernel::Gemm, shape(1, 3, 128, 16, 3, 2), 132, {32, 32, 32, 4}},
   };
   for (const Row& r : rows) {
     ConvTiles t = conv_tiles(r.kernel, r.s, sms(r.sm_count));
