@@ -222,13 +222,12 @@ constexpr int64_t kHaloSplitMinStages = 4;
 constexpr double kStemMinBlocksPerSm = 0.75;
 // gemm's stem kernel takes those layers where it can (the same stride both ways): tiles of 64
 // output columns by the most rows, 8, 4 or 2, whose tiles number at least kGemmStemTilesPerBlock
-// times its persistent grid (kGemmStemBlocksPerSm blocks of 256 threads an SM at 80 registers),
-// else 2. 3 -> 16 channels, 640x640 at stride 2 (2026-12-04, us; rows 2 / 4 / 8 / 16, scalar's
-// stem path after the bar): batch 1 7.1 / 7.7 / 7.7 / 10.3 | 9.3; batch 2 12.1 / 11.2 / 13.2 /
-// 13.5 | 12.8; batch 4 21.6 / 18.6 / 19.7 / 24.2 | 24.2; batch 8 38.3 / 32.8 / 33.0 / 40.8 |
-// 43.4 (the call before); batch 16 75.6 / 64.6 / 62.0 / 71.6 | 77.1. The rule misses batch 2 by
-// 8%. 1x3x320x320 -> 16 at stride 1: 6.9 / 7.3 / 6.9 / 9.5 | 8.4.
-constexpr int kGemmStemBlocksPerSm = 3;
+// times its persistent grid (kGemmStemBlocksPerSm blocks an SM, shapes.h), else 2. 3 -> 16
+// channels, 640x640 at stride 2 (2026-12-04, us; rows 2 / 4 / 8 / 16, scalar's stem path after the
+// bar): batch 1 7.1 / 7.7 / 7.7 / 10.3 | 9.3; batch 2 12.1 / 11.2 / 13.2 / 13.5 | 12.8; batch
+// 4 21.6 / 18.6 / 19.7 / 24.2 | 24.2; batch 8 38.3 / 32.8 / 33.0 / 40.8 | 43.4 (the call before);
+// batch 16 75.6 / 64.6 / 62.0 / 71.6 | 77.1. The rule misses batch 2 by 8%. 1x3x320x320 -> 16 at
+// stride 1: 6.9 / 7.3 / 6.9 / 9.5 | 8.4.
 constexpr double kGemmStemTilesPerBlock = 3.0;
 // ...from this many of its 2-row tiles an SM; below, gemm's generic rules (the gather kernel),
 // as before it: 3 -> 16 channels from 128x128 at stride 2 (effnet_like's and resnet_like's first
@@ -242,9 +241,9 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// gemm's stem kernel's tiles of 64 output columns by `rows` rows.
+// gemm's stem kernel's tiles of kGemmStemCols output columns by `rows` rows.
 int64_t stem_tiles(const ConvShape& s, int rows) {
-  return s.n * ceil_div(s.ho, rows) * ceil_div(s.wo, 64);
+  return s.n * ceil_div(s.ho, rows) * ceil_div(s.wo, kGemmStemCols);
 }
 
 // Whether gemm's stem kernel takes `s` (kGemmStemMinTilesPerSm): the selector's rule and the
@@ -410,7 +409,7 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         t = {128, 16, kGemmStemK, 0};
         for (int rows : {8, 4}) {
           if (double(stem_tiles(s, rows)) >= kGemmStemTilesPerBlock * kGemmStemBlocksPerSm * sms) {
-            t.m = 64 * rows;
+            t.m = kGemmStemCols * rows;
             break;
           }
         }

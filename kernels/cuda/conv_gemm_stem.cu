@@ -49,8 +49,12 @@ namespace epilog::cuda::conv_gemm_detail {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kCols = 64;  // output columns a tile
+constexpr int kCols = kGemmStemCols;  // output columns a tile
 constexpr int kMaxRows = 512 / kCols;
+// k steps of 8 over C channels' 9 taps.
+constexpr __host__ __device__ int k_steps(int c) {
+  return (9 * c + 7) / 8;
+}
 
 // Staged floats a row: the float4s that cover a tile's input columns from any phase, padded so
 // that rows start 16-byte aligned.
@@ -63,7 +67,7 @@ constexpr int buffer_floats(int c, int rows, int stride) {
 }
 // Past the two buffers: the weights, 16 rows of 8 KS + 4, and 16 scales and shifts.
 constexpr int extra_floats(int c) {
-  return 16 * (8 * ((9 * c + 7) / 8) + 4) + 32;
+  return 16 * (8 * k_steps(c) + 4) + 32;
 }
 
 struct StemMmaArgs {
@@ -92,8 +96,9 @@ __device__ __forceinline__ uint32_t lds_tf32(uint32_t addr) {
 }
 
 template <int S, int C>
-__global__ void __launch_bounds__(kThreads, 3) conv_stem_mma_kernel(const StemMmaArgs a) {
-  constexpr int KS = (9 * C + 7) / 8;
+__global__ void __launch_bounds__(kThreads, kGemmStemBlocksPerSm)
+    conv_stem_mma_kernel(const StemMmaArgs a) {
+  constexpr int KS = k_steps(C);
   constexpr int kRow = row_floats(S);
   extern __shared__ __align__(16) float smem[];
   const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32, g = lane / 4, t = lane % 4;

@@ -153,6 +153,9 @@ inline int64_t conv_scalar_stem_items(const ConvShape& s) {
 // gemm's stem kernel (conv_gemm_stem.cu) takes those shapes with the same stride both ways,
 // staging the whole reduction, up to 4 channels x 9 taps, at once: its tiles have k = kGemmStemK.
 constexpr int kGemmStemK = kStemMaxCin * 9;
+// Its tiles are kGemmStemCols output columns wide, and kGemmStemBlocksPerSm of its 256-thread
+// blocks share an SM (its launch bounds, 80 registers): lowering sizes its tiles by both.
+constexpr int kGemmStemCols = 64, kGemmStemBlocksPerSm = 3;
 inline bool conv_gemm_stem_fits(const ConvShape& s) {
   return conv_scalar_stem_fits(s) && s.stride_h == s.stride_w;
 }
