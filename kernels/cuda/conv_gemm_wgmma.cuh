@@ -360,10 +360,14 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
   // within it (register A), stages - 2 where one group stays in flight (a stage's weights are
   // read until the next iteration).
   constexpr int kBehind = W::kRegA ? 1 : 2;
+  // Stages in flight from the start: all of them where the stage buffers hold the whole
+  // reduction (no buffer is rewritten then; the launcher gives such layers no more buffers than
+  // their stages), else stages - kBehind.
+  const int ahead = ktiles <= stages ? ktiles : stages - kBehind;
 
   // The weights are no output of the kernel before this one: their first stages' copies start
   // before waiting for it (programmatic dependent launch), the input's after.
-  for (int st = 0; st < stages - kBehind && st < ktiles; ++st) load_weights(st, st);
+  for (int st = 0; st < ahead; ++st) load_weights(st, st);
   detail::pdl_begin();
   // Rows 16w + g and + 8 of the warpgroup's M are pixels (2w, g) and (2w + 1, g).
   const auto pixels = [&](int(&pix)[1][2]) {
@@ -387,17 +391,17 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
                               [&](int, int ni, int q, float v) { res[0][ni][q] = v; });
     }
   }
-  for (int st = 0; st < stages - kBehind; ++st) {
-    if (st < ktiles) loader.load_patch(st * kStageBytes, kt0 + st);
+  for (int st = 0; st < ahead; ++st) {
+    loader.load_patch(st * kStageBytes, kt0 + st);
     cp_async_commit();
   }
-  int read_stage = 0, write_stage = stages - kBehind;
+  int read_stage = 0, write_stage = ahead % stages;
   uint32_t phase = 0;  // of read_stage's mbarrier: flips each time the stages come round
   for (int kt = 0; kt < ktiles; ++kt) {
-    // Stage kt's copies are done once at most stages - kBehind - 1 younger groups are pending.
-    if (stages - kBehind >= 3)
+    // Stage kt's copies are done once at most ahead - 1 younger groups are pending.
+    if (ahead >= 3)
       cp_async_wait<2>();
-    else if (stages - kBehind == 2)
+    else if (ahead == 2)
       cp_async_wait<1>();
     else
       cp_async_wait<0>();
@@ -405,11 +409,11 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
     // Stage kt is visible to all; every warpgroup's wgmmas of stage kt - kBehind are done (the
     // waits at the end of the iterations), so its stage and operand buffers may be rewritten.
     __syncthreads();
-    // Stage kt + stages - kBehind's copies, into the buffers of a stage whose wgmmas are done.
+    // Stage kt + ahead's copies, into the buffers of a stage whose wgmmas are done.
     const auto copy_ahead = [&] {
-      if (kt + stages - kBehind < ktiles) {
-        load_weights(write_stage, kt + stages - kBehind);
-        loader.load_patch(write_stage * kStageBytes, kt0 + kt + stages - kBehind);
+      if (kt + ahead < ktiles) {
+        load_weights(write_stage, kt + ahead);
+        loader.load_patch(write_stage * kStageBytes, kt0 + kt + ahead);
       }
       cp_async_commit();
       write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
