@@ -155,6 +155,22 @@ struct Case {
   bool odd_affine = false;
 };
 
+// conv_gemm with host weights w (also on the device at pw), packed first for the wgmma kernels
+// as lowering packs them; synchronised.
+void run_gemm(const ConvShape& s, const ConvTiles& tiles, const Tensor& w, const float* px,
+              const float* pw, const float* psc, const float* psh, Activation act, float* py,
+              const float* pres) {
+  Tensor dpacked;
+  if (conv_gemm_wgmma_kernel(tiles, s) != WgmmaKernel::None) {
+    Tensor packed = Tensor::empty({wgmma_packed_floats(s, tiles)});
+    pack_wgmma_weights(s, tiles, w.f32(), packed.f32());
+    dpacked = packed.to(Device::CUDA);
+  }
+  cuda::conv_gemm(s, tiles, px, pw, psc, psh, act, py, nullptr, pres,
+                  dpacked.defined() ? static_cast<const float*>(dpacked.raw()) : nullptr);
+  EPILOG_CUDA_CHECK(cudaDeviceSynchronize());  // before dpacked is freed
+}
+
 // Fresh inputs from `seed`, the CPU reference, the forced kernel on poisoned output, compared.
 Outcome run(const Case& cc, uint64_t seed) {
   ensure_backend();
@@ -202,19 +218,9 @@ Outcome run(const Case& cc, uint64_t seed) {
     case ConvKernel::Tiled:
       cuda::conv_tiled(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr, pres);
       break;
-    case ConvKernel::Gemm: {
-      // The wgmma kernels' weights, packed on the host as lowering packs them.
-      Tensor dpacked;
-      if (conv_gemm_wgmma_kernel(cc.tiles, s) != WgmmaKernel::None) {
-        Tensor packed = Tensor::empty({wgmma_packed_floats(s, cc.tiles)});
-        pack_wgmma_weights(s, cc.tiles, w.f32(), packed.f32());
-        dpacked = packed.to(Device::CUDA);
-      }
-      cuda::conv_gemm(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr, pres,
-                      dpacked.defined() ? static_cast<const float*>(dpacked.raw()) : nullptr);
-      EPILOG_CUDA_CHECK(cudaDeviceSynchronize());  // before dpacked is freed
+    case ConvKernel::Gemm:
+      run_gemm(sg, cc.tiles, w, px, pw, psc, psh, cc.act, py, pres);
       break;
-    }
   }
   EPILOG_CUDA_CHECK(cudaGetLastError());
   EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
@@ -388,4 +394,72 @@ TEST_CASE("gpu conv: suite layers at full size, every kernel", "[gpu][conv][suit
             l.name);
     }
   }
+}
+
+// gemm's epilogues element by element: the cases above compare against the largest output, which
+// cannot see an error in small outputs (a SiLU of a large negative input, a sigmoid near 0) or a
+// NaN that spreads to an output beside it. A 1x1 layer with identity weights and a 3x3 stem
+// layer whose only weight is the centre tap pass the input through exactly (its values have at
+// most 8 significant bits, so TF32 keeps them), so every pre-activation is a chosen value: a
+// ramp over [-64, 64) with saturating values at every 7th pixel, down to -1e4. Each output must
+// be within 1e-5 of the CPU's, or 1e-30 where the CPU's is below that (the reciprocal unit reads
+// 0 for 1 + e^-v past 2^126, v < -87.3). Then one pixel of the 1x1 layer's input is NaN: its
+// outputs must be NaN and every other pixel's right.
+TEST_CASE("gpu conv: gemm's SiLU and sigmoid element by element, saturating and NaN inputs",
+          "[gpu][conv][epilogue]") {
+  ensure_backend();
+  const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
+  const float kSaturating[] = {-1e4f,  -200.0f, -88.5f, -87.0f, -50.0f,
+                               -20.5f, 20.5f,   40.0f,  100.0f, 1e4f};
+  const Geometry pass1x1{"1x1 identity", 1, 8, 8, 16, 8, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1};
+  const Geometry stem{"3x3 stem, centre tap", 1, 3, 8, 16, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  int checked = 0;
+  for (const Geometry& g : {pass1x1, stem}) {
+    const ConvShape s = g.shape();
+    Tensor x = Tensor::empty({s.n, s.c, s.h, s.w});
+    const int64_t plane = s.h * s.w;
+    for (int64_t i = 0; i < x.numel(); ++i)
+      x.f32()[i] = i % 7 == 3 ? kSaturating[i / 7 % 10] : float(i % 512) / 4.0f - 64.0f;
+    Tensor w = Tensor::zeros({s.k, s.c, s.r, s.s});
+    for (int64_t k = 0; k < s.k; ++k)
+      w.f32()[((k * s.c + k % s.c) * s.r + s.r / 2) * s.s + s.s / 2] = 1.0f;
+    for (const bool nan : {false, true}) {
+      if (nan && s.r != 1) continue;  // a 3x3 window spreads a NaN through its zero weights
+      const int64_t nan_pixel = 37;
+      if (nan)
+        for (int64_t c = 0; c < s.c; ++c) x.f32()[c * plane + nan_pixel] = NAN;
+      const Tensor dx = x.to(Device::CUDA), dw = w.to(Device::CUDA);
+      std::vector<ConvTiles> tiles = conv_built_tiles(ConvKernel::Gemm, profile);
+      tiles.push_back(conv_tiles(ConvKernel::Gemm, s, profile));
+      for (const ConvTiles& t : tiles) {
+        for (Activation act : {Activation::Silu, Activation::Sigmoid}) {
+          Tensor ref = Tensor::empty({s.n, s.k, s.ho, s.wo});
+          cpu::conv2d(s, x.f32(), w.f32(), nullptr, nullptr, act, ref.f32(), nullptr);
+          Tensor dy = Tensor::empty(ref.shape(), DType::F32, Device::CUDA);
+          EPILOG_CUDA_CHECK(cudaMemset(dy.raw(), 0xFF, dy.nbytes()));
+          run_gemm(s, t, w, static_cast<const float*>(dx.raw()),
+                   static_cast<const float*>(dw.raw()), nullptr, nullptr, act,
+                   static_cast<float*>(dy.raw()), nullptr);
+          const Tensor y = dy.to(Device::CPU);
+          int64_t bad = 0, first = -1;
+          for (int64_t i = 0; i < y.numel(); ++i) {
+            const float got = y.f32()[i], want = ref.f32()[i];
+            const bool ok =
+                nan && i % plane == nan_pixel
+                    ? std::isnan(got)
+                    : std::abs(double(got) - want) <= 1e-5 * std::abs(double(want)) + 1e-30;
+            if (!ok && bad++ == 0) first = i;
+          }
+          INFO(g.name << (nan ? " with a NaN pixel" : "") << ", tiles " << tiles_str(t) << ", act "
+                      << activation_name(act) << ": " << bad << " wrong, the first element "
+                      << first << " (gpu " << (first >= 0 ? y.f32()[first] : 0.0f) << " cpu "
+                      << (first >= 0 ? ref.f32()[first] : 0.0f) << ")");
+          CHECK(bad == 0);
+          ++checked;
+        }
+      }
+    }
+  }
+  // The 1x1 layer plain and with a NaN, the stem layer; every built tile and lowering's pick.
+  CHECK(checked == 3 * 2 * int(conv_built_tiles(ConvKernel::Gemm, profile).size() + 1));
 }
