@@ -75,7 +75,13 @@ struct HaloWgTile {
   static constexpr int kSquares = T::kSquares, kThreads = 128 * kSquares, kNI = BN / 8;
   // n = 32 tiles keep 768 threads an SM (85 registers a thread): their layers wait on memory,
   // and the residual they fetch ahead (conv_halo_wgmma_kernel) would otherwise cost a block.
-  static constexpr int kMinBlocks = kNI <= 4 && kThreads < 768 ? 768 / kThreads : 1;
+  // n = 16 at stride 1 keeps 896 (7 blocks of 64x16, 72 registers): the 16-channel C2f layers
+  // at 160x160 (6400 blocks) 38.4 -> 36.5 and 42.8 -> 40.9 us (Nsight Compute, 2026-12-04), the
+  // model 1.097 to 1.111 -> 1.090 to 1.094 ms at batch 16. 1024 threads (64 registers) spilled
+  // and lost (39.6, 43.1), as did 1024 for the n = 32 ones (4 blocks of 128x32: 23.2 -> 24.6).
+  static constexpr int kMinBlocks = kNI <= 2 && S == 1           ? 896 / kThreads
+                                    : kNI <= 4 && kThreads < 768 ? 768 / kThreads
+                                                                 : 1;
   // A from registers (see the header comment), else from the OpA buffers.
   static constexpr bool kRegA = RegA;
   static constexpr int kOpA = 8 * T::kPos;  // one square's patch: 2 chunks x kPos slots x 4
