@@ -400,7 +400,7 @@ TEST_CASE("gpu conv: suite layers at full size, every kernel", "[gpu][conv][suit
 // cannot see an error in small outputs (a SiLU of a large negative input, a sigmoid near 0) or a
 // NaN that spreads to an output beside it. A 1x1 layer with identity weights and a 3x3 stem
 // layer whose only weight is the centre tap pass the input through exactly (its values have at
-// most 8 significant bits, so TF32 keeps them), so every pre-activation is a chosen value: a
+// most 10 significant bits, which TF32 keeps), so every pre-activation is a chosen value: a
 // ramp over [-64, 64) with saturating values at every 7th pixel, down to -1e4. Each output must
 // be within 1e-5 of the CPU's, or 1e-30 where the CPU's is below that (the reciprocal unit reads
 // 0 for 1 + e^-v past 2^126, v < -87.3). Then one pixel of the 1x1 layer's input is NaN: its
