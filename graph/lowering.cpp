@@ -78,7 +78,7 @@ constexpr double kHaloWgmmaMinUseful = 0.68;
 // stages; 54.4 with 4) vs the mma.sync kernel's 55.9 as picked before (a sweep of 2026-12-02;
 // it had lost, 60.1 vs 55.2, to the wgmma kernel of 2026-12-01); but b32_c16_32_3x3s2_320 212.5
 // vs 147.6, and 16x16x320x320 -> 32 was even (77.1 vs 78.6, 2026-12-02; since then see
-// kHaloWgmmaStride2MinChannels below).
+// halo_wgmma_tiles below 32 channels).
 // On grids too small for the 4-square blocks of either halo kernel (under kHaloMinWaves) it takes
 // stride 2 with 64x64 tiles from kHaloWgmmaMinWaves, whatever the depth: the YOLO-like model's
 // batch-1 layers (2026-12-02, us, 3 stages) b1_c32_64_3x3s2_160 (100 blocks) 6.4 vs the gather
@@ -95,16 +95,6 @@ constexpr int64_t kHaloWgmmaStride2DeepSteps = 4;
 // blocks) stays on 128x64, 47.4 vs 64x64 51.0. A/B (2026-12-03, us): 25.9 -> 23.8 at batch 16,
 // 13.5 -> 12.8 at batch 8, 2x32x160x160 -> 64 10.1 -> 8.8, 4x32x160x160 -> 64 15.5 either way.
 constexpr double kHaloWgmmaStride2NarrowWaves = 2.0;
-// Below kHaloWgmmaStride2MinChannels it takes stride 2 where its 128 x Cout-cover blocks make
-// half a wave, in 3 stages. 16 -> 32 channels from 320x320 at stride 2 (the YOLO-like model's
-// second layer), us, the mma.sync halo kernel's 256x32 as picked before against it: batch 1 (200
-// blocks of 128 x 32, 1.5 waves) 9.0 vs 7.5 (2026-12-02); 2026-12-03: batch 4 (6 waves) 24.3 vs
-// 22.5, 8 43.9 vs 40.1, 12 58.7 vs 56.6, 16 77.9 vs 73.9, 24 (36 waves) 110.7 vs 109.5, and the
-// one loss taken, batch 2 (3 waves) 12.7 vs 13.2. The model 0.735 -> 0.727 ms at batch 8, 1.166
-// -> 1.161 at batch 16 (one call). Batch 32 (b32_c16_32_3x3s2_320, 48 waves) had lost, 142.9 vs
-// 144.7, and was kept off up to 40 waves, until the kernel's stage buffers came down to the
-// reduction's two (b77b781): a sweep of 2026-12-04 had 131.5 against 141.0, and conv_bench
-// as lowered now 124.6 (141.3 on the mma.sync kernel in the call before).
 // At stride 2 a block's input patches are 2.9 times those of stride 1 (17x17 vs 10x10 inputs
 // under an 8x8 square): two stages (95 KB at n = 32) let two blocks share an SM, three do not.
 // b32_c16_32_3x3s2_320: 148.5 with 2 stages, 193.0 with 3.
@@ -348,6 +338,16 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
                              : kHaloWgmmaStages;
       if (fills(m, cover)) return ConvTiles{m, cover, 72, stages, 1, true};
     } else if (fills(128, cover)) {
+      // Below kHaloWgmmaStride2MinChannels: 128 x Cout-cover tiles where they make half a wave, in
+      // 3 stages. 16 -> 32 channels from 320x320 at stride 2 (the YOLO-like model's second layer),
+      // us, the mma.sync halo kernel's 256x32 as picked before against it: batch 1 (200 blocks of
+      // 128 x 32, 1.5 waves) 9.0 vs 7.5 (2026-12-02); 2026-12-03: batch 4 (6 waves) 24.3 vs 22.5, 8
+      // 43.9 vs 40.1, 12 58.7 vs 56.6, 16 77.9 vs 73.9, 24 (36 waves) 110.7 vs 109.5, and the one
+      // loss taken, batch 2 (3 waves) 12.7 vs 13.2. The model 0.735 -> 0.727 ms at batch 8, 1.166
+      // -> 1.161 at batch 16 (one call). Batch 32 (b32_c16_32_3x3s2_320, 48 waves) had lost, 142.9
+      // vs 144.7, and was kept off up to 40 waves, until the kernel's stage buffers came down to
+      // the reduction's two (b77b781): a sweep of 2026-12-04 had 131.5 against 141.0, and
+      // conv_bench as lowered now 124.6 (141.3 on the mma.sync kernel in the call before).
       return ConvTiles{128, cover, 72, kHaloWgmmaStages, 1, true};
     }
     // Grids too small for either halo kernel's 4-square blocks: 64x64 tiles from

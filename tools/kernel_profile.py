@@ -19,6 +19,7 @@ import argparse
 import csv
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -46,13 +47,6 @@ def run(cmd):
     if p.returncode != 0:
         fail(f"'{' '.join(cmd)}' failed (rc {p.returncode}):\n{p.stderr[-2000:]}")
     return p.stdout
-
-
-def numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def launching_nodes(epilog, model, batch):
@@ -96,17 +90,21 @@ def read_ncu(text):
     kernels = {}
     for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
         k = kernels.setdefault(int(row["ID"]), {"name": row["Kernel Name"]})
-        k[row["Metric Name"]] = float(row["Metric Value"].replace(",", "") or 0)
-    missing = [m for m in METRICS if kernels and m not in next(iter(kernels.values()))]
-    if missing:
-        fail(f"the CSV lacks the metrics {', '.join(missing)}")
+        try:
+            k[row["Metric Name"]] = float(row["Metric Value"].replace(",", ""))
+        except ValueError:  # "n/a": a metric this kernel does not have
+            pass
+    for i, k in kernels.items():
+        missing = [m for m in METRICS if m not in k]
+        if missing:
+            fail(f"kernel {i} ({short(k['name'])}) lacks the metrics {', '.join(missing)}")
     return [kernels[i] for i in sorted(kernels)]
 
 
 def short(name):
     name = re.sub(r"^void ", "", name)
     name = re.sub(r"\([^()]*\)$", "", name)
-    return re.sub(r"(\(anonymous namespace\)|unnamed>|conv_gemm_detail)::", "", name)
+    return re.sub(r"(\(anonymous namespace\)|<?unnamed>|conv_gemm_detail)::", "", name)
 
 
 def kind(conv, first):
@@ -164,8 +162,8 @@ def main():
         if (conv is not None) != ("conv" in k["name"]):
             fail(f"node {name} ({op}) met kernel {short(k['name'])}: the launch order differs "
                  f"from explain's (a different build, model or batch?)")
-        bytes_ = 4 * (numel(x) + numel(y) * (2 if residual else 1))
-        flops = 2 * numel(y) * conv[0] if conv else 0
+        bytes_ = 4 * (math.prod(x) + math.prod(y) * (2 if residual else 1))
+        flops = 2 * math.prod(y) * conv[0] if conv else 0
         floor = max(bytes_ / (args.copy_gbps * 1e3), flops / (args.tf32_tflops * 1e6))
         us = k["gpu__time_duration.sum"] / 1e3
         dram = (k["dram__bytes_read.sum"] + k["dram__bytes_write.sum"]) / 1e6
