@@ -2,6 +2,7 @@
 #include "epilog/graph/lowering.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 
 #include "epilog/runtime/params.h"
@@ -555,6 +556,51 @@ std::string maxpool_rule(const PoolShape& p) {
                      kPoolPlaneFloats);
 }
 
+// The upsamplings a fused conv can read through (FoldedUpsample): conv <- concat (on the
+// channels) <- upsample_nearest, each value read by the next node alone and none a graph output,
+// on tiles that take it (conv_gemm_upsample_fits). One a conv: the YOLO neck's C2f blocks read
+// one each. Why: the upsampling writes four times its input, which the conv then reads back;
+// folded, neither happens.
+void fold_upsamples(const Graph& g, std::vector<NodePlan>& nodes) {
+  std::map<std::string, size_t> producer;
+  std::map<std::string, int> readers;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    for (const std::string& out : g.nodes[i].outputs) producer[out] = i;
+    for (const std::string& in : g.nodes[i].inputs) ++readers[in];
+  }
+  auto made_by = [&](const std::string& value, OpKind op) -> const Node* {
+    auto p = producer.find(value);
+    if (p == producer.end() || g.nodes[p->second].op != op || readers[value] != 1 ||
+        g.is_output(value))
+      return nullptr;
+    return &g.nodes[p->second];
+  };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& conv = g.nodes[i];
+    NodePlan& np = nodes[i];
+    if (conv.op != OpKind::FusedConv2d || np.conv != ConvKernel::Gemm) continue;
+    const Node* cat = made_by(conv.inputs[0], OpKind::Concat);
+    if (!cat || g.value(conv.inputs[0]).shape.size() != 4) continue;
+    const int64_t axis = cat->attrs.i("axis");
+    if (axis != 1 && axis != -3) continue;
+    const ConvShape cs = conv_shape(g, conv);
+    int64_t c0 = 0;
+    for (const std::string& part : cat->inputs) {
+      const Shape& shape = g.value(part).shape;
+      const Node* up = made_by(part, OpKind::UpsampleNearest);
+      if (up && !g.is_weight(up->inputs[0])) {
+        const std::vector<int64_t>& scale = up->attrs.ints("scale");
+        if (conv_gemm_upsample_fits(cs, np.tiles, scale[0], scale[1])) {
+          np.up = FoldedUpsample{up->name, up->inputs[0], c0, shape[1], scale[0], scale[1]};
+          nodes[size_t(producer[part])].folded_into = conv.name;
+          break;
+        }
+      }
+      c0 += shape[1];
+    }
+  }
+}
+
 }  // namespace
 
 Plan lower(Graph graph, const LowerOptions& options) {
@@ -605,16 +651,30 @@ Plan lower(Graph graph, const LowerOptions& options) {
     }
     plan.nodes.push_back(std::move(np));
   }
+  if (options.device == Device::CUDA) fold_upsamples(graph, plan.nodes);
   plan.graph = std::move(graph);
   return plan;
 }
 
 NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size_t i) {
-  if (i < in_place.size() && in_place[i])
-    return {"in place", plan.graph.nodes[i].op == OpKind::Split
-                            ? "no copy: its parts are views of its input"
-                            : "no copy: its inputs are made in its buffer"};
-  return {plan.nodes[i].kernel, plan.nodes[i].rule};
+  const auto masked = [&](size_t j) { return j < in_place.size() && in_place[j]; };
+  const Node& node = plan.graph.nodes[i];
+  const NodePlan& np = plan.nodes[i];
+  if (masked(i) && node.op == OpKind::UpsampleNearest)
+    return {"folded", fmt::format("no kernel: {} reads its input upsampled", np.folded_into)};
+  if (masked(i))
+    return {"in place", node.op == OpKind::Split ? "no copy: its parts are views of its input"
+                                                 : "no copy: its inputs are made in its buffer"};
+  if (np.up) {
+    const auto& nodes = plan.graph.nodes;
+    const auto up = std::find_if(nodes.begin(), nodes.end(),
+                                 [&](const Node& n) { return n.name == np.up->node; });
+    if (up != nodes.end() && masked(size_t(up - nodes.begin())))
+      return {np.kernel, fmt::format("{}; channels {}..{} read from {} upsampled {}x{}", np.rule,
+                                     np.up->c0, np.up->c0 + np.up->channels - 1, np.up->source,
+                                     np.up->scale_h, np.up->scale_w)};
+  }
+  return {np.kernel, np.rule};
 }
 
 std::string explain(const Plan& plan, const std::vector<bool>& in_place) {

@@ -10,6 +10,7 @@
 #include "epilog/graph/lowering.h"
 #include "epilog/graph/passes.h"
 #include "epilog/io/builder.h"
+#include "epilog/runtime/executor.h"
 #include "epilog/runtime/params.h"
 
 using namespace epilog;
@@ -33,6 +34,39 @@ DeviceProfile sms(int n) {
   DeviceProfile p{"test", n, false};
   p.wgmma = false;
   return p;
+}
+
+// The YOLO neck's join, fused: a 1x1 conv (k x k) over concat(upsample_nearest(a), s), a and s
+// each made by a conv.
+struct Join {
+  int64_t n = 16, c_low = 256, h_low = 20, w_low = 20, c_skip = 128, k = 1, scale = 2;
+  bool up_first = true;
+  bool up_is_output = false, cat_is_output = false;  // a second reader
+};
+
+Graph join_graph(const Join& j) {
+  Builder b(5);
+  const auto cbs = [&](Val x, const std::string& name, int64_t c, int64_t k) {
+    return b.silu(b.batchnorm(b.conv2d(x, name, ConvOpts(c, k).padding(k / 2)), name + ".bn"),
+                  name + ".act");
+  };
+  Val a = cbs(b.input("lo", {j.n, 8, j.h_low, j.w_low}), "a", j.c_low, 1);
+  Val s = cbs(b.input("hi", {j.n, 8, j.scale * j.h_low, j.scale * j.w_low}), "s", j.c_skip, 1);
+  Val u = b.upsample_nearest(a, j.scale, "up");
+  Val cat = b.concat(j.up_first ? std::vector<Val>{u, s} : std::vector<Val>{s, u}, 1, "cat");
+  b.output(cbs(cat, "join", 128, j.k));
+  if (j.up_is_output) b.output(u);
+  if (j.cat_is_output) b.output(cat);
+  Graph g = b.build();
+  optimize(g);
+  return g;
+}
+
+const NodePlan& node_plan(const Plan& p, const std::string& name) {
+  for (size_t i = 0; i < p.graph.nodes.size(); ++i)
+    if (p.graph.nodes[i].name == name) return p.nodes[i];
+  FAIL("no node " << name);
+  throw;
 }
 
 }  // namespace
@@ -543,6 +577,75 @@ TEST_CASE("lowering: plans every node, honours a forced kernel, explains the cho
   CHECK(dp.nodes[0].kernel == "scalar");
   CHECK_THAT(dp.nodes[0].rule, Catch::StartsWith("forced gemm cannot run groups=16"));
   CHECK_FALSE(parse_conv_kernel("fast"));
+}
+
+TEST_CASE(
+    "lowering: an upsampling that only a 1x1 conv reads, through a concat, is folded into "
+    "the conv's loads",
+    "[lowering]") {
+  LowerOptions cuda;
+  cuda.device = Device::CUDA;
+  const Plan p = lower(join_graph({}), cuda);
+  const NodePlan& conv = node_plan(p, "join");
+  REQUIRE(conv.up);
+  CHECK(conv.up->node == "up");
+  CHECK(conv.up->source == "a.act");
+  CHECK(conv.up->c0 == 0);
+  CHECK(conv.up->channels == 256);
+  CHECK(conv.up->scale_h == 2);
+  CHECK(conv.up->scale_w == 2);
+  CHECK(conv.tiles.wgmma);
+  CHECK(conv.tiles.k == 32);
+  CHECK(node_plan(p, "up").folded_into == "join");
+  // explain says so where the concat runs in place (the executor folds it only then).
+  const std::vector<bool> mask = in_place_mask(p);
+  const std::string text = explain(p, mask);
+  CHECK_THAT(text, Catch::Contains("folded") &&
+                       Catch::Contains("no kernel: join reads its input upsampled") &&
+                       Catch::Contains("channels 0..255 read from a.act upsampled 2x2"));
+  CHECK_THAT(explain(p), !Catch::Contains("folded") && !Catch::Contains("read from"));
+  const InPlacePlan ip = plan_in_place(p);  // nodes a, s, up, cat, join
+  CHECK(ip.folded == std::vector<bool>{false, false, true, false, false});
+  CHECK(ip.concat == std::vector<bool>{false, false, false, true, false});
+
+  Join second;  // the upsampled part after the other one
+  second.up_first = false;
+  const Plan q = lower(join_graph(second), cuda);
+  REQUIRE(node_plan(q, "join").up);
+  CHECK(node_plan(q, "join").up->c0 == 128);
+  CHECK_THAT(explain(q, in_place_mask(q)), Catch::Contains("channels 128..383 read from a.act"));
+
+  // Refused: a second reader of the upsampled value or of the concat, a 3x3 conv (the halo
+  // kernel), an output row that is not whole 4-pixel chunks, a scale of 4, no wgmma, the CPU, a
+  // forced kernel.
+  Join up_out, cat_out, k3, odd, x4;
+  up_out.up_is_output = true;
+  cat_out.cat_is_output = true;
+  k3.k = 3;
+  odd.w_low = 9;  // 18 columns
+  x4.scale = 4;
+  LowerOptions cpu, sync = cuda, tiled = cuda;
+  sync.profile.wgmma = false;
+  tiled.force = ConvKernel::Tiled;
+  for (const auto& [why, g, options] : std::vector<std::tuple<std::string, Graph, LowerOptions>>{
+           {"upsampled value read twice", join_graph(up_out), cuda},
+           {"concat read twice", join_graph(cat_out), cuda},
+           {"3x3 conv", join_graph(k3), cuda},
+           {"18 columns", join_graph(odd), cuda},
+           {"scale 4", join_graph(x4), cuda},
+           {"no wgmma", join_graph({}), sync},
+           {"cpu", join_graph({}), cpu},
+           {"forced tiled", join_graph({}), tiled}}) {
+    INFO(why);
+    const Plan r = lower(g, options);
+    CHECK_FALSE(node_plan(r, "join").up);
+    CHECK(node_plan(r, "up").folded_into.empty());
+    CHECK_THAT(explain(r, in_place_mask(r)), !Catch::Contains("folded"));
+    if (why == "18 columns" || why == "scale 4") {  // the kernel but for the chunks or scale
+      CHECK(node_plan(r, "join").tiles.wgmma);
+      CHECK(node_plan(r, "join").tiles.k == 32);
+    }
+  }
 }
 
 // The kernels' multiply-shift division (shapes.h) on the host, against `/`: every divisor up to

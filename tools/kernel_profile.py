@@ -50,16 +50,22 @@ def run(cmd):
 
 
 def launching_nodes(epilog, model, batch):
-    """(name, op, input shape, output shape, residual) of each node that launches a kernel."""
+    """(name, op, input floats, output shape, residual) of each node that launches a kernel."""
     out = run([epilog, "explain", model, "--batch", str(batch), "--device", "cuda"])
     nodes = []
     for line in out.splitlines():
         shapes = re.findall(r"\[([\d,]+)\]", line)
-        if len(shapes) < 2 or " in place " in line:
+        if len(shapes) < 2 or " in place " in line or " folded " in line:
             continue
         name, op = line.split()[:2]
         dims = [[int(d) for d in s.split(",")] for s in shapes[:2]]
-        nodes.append((name, op, dims[0], dims[1], "+ residual" in line))
+        x = math.prod(dims[0])
+        # A conv reading through a folded upsampling reads those channels at the source's size.
+        up = re.search(r"channels (\d+)\.\.(\d+) read from \S+ upsampled (\d+)x(\d+)", line)
+        if up:
+            c0, c1, sh, sw = map(int, up.groups())
+            x -= (c1 - c0 + 1) * x // dims[0][1] * (sh * sw - 1) // (sh * sw)
+        nodes.append((name, op, x, dims[1], "+ residual" in line))
     if not nodes:
         fail(f"'epilog explain {model}' listed no nodes")
     return nodes
@@ -162,7 +168,7 @@ def main():
         if (conv is not None) != ("conv" in k["name"]):
             fail(f"node {name} ({op}) met kernel {short(k['name'])}: the launch order differs "
                  f"from explain's (a different build, model or batch?)")
-        bytes_ = 4 * (math.prod(x) + math.prod(y) * (2 if residual else 1))
+        bytes_ = 4 * (x + math.prod(y) * (2 if residual else 1))
         flops = 2 * math.prod(y) * conv[0] if conv else 0
         floor = max(bytes_ / (args.copy_gbps * 1e3), flops / (args.tf32_tflops * 1e6))
         us = k["gpu__time_duration.sum"] / 1e3

@@ -26,7 +26,9 @@
 //                  With `wgmma` (m in {64, 128}, no splits) the same on warpgroup MMA
 //                  (conv_direct_wgmma_kernel below), reading the weights packed ahead; on any
 //                  other shape with an even output plane they run it with gathered A tiles
-//                  (Gather), on the rest the mma.sync kernels.
+//                  (Gather), on the rest the mma.sync kernels. With `up` (an upsample_nearest
+//                  folded into the conv, ConvUpsampledInput) the wgmma one reads those
+//                  channels from the upsampling's source (DirectUpA).
 //   k = 32  gather everything else.
 //   k = 36  stem   3x3 over at most 4 channels into at most 16, the same stride 1 or 2 both
 //                  ways (conv_gemm_stem_fits): m in {128, 256, 512} (m / 64 output rows
@@ -200,6 +202,10 @@ struct GemmArgs {
   bool vec_y;   // float4 output stores (k = 32 gather kernel)
   bool vec2_y;  // float2 output stores (direct kernel)
   Activation act;
+  // DirectUpA: channels [up_c0, up_c0 + up_c) of x are up_x's, upsampled by up_sh x 2; its
+  // plane is up_w wide and up_hw in all, its images up_xs apart.
+  const float* up_x;
+  int up_c0, up_c, up_sh, up_w, up_hw, up_xs;
 };
 
 // -- A loaders: one k tile of As[kBK][kLdA] per call --
@@ -232,6 +238,43 @@ struct DirectA {
       const bool valid = base >= 0 && kk < a.kg;
       const int off = valid ? base + kk * hw : 0;
       cp_async16(as + 4 * (kr * T::kLdA + col), a.x + off, valid);
+    }
+  }
+};
+
+// Direct, with x's channels [up_c0, up_c0 + up_c) read from up_x upsampled (an upsample_nearest
+// folded into the conv, FoldedUpsample) by up_sh down and 2 across: a chunk of those k rows is
+// pixels (oh, ow..ow + 3), ow % 4 == 0 (conv_gemm_upsample_fits), whose sources are (oh / up_sh,
+// ow / 2) twice and the pixel after it twice: four 4-byte copies off one address.
+template <class T>
+struct DirectUpA : DirectA<T> {
+  using D = DirectA<T>;
+  int up_base;  // up_x offset of (img, channel 0, the chunk's first source pixel); -1 past M
+
+  __device__ __forceinline__ DirectUpA(const GemmArgs& a, int m0, int tid) : D(a, m0, tid) {
+    const int m = m0 + D::col, hw = a.ho * a.wo;
+    const int img = m / hw, rem = m - img * hw;
+    const int oh = rem / a.wo, ow = rem - oh * a.wo;
+    up_base = m < a.m ? img * a.up_xs + oh / a.up_sh * a.up_w + ow / 2 : -1;
+  }
+
+  __device__ __forceinline__ void load(const GemmArgs& a, uint32_t as, int k0) const {
+    const int hw = a.ho * a.wo;
+#pragma unroll
+    for (int j = 0; j < D::kRows; ++j) {
+      const int kr = D::row0 + j * D::kRowStep, kk = k0 + kr, uc = kk - a.up_c0;
+      const uint32_t dst = as + 4 * (kr * T::kLdA + D::col);
+      if (unsigned(uc) < unsigned(a.up_c)) {
+        const bool valid = up_base >= 0;
+        const float* src = a.up_x + (valid ? up_base + uc * a.up_hw : 0);
+        cp_async4(dst, src, valid);
+        cp_async4(dst + 4, src, valid);
+        cp_async4(dst + 8, src + 1, valid);
+        cp_async4(dst + 12, src + 1, valid);
+      } else {
+        const bool valid = D::base >= 0 && kk < a.kg;
+        cp_async16(dst, a.x + (valid ? D::base + kk * hw : 0), valid);
+      }
     }
   }
 };
@@ -674,12 +717,13 @@ struct WgDirectTile {
                 "split-K parks the accumulators in the pipeline's space (at least 2 stages)");
 };
 
-template <int BM, int BN, bool Gather, bool Split>
+template <int BM, int BN, bool Gather, bool Split, bool Up = false>
 __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<BM, BN>::kMinBlocks)
     conv_direct_wgmma_kernel(const GemmArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using T = WgDirectTile<BM, BN>;
-  using Loader = std::conditional_t<Gather, GatherA<T>, DirectA<T>>;
+  using Loader =
+      std::conditional_t<Gather, GatherA<T>, std::conditional_t<Up, DirectUpA<T>, DirectA<T>>>;
   extern __shared__ __align__(16) float smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int ktiles = a.ktiles, step = int(gridDim.x);
@@ -793,21 +837,25 @@ void check_grid(int64_t blocks) {
   if (blocks > INT32_MAX) reject("grid of " + std::to_string(blocks) + " blocks is too large");
 }
 
+// A persistent kernel of tiles T: as many blocks as fit on the device at once, at most one a tile.
+template <class T, auto Kernel>
+void launch_persistent(const GemmArgs& a, int64_t tiles, size_t smem, Stream stream) {
+  static std::atomic<uint64_t> opted_in{0};
+  static detail::ResidentCache resident_cache{};
+  detail::opt_in(opted_in, T::smem_bytes(4), Kernel);
+  const int64_t resident =
+      detail::resident_blocks(resident_cache, a.stages - 2, Kernel, T::kThreads, smem);
+  const unsigned blocks = unsigned(tiles < resident ? tiles : resident);
+  detail::launch_pdl(Kernel, blocks, T::kThreads, smem, stream, 1, a);
+}
+
 template <int BM, int BN>
 void launch(const GemmArgs& a, bool direct, Stream stream) {
   const int64_t tiles = (int64_t(a.m) + BM - 1) / BM * a.n_tiles;
   check_grid(tiles);
   if (direct) {
     using T = DirectTile<BM, BN>;
-    auto kernel = conv_direct_kernel<BM, BN>;
-    static std::atomic<uint64_t> opted_in{0};
-    static detail::ResidentCache resident_cache{};
-    detail::opt_in(opted_in, T::smem_bytes(4), kernel);
-    const size_t smem = T::smem_bytes(a.stages);
-    const int64_t resident =
-        detail::resident_blocks(resident_cache, a.stages - 2, kernel, T::kThreads, smem);
-    const unsigned blocks = unsigned(tiles < resident ? tiles : resident);
-    detail::launch_pdl(kernel, blocks, T::kThreads, smem, stream, 1, a);
+    launch_persistent<T, conv_direct_kernel<BM, BN>>(a, tiles, T::smem_bytes(a.stages), stream);
   } else {
     using T = Tile<BM, BN>;
     auto kernel = conv_gemm_kernel<BM, BN>;
@@ -820,27 +868,24 @@ void launch(const GemmArgs& a, bool direct, Stream stream) {
   check_launch("conv_gemm");
 }
 
-template <int BM, int BN, bool Gather>
+// Up: the direct kernel reading channels through a folded upsampling (DirectUpA; unsplit).
+template <int BM, int BN, bool Gather, bool Up = false>
 void launch_direct_wgmma(const GemmArgs& a, Stream stream) {
   using T = WgDirectTile<BM, BN>;
   const int64_t tiles = (int64_t(a.m) + BM - 1) / BM * a.n_tiles;
   check_grid(tiles * a.splits);
   const size_t smem = T::smem_bytes(a.stages);
-  if (a.splits > 1) {
+  if constexpr (Up) {
+    launch_persistent<T, conv_direct_wgmma_kernel<BM, BN, false, false, true>>(a, tiles, smem,
+                                                                               stream);
+  } else if (a.splits > 1) {
     auto kernel = conv_direct_wgmma_kernel<BM, BN, Gather, true>;
     static std::atomic<uint64_t> opted_in{0};
     detail::opt_in(opted_in, T::smem_bytes(4), kernel);
     detail::launch_pdl(kernel, unsigned(tiles * a.splits), T::kThreads, smem, stream,
                        unsigned(a.splits), a);
   } else {
-    auto kernel = conv_direct_wgmma_kernel<BM, BN, Gather, false>;
-    static std::atomic<uint64_t> opted_in{0};
-    static detail::ResidentCache resident_cache{};
-    detail::opt_in(opted_in, T::smem_bytes(4), kernel);
-    const int64_t resident =
-        detail::resident_blocks(resident_cache, a.stages - 2, kernel, T::kThreads, smem);
-    const unsigned blocks = unsigned(tiles < resident ? tiles : resident);
-    detail::launch_pdl(kernel, blocks, T::kThreads, smem, stream, 1, a);
+    launch_persistent<T, conv_direct_wgmma_kernel<BM, BN, Gather, false>>(a, tiles, smem, stream);
   }
   check_launch("conv_gemm");
 }
@@ -905,22 +950,22 @@ void launch_halo_any(HaloArgs a, bool wgmma, Stream stream) {
   return launch_halo_wgmma_any<BM, BN, S, false>(a, stream);
 }
 
-// The wgmma k = 32 tiles (conv_gemm checks them): the direct kernel's, or Gather.
-template <bool Gather>
+// The wgmma k = 32 tiles (conv_gemm checks them): the direct kernel's, or Gather, or Up.
+template <bool Gather, bool Up = false>
 void dispatch_direct_wgmma(const ConvTiles& t, const GemmArgs& a, Stream stream) {
   switch (t.m * 1000 + t.n) {
     case 64032:
-      return launch_direct_wgmma<64, 32, Gather>(a, stream);
+      return launch_direct_wgmma<64, 32, Gather, Up>(a, stream);
     case 64064:
-      return launch_direct_wgmma<64, 64, Gather>(a, stream);
+      return launch_direct_wgmma<64, 64, Gather, Up>(a, stream);
     case 64128:
-      return launch_direct_wgmma<64, 128, Gather>(a, stream);
+      return launch_direct_wgmma<64, 128, Gather, Up>(a, stream);
     case 128032:
-      return launch_direct_wgmma<128, 32, Gather>(a, stream);
+      return launch_direct_wgmma<128, 32, Gather, Up>(a, stream);
     case 128064:
-      return launch_direct_wgmma<128, 64, Gather>(a, stream);
+      return launch_direct_wgmma<128, 64, Gather, Up>(a, stream);
     case 128128:
-      return launch_direct_wgmma<128, 128, Gather>(a, stream);
+      return launch_direct_wgmma<128, 128, Gather, Up>(a, stream);
   }
 }
 
@@ -991,7 +1036,7 @@ bool wgmma_available() {
 
 void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const float* w,
                const float* scale, const float* shift, Activation act, float* y, Stream stream,
-               const float* residual, const float* packed) {
+               const float* residual, const float* packed, const ConvUpsampledInput* up) {
   if (s.groups != 1) reject("groups must be 1, got " + std::to_string(s.groups));
   const auto in = [](int v, std::initializer_list<int> set) {
     for (int e : set)
@@ -1017,6 +1062,12 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
            "k = 72 with m in {64, 128, 256}, n in {32, 64, 128} and no splits, "
            "with wgmma also n = 16 and at m = 64 splits in {1, 2, 4, 8}; stages in {2, 3, 4}; "
            "or k = 36, m in {128, 256, 512}, n = 16, no splits, no wgmma)");
+  if (up && !conv_gemm_upsample_fits(s, tiles, up->scale_h, up->scale_w))
+    reject(
+        "an upsampled input needs tiles that run the wgmma direct kernel unsplit, with wo % 4 "
+        "== 0 and the plane a multiple of the scales; got " +
+        tiles_str(tiles) + " on " + std::to_string(s.ho) + "x" + std::to_string(s.wo) +
+        ", scales " + std::to_string(up->scale_h) + "x" + std::to_string(up->scale_w));
   const WgmmaKernel wg_kernel = conv_gemm_wgmma_kernel(tiles, s);
   if (wg_kernel != WgmmaKernel::None) {
     if (!packed)
@@ -1125,8 +1176,22 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   a.res = residual, a.r_img = int(s.r_image());
   a.act = act;
 
+  if (up) {
+    if (!direct) reject("an upsampled input needs a 16-byte aligned x");
+    const int64_t up_hw = (s.ho / up->scale_h) * (s.wo / up->scale_w);
+    if (up->c0 < 0 || up->channels < 1 || up->c0 + up->channels > s.c ||
+        up->image < up->channels * up_hw || s.n * up->image >= INT32_MAX)
+      reject("upsampled input: channels " + std::to_string(up->c0) + " + " +
+             std::to_string(up->channels) + " of " + std::to_string(s.c) + ", images " +
+             std::to_string(up->image) + " apart");
+    a.up_x = up->x;
+    a.up_c0 = int(up->c0), a.up_c = int(up->channels);
+    a.up_sh = int(up->scale_h);
+    a.up_w = int(s.wo / up->scale_w), a.up_hw = int(up_hw), a.up_xs = int(up->image);
+  }
   if (t.wgmma) {
     a.wp = packed;
+    if (up) return dispatch_direct_wgmma<false, true>(t, a, stream);
     return direct ? dispatch_direct_wgmma<false>(t, a, stream)
                   : dispatch_direct_wgmma<true>(t, a, stream);
   }

@@ -196,14 +196,28 @@ void conv(const Ctx& c, In in, Out out) {
   if (k != ConvKernel::Scalar && (c.plan.tiles.m <= 0 || c.plan.tiles.n <= 0))
     fail("[{}] node '{}': the plan picks the {} kernel but gives no tile sizes", op_name(c.node.op),
          c.node.name, conv_kernel_name(k));
+  if (in.size() > c.node.inputs.size() && (k != ConvKernel::Gemm || !c.plan.up))
+    fail(
+        "[{}] node '{}': handed the source of a folded upsampling, but the plan has the {} "
+        "kernel read none",
+        op_name(c.node.op), c.node.name, conv_kernel_name(k));
   switch (k) {
     case ConvKernel::Scalar:
       return cuda::conv_scalar(cs, x, w, scale, shift, act, y, c.stream, res);
     case ConvKernel::Tiled:
       return cuda::conv_tiled(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream, res);
-    case ConvKernel::Gemm:
+    case ConvKernel::Gemm: {
+      cuda::ConvUpsampledInput up;
+      const bool folded = c.plan.up && in.size() > c.node.inputs.size();
+      if (folded) {
+        const Tensor& source = in[c.node.inputs.size()];
+        up = {dev(source),        c.plan.up->c0,      c.plan.up->channels,
+              c.plan.up->scale_h, c.plan.up->scale_w, source.item_stride()};
+      }
       return cuda::conv_gemm(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream, res,
-                             c.plan.packed.defined() ? dev(c.plan.packed) : nullptr);
+                             c.plan.packed.defined() ? dev(c.plan.packed) : nullptr,
+                             folded ? &up : nullptr);
+    }
   }
 }
 

@@ -26,18 +26,26 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
   for (const auto& [name, w] : graph_.weights) weights_[name] = w.data.to(backend_.device());
   for (NodePlan& np : plan_.nodes)
     if (np.packed.defined()) np.packed = np.packed.to(backend_.device());
-  // Free each intermediate right after its last reader.
+  in_place_on_ = plan_.in_place;
+  in_place_ = plan_in_place(plan_);
+  fold_of_.assign(graph_.nodes.size(), -1);
+  for (size_t i = 0; i < graph_.nodes.size(); ++i)
+    if (plan_.nodes[i].up)
+      for (size_t u = 0; u < graph_.nodes.size(); ++u)
+        if (in_place_.folded[u] && graph_.nodes[u].name == plan_.nodes[i].up->node)
+          fold_of_[i] = int(u);
+  // Free each intermediate right after its last reader (a conv that reads through a folded
+  // upsampling reads its source).
   std::map<std::string, size_t> last_use;
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     for (const std::string& in : graph_.nodes[i].inputs) last_use[in] = i;
+    if (fold_of_[i] >= 0) last_use[plan_.nodes[i].up->source] = i;
     for (const std::string& out : graph_.nodes[i].outputs) last_use.emplace(out, i);
   }
   release_after_.resize(graph_.nodes.size());
   for (const auto& [value, i] : last_use)
     if (!graph_.is_output(value) && !graph_.is_weight(value) && !graph_.is_input(value))
       release_after_[i].push_back(value);
-  in_place_on_ = plan_.in_place;
-  in_place_ = plan_in_place(graph_);
 }
 
 namespace {
@@ -168,9 +176,24 @@ InPlacePlan plan_in_place(const Graph& g) {
   return plan;
 }
 
+InPlacePlan plan_in_place(const Plan& plan) {
+  const Graph& g = plan.graph;
+  InPlacePlan ip = plan_in_place(g);
+  ip.folded.assign(g.nodes.size(), false);
+  std::map<std::string, size_t> reader;  // of each value read once
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (const std::string& in : g.nodes[i].inputs) reader[in] = i;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (plan.nodes[i].folded_into.empty()) continue;
+    auto r = reader.find(g.nodes[i].outputs[0]);
+    ip.folded[i] = r != reader.end() && ip.concat[r->second];
+  }
+  return ip;
+}
+
 std::vector<bool> in_place_mask(const Plan& plan) {
   if (!plan.in_place) return {};
-  const InPlacePlan ip = plan_in_place(plan.graph);
+  const InPlacePlan ip = plan_in_place(plan);
   std::vector<bool> mask(ip.view.size());
   for (size_t i = 0; i < mask.size(); ++i) mask[i] = ip.no_kernel(i);
   return mask;
@@ -247,6 +270,8 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     }
     const bool view = in_place_on_ && in_place_.view[i];
     const bool in_place = in_place_on_ && in_place_.concat[i];
+    const bool folded = in_place_on_ && in_place_.folded[i];
+    if (in_place_on_ && fold_of_[i] >= 0) ins.push_back(env.at(plan_.nodes[i].up->source));
     std::vector<Tensor> outs;
     for (const std::string& out : node.outputs) {
       const Shape& shape = graph_.value(out).shape;
@@ -277,7 +302,7 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
         outs[j] = ins[0].part(offset, shape);
         offset += item_count(shape);
       }
-    } else if (!in_place) {
+    } else if (!in_place && !folded) {
       if (!takes_strided(graph_, node))
         for (const std::vector<Tensor>* ts : {&ins, &outs})
           for (const Tensor& t : *ts)

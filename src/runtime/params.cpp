@@ -25,7 +25,8 @@ ConvShape conv_shape(const Node& node, const std::vector<Tensor>& in, const Tens
 }
 
 const Tensor* conv_residual(const Node& node, const std::vector<Tensor>& in) {
-  return node.op == OpKind::FusedConv2d && in.size() > 4 ? &in[4] : nullptr;
+  return node.op == OpKind::FusedConv2d && node.inputs.size() > 4 && in.size() > 4 ? &in[4]
+                                                                                   : nullptr;
 }
 
 Activation parse_activation(const std::string& name) {

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -462,4 +463,114 @@ TEST_CASE("gpu conv: gemm's SiLU and sigmoid element by element, saturating and 
   }
   // The 1x1 layer plain and with a NaN, the stem layer; every built tile and lowering's pick.
   CHECK(checked == 3 * 2 * int(conv_built_tiles(ConvKernel::Gemm, profile).size() + 1));
+}
+
+// gemm's wgmma direct kernel reading a run of its input's channels through an upsampling (an
+// upsample_nearest folded into the conv, cuda::ConvUpsampledInput): every built tile that takes
+// it, runs that start and end inside a k tile, scales 2x2 and 3x2, the source as a channel slab
+// of a larger batch. x's channels in the run are NaN on the GPU, so reading them fails; the CPU
+// computes the conv on x with the run upsampled in.
+TEST_CASE("gpu conv: gemm's wgmma direct kernel reading channels through an upsampling",
+          "[gpu][conv][wgmma][upsample]") {
+  ensure_backend();
+  const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
+  if (!profile.wgmma) {
+    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
+    return;
+  }
+  struct UpCase {
+    Geometry g;
+    int64_t c0, channels, scale_h, scale_w;
+    bool strided_source;
+  };
+  // clang-format off
+  const std::vector<UpCase> cases = {
+      // name                           n    c   h   w    k  r  s sh sw pt pl pb pr dh dw g   c0  ch sh sw strided
+      {{"1x1 from 12x16, run first",    3,  64, 12, 16,  70, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},  0, 40, 2, 2, false},
+      {{"1x1 from 8x24, run inside",    2,  72,  8, 24,  37, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1}, 24, 30, 2, 2, true},
+      {{"1x1 from 24x32, scale 3x2",    1,  40, 24, 32,  64, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},  8, 32, 3, 2, false},
+      {{"1x1 from 40x40, many tiles",   4, 128, 40, 40, 128, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},  0, 64, 2, 2, true},
+  };
+  // clang-format on
+  uint64_t seed = 9000;
+  for (const UpCase& uc : cases) {
+    std::set<int> tiles_run;  // m * 1000 + n
+    const ConvShape s = uc.g.shape();
+    const int64_t sh = s.h / uc.scale_h, sw = s.w / uc.scale_w;
+    const int64_t cs = uc.strided_source ? uc.channels + 3 : uc.channels;  // source batch's
+    const int64_t s0 = uc.strided_source ? 2 * sh * sw : 0;                // its run's start
+    const Tensor src = Tensor::randn({s.n, cs, sh, sw}, seed++);
+    Tensor x = Tensor::randn({s.n, s.c, s.h, s.w}, seed++);
+    Tensor x_gpu = x.clone();
+    for (int64_t img = 0; img < s.n; ++img)
+      for (int64_t c = 0; c < uc.channels; ++c)
+        for (int64_t i = 0; i < s.h; ++i)
+          for (int64_t j = 0; j < s.w; ++j) {
+            const int64_t at = ((img * s.c + uc.c0 + c) * s.h + i) * s.w + j;
+            x.f32()[at] =
+                src.f32()[s0 + ((img * cs + c) * sh + i / uc.scale_h) * sw + j / uc.scale_w];
+            x_gpu.f32()[at] = NAN;
+          }
+    const Tensor w = Tensor::randn({s.k, s.c, 1, 1}, seed++, 1.0f / std::sqrt(float(s.c)));
+    const Tensor scale = Tensor::randn({s.k}, seed++), shift = Tensor::randn({s.k}, seed++);
+    Tensor ref = Tensor::empty({s.n, s.k, s.ho, s.wo});
+    cpu::conv2d(s, x.f32(), w.f32(), scale.f32(), shift.f32(), Activation::Silu, ref.f32(),
+                nullptr);
+    const Tensor dsrc = src.to(Device::CUDA), dx = x_gpu.to(Device::CUDA), dw = w.to(Device::CUDA);
+    const Tensor dscale = scale.to(Device::CUDA), dshift = shift.to(Device::CUDA);
+    cuda::ConvUpsampledInput up;
+    up.x = static_cast<const float*>(dsrc.raw()) + s0;
+    up.c0 = uc.c0, up.channels = uc.channels;
+    up.scale_h = uc.scale_h, up.scale_w = uc.scale_w;
+    up.image = cs * sh * sw;
+    for (const ConvTiles& t : conv_built_tiles(ConvKernel::Gemm, profile)) {
+      if (!conv_gemm_upsample_fits(s, t, uc.scale_h, uc.scale_w)) continue;
+      Tensor packed = Tensor::empty({wgmma_packed_floats(s, t)});
+      pack_wgmma_weights(s, t, w.f32(), packed.f32());
+      const Tensor dpacked = packed.to(Device::CUDA);
+      Tensor dy = Tensor::empty(ref.shape(), DType::F32, Device::CUDA);
+      EPILOG_CUDA_CHECK(cudaMemset(dy.raw(), 0xFF, dy.nbytes()));
+      cuda::conv_gemm(s, t, static_cast<const float*>(dx.raw()),
+                      static_cast<const float*>(dw.raw()), static_cast<const float*>(dscale.raw()),
+                      static_cast<const float*>(dshift.raw()), Activation::Silu,
+                      static_cast<float*>(dy.raw()), nullptr, nullptr,
+                      static_cast<const float*>(dpacked.raw()), &up);
+      EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
+      const Tensor y = dy.to(Device::CPU);
+      double max_diff = 0, max_ref = 0;
+      int64_t nans = 0;
+      for (int64_t i = 0; i < y.numel(); ++i) {
+        if (std::isnan(y.f32()[i])) ++nans;
+        max_diff = std::max(max_diff, std::abs(double(y.f32()[i]) - ref.f32()[i]));
+        max_ref = std::max(max_ref, std::abs(double(ref.f32()[i])));
+      }
+      INFO(uc.g.name << ", channels " << uc.c0 << " + " << uc.channels << " upsampled "
+                     << uc.scale_h << "x" << uc.scale_w << (uc.strided_source ? ", strided" : "")
+                     << ", tiles " << tiles_str(t) << ": " << nans << " NaN, max rel error "
+                     << max_diff / max_ref);
+      CHECK(nans == 0);
+      CHECK(max_diff / max_ref <= kTolTf32);
+      tiles_run.insert(t.m * 1000 + t.n);
+    }
+    // The direct kernel's six wgmma tiles: m 64 and 128, n 32, 64 and 128.
+    INFO(uc.g.name);
+    CHECK(tiles_run == std::set<int>{64032, 64064, 64128, 128032, 128064, 128128});
+  }
+
+  // What the kernel cannot take is refused, not run: the halo kernel's tiles, a split, the
+  // mma.sync kernel's tiles, a scale other than 2 across.
+  const ConvShape s = cases[0].g.shape();
+  cuda::ConvUpsampledInput up;
+  up.channels = 8, up.scale_h = 2, up.scale_w = 2, up.image = 8 * 6 * 8;
+  const ConvTiles direct{64, 64, 32, 3, 1, true};
+  for (const auto& [t, scale_w] :
+       std::vector<std::pair<ConvTiles, int64_t>>{{{64, 64, 72, 3, 1, true}, 2},
+                                                  {{64, 64, 32, 3, 2, true}, 2},
+                                                  {{64, 64, 32, 3, 1, false}, 2},
+                                                  {direct, 4}}) {
+    up.scale_w = scale_w;
+    CHECK_THROWS_WITH(cuda::conv_gemm(s, t, nullptr, nullptr, nullptr, nullptr, Activation::Silu,
+                                      nullptr, nullptr, nullptr, nullptr, &up),
+                      Catch::Contains("an upsampled input needs tiles that run"));
+  }
 }

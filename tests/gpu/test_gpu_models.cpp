@@ -207,3 +207,46 @@ TEST_CASE("gpu executor: in-place concats and chunks at batch 2 match copying bi
     }
   }
 }
+
+TEST_CASE("gpu executor: an upsampling folded into the conv that reads it matches the CPU",
+          "[gpu][models][upsample]") {
+  // The YOLO neck's join, conv(concat(upsample(a), s)), at a size where lowering folds the
+  // upsampling into the conv's loads (the wgmma direct kernel; 40 upsampled channels, so a k tile
+  // holds both parts), the upsampled part first and second. The folded run must match the CPU,
+  // and the run with copy avoidance off (the upsampling and the concat as kernels) bit for bit.
+  if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
+    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
+    return;
+  }
+  for (const bool up_first : {true, false}) {
+    Builder b(/*seed=*/4);
+    const auto cbs = [&](Val x, const std::string& name, int64_t c) {
+      return b.silu(b.batchnorm(b.conv2d(x, name, ConvOpts(c, 1)), name + ".bn"), name + ".act");
+    };
+    Val a = cbs(b.input("lo", {4, 8, 20, 24}), "a", 40);
+    Val s = cbs(b.input("hi", {4, 8, 40, 48}), "s", 24);
+    Val u = b.upsample_nearest(a, 2, "up");
+    b.output(cbs(b.concat(up_first ? std::vector<Val>{u, s} : std::vector<Val>{s, u}, 1, "cat"),
+                 "join", 128));
+    const Graph g = b.build();
+    const std::string key = up_first ? "join, upsampled first" : "join, upsampled second";
+    INFO(key);
+    const std::map<std::string, Tensor> inputs = random_inputs(g, 300);
+    const std::map<std::string, Tensor>& ref = reference(key, g, inputs);
+    CompileOptions o;
+    o.device = Device::CUDA;
+    Compiled c = compile(g, o);
+    std::unique_ptr<Backend> backend = make_backend(Device::CUDA);
+    Executor on(c.plan, *backend), off(c.plan, *backend);
+    off.set_in_place(false);
+    const std::vector<std::string> no_kernel = on.in_place_nodes();
+    REQUIRE(std::find(no_kernel.begin(), no_kernel.end(), "up") != no_kernel.end());
+    const Tensor y_on = on.run(inputs).at("join.act").to(Device::CPU);
+    const Tensor y_off = off.run(inputs).at("join.act").to(Device::CPU);
+    const Mismatch e = mismatch(y_on, ref.at("join.act"));
+    std::cout << fmt::format("{}: max-norm error {:.3g} (bound 5e-3)\n", key, e.max_norm);
+    CHECK(e.max_norm <= 5e-3);
+    REQUIRE(y_on.shape() == y_off.shape());
+    CHECK(std::memcmp(y_on.raw(), y_off.raw(), y_on.nbytes()) == 0);
+  }
+}

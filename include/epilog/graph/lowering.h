@@ -44,8 +44,9 @@ struct LowerOptions {
 Plan lower(Graph graph, const LowerOptions& options);
 
 // The kernel and the rule that chose it for node i; none where `in_place[i]`: the splits that
-// return views and the concats whose inputs are made in their buffer (plan_in_place, which
-// the executor follows unless in-place is off).
+// return views, the concats whose inputs are made in their buffer and the upsamplings folded
+// into a conv's loads (plan_in_place, which the executor follows unless in-place is off). A
+// conv's rule names the upsampling it reads through while that one is folded.
 struct NodeChoice {
   std::string kernel, rule;
 };

@@ -31,11 +31,23 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
 void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                 const float* scale, const float* shift, Activation act, float* y, Stream stream,
                 const float* residual = nullptr);
+// A run of x's channels read from another tensor, upsampled (nearest) as they load:
+// x[img, c0 + c, i, j] = x[img, c, i / scale_h, j / scale_w] of `x` here, c < channels, its
+// plane [ho / scale_h, wo / scale_w], its images `image` floats apart. The rest of x is never read
+// there, so an upsampling into a concat that only the conv reads need not run.
+struct ConvUpsampledInput {
+  const float* x = nullptr;
+  int64_t c0 = 0, channels = 0;
+  int64_t scale_h = 1, scale_w = 1;
+  int64_t image = 0;
+};
 // t.wgmma (the 3x3 halo and 1x1 direct kernels on warpgroup MMA) also needs `packed`: w packed
-// on the device as pack_wgmma_weights (shapes.h) lays it out for tiles t.
+// on the device as pack_wgmma_weights (shapes.h) lays it out for tiles t. `up`, where given,
+// needs tiles that take it (conv_gemm_upsample_fits).
 void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                const float* scale, const float* shift, Activation act, float* y, Stream stream,
-               const float* residual = nullptr, const float* packed = nullptr);
+               const float* residual = nullptr, const float* packed = nullptr,
+               const ConvUpsampledInput* up = nullptr);
 // Whether conv_gemm can run ConvTiles::wgmma on the current device: a compute capability 9.0
 // GPU, and this build has sm_90a code (EPILOG_CUDA_ARCH=90a, the default).
 bool wgmma_available();

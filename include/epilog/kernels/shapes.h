@@ -217,6 +217,17 @@ inline WgmmaKernel conv_gemm_wgmma_kernel(const ConvTiles& t, const ConvShape& s
   return WgmmaKernel::None;
 }
 
+// Whether tiles `t` on `s` can read a run of the input's channels from a tensor upsampled
+// (nearest) by scale_h x scale_w as they load it (conv_gemm's `up`): the wgmma direct kernel
+// unsplit, with each 4-pixel chunk of A on one output row, and twice across, so that a chunk's
+// sources are two neighbours, each copied twice off one address (the general form, an address a
+// copy, made the folded convs of the YOLO-like model slower).
+inline bool conv_gemm_upsample_fits(const ConvShape& s, const ConvTiles& t, int64_t scale_h,
+                                    int64_t scale_w) {
+  return conv_gemm_wgmma_kernel(t, s) == WgmmaKernel::Direct && t.splits == 1 && s.wo % 4 == 0 &&
+         scale_w == 2 && scale_h >= 1 && s.ho % scale_h == 0;
+}
+
 // The weights as the wgmma kernels read them with tiles of t.n output channels, packed once ahead
 // of the runs so that a block's stage is one contiguous run; 0 past Cout or Cin. Each value is
 // rounded to TF32 (to nearest: half a TF32 ulp added to its bits; the tensor core ignores the

@@ -18,7 +18,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual Device device() const = 0;
-  // Throws Error "[op] has no <device> implementation" for an op it lacks.
+  // Throws Error "[op] has no <device> implementation" for an op it lacks. `inputs` are the
+  // node's, then for a conv reading through a folded upsampling (NodePlan::up) its source.
   virtual void run(const Node& node, const NodePlan& plan, const std::vector<Tensor>& inputs,
                    std::vector<Tensor>& outputs) = 0;
   // Waits for queued work (a no-op on the CPU).
@@ -56,13 +57,19 @@ struct InPlacePlan {
   };
   std::vector<bool> view;
   std::vector<bool> concat;
+  // The upsamplings folded into a conv's loads (NodePlan::folded_into) whose concat runs in
+  // place: nothing reads what they would write (empty from the Graph form).
+  std::vector<bool> folded;
   std::map<std::string, Slot> slots;
-  // Whether node i runs without a kernel: a view or an in-place concat.
-  bool no_kernel(size_t i) const { return view[i] || concat[i]; }
+  // Whether node i runs without a kernel: a view, an in-place concat or a folded upsampling.
+  bool no_kernel(size_t i) const {
+    return view[i] || concat[i] || (i < folded.size() && folded[i]);
+  }
 };
 InPlacePlan plan_in_place(const Graph& g);
-// By node, whether it runs without a kernel under `plan` (a view or an in-place concat; none
-// when plan.in_place is off): what explain marks.
+InPlacePlan plan_in_place(const Plan& plan);
+// By node, whether it runs without a kernel under `plan` (a view, an in-place concat or a folded
+// upsampling; none when plan.in_place is off): what explain marks.
 std::vector<bool> in_place_mask(const Plan& plan);
 
 struct NodeTiming {
@@ -101,10 +108,11 @@ class Executor {
   // runs has the producers of its inputs write straight into its output buffer and then costs
   // nothing. With a batch over 1 those views are strided (Tensor::part), so they are made only
   // where every kernel that writes or reads them takes strides (fused_conv2d, conv2d, add of
-  // equal shapes, max-pooling, upsampling, concat, split).
+  // equal shapes, max-pooling, upsampling, concat, split). An upsampling folded into a conv's
+  // loads (FoldedUpsample) whose concat runs so runs no kernel: the conv reads its input.
   // Starts as the plan says (Plan::in_place; EPILOG_DISABLE_IN_PLACE=1 turns it off).
   void set_in_place(bool on) { in_place_on_ = on; }
-  // The nodes that run as views or in place (node order); none when it is off.
+  // The nodes that run as views, in place or folded (node order); none when it is off.
   std::vector<std::string> in_place_nodes() const;
 
  private:
@@ -113,6 +121,7 @@ class Executor {
   Backend& backend_;
   std::map<std::string, Tensor> weights_;                // on the backend's device
   std::vector<std::vector<std::string>> release_after_;  // values dead after node i
+  std::vector<int> fold_of_;  // by node: the upsampling a conv reads through (NodePlan::up), or -1
   bool profile_ = false;
   std::vector<NodeTiming> timings_;
   std::function<void(size_t, size_t)> progress_;

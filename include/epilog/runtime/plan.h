@@ -1,6 +1,7 @@
 // A lowered graph: the graph plus, for every node, the kernel that runs it on the target.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,12 +19,27 @@ struct DeviceProfile {
   bool wgmma = true;      // Hopper's warpgroup MMA: compute capability 9.0 and sm_90a code built
 };
 
+// An upsample_nearest folded into the loads of the fused_conv2d that reads it through a concat:
+// the conv reads its input's channels [c0, c0 + channels) from `source` (the upsampling's input)
+// at the source's resolution, so the upsampling writes nothing. Lowering folds where the conv
+// runs gemm's wgmma direct kernel (conv_gemm_upsample_fits), the upsampling's only reader is the
+// concat and the concat's only reader is the conv, neither being a graph output; the executor
+// applies it while that concat runs in place (InPlacePlan::folded).
+struct FoldedUpsample {
+  std::string node;    // the upsample_nearest
+  std::string source;  // its input
+  int64_t c0 = 0, channels = 0;
+  int64_t scale_h = 1, scale_w = 1;
+};
+
 struct NodePlan {
   std::string kernel;  // "scalar", "tiled", "gemm" for fused_conv2d on CUDA; else the op's
   std::string rule;    // why this kernel (the selector's rule, or the override)
   ConvKernel conv = ConvKernel::Scalar;
   ConvTiles tiles;
-  Tensor packed;  // tiles.wgmma: the weights as pack_wgmma_weights lays them out
+  Tensor packed;                     // tiles.wgmma: the weights as pack_wgmma_weights lays them out
+  std::optional<FoldedUpsample> up;  // fused_conv2d: an upsampling folded into its loads
+  std::string folded_into;           // upsample_nearest: the fused_conv2d that reads its input
 };
 
 struct Plan {
