@@ -648,6 +648,51 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("lowering: SPPF's cascade of max-pools runs as one kernel, up to three in a row",
+          "[lowering]") {
+  // x -> p1 -> p2 -> p3 -> p4 (5x5 "same" pools), p5 a 3x3 one after p4, q a pool of x beside
+  // p1, all read by one concat.
+  Builder b(2);
+  Val x = b.input("x", {16, 128, 20, 20});
+  const PoolOpts five = PoolOpts(5).stride(1).padding(2), three = PoolOpts(3).stride(1).padding(1);
+  Val p1 = b.maxpool2d(x, five, "p1");
+  Val p2 = b.maxpool2d(p1, five, "p2");
+  Val p3 = b.maxpool2d(p2, five, "p3");
+  Val p4 = b.maxpool2d(p3, five, "p4");
+  Val p5 = b.maxpool2d(p4, three, "p5");
+  Val q = b.maxpool2d(x, five, "q");
+  b.output(b.concat({x, p1, p2, p3, p4, p5, q}, 1, "cat"));
+  const Graph g = b.build();
+  LowerOptions cuda;
+  cuda.device = Device::CUDA;
+  const Plan p = lower(g, cuda);
+  CHECK(node_plan(p, "p1").chain == std::vector<std::string>{"p2", "p3"});
+  CHECK(node_plan(p, "p2").folded_into == "p1");
+  CHECK(node_plan(p, "p3").folded_into == "p1");
+  // Three at most: p4 starts a chain of its own, which p5's other window does not join; q pools
+  // x, not p1.
+  CHECK(node_plan(p, "p4").folded_into.empty());
+  CHECK(node_plan(p, "p4").chain.empty());
+  CHECK(node_plan(p, "p5").folded_into.empty());
+  CHECK(node_plan(p, "q").folded_into.empty());
+  CHECK(node_plan(p, "q").chain.empty());
+  const std::string text = explain(p, in_place_mask(p));
+  CHECK_THAT(text, Catch::Contains("then p2, p3, each pooling the one before") &&
+                       Catch::Contains("no kernel: p1 makes it on its staged plane"));
+  CHECK_THAT(explain(p), !Catch::Contains("folded") && !Catch::Contains("then p2"));
+  CHECK(plan_in_place(p).folded ==
+        std::vector<bool>{false, true, true, false, false, false, false});
+
+  // A window the "same" kernel does not take, and the CPU: no chain.
+  Builder b2(2);
+  Val y = b2.input("y", {1, 8, 20, 20});
+  const PoolOpts seven = PoolOpts(7).stride(1).padding(3);
+  b2.output(b2.maxpool2d(b2.maxpool2d(y, seven, "a"), seven, "b"));
+  const Graph g2 = b2.build();
+  CHECK(node_plan(lower(g2, cuda), "b").folded_into.empty());
+  CHECK(node_plan(lower(g, LowerOptions{}), "p2").folded_into.empty());
+}
+
 // The kernels' multiply-shift division (shapes.h) on the host, against `/`: every divisor up to
 // 4096 and large ones, numerators near 0, near multiples of the divisor and near 2^31.
 TEST_CASE("kernel geometry: fast_div equals integer division below 2^31", "[lowering][shapes]") {

@@ -165,14 +165,23 @@ __global__ void __launch_bounds__(kThreads)
 // batch 16 (2048 planes of 20x20) run all their planes at once. Nsight Compute (2026-12-04, us
 // a pool): 10.6 on the plane kernel, whose clipped run-time loops cost more than the bytes; 7.6
 // with this kernel in 256-thread blocks, 6.8 to 7.0 in 128-thread ones.
+// A chain (SPPF's cascade of pools, each pooling the one before) writes each pool's maxima back
+// into the staged plane as the next one's input: the cascade reads its input once.
 constexpr int kSameThreads = 128;
 constexpr int kSameLoads = 4;  // loads in flight a thread while a plane is staged
 constexpr int kSameChunk = kSameThreads * kSameLoads;
 
+template <class I>
+struct ChainOutputs {
+  float* y[kMaxPoolChain];
+  I ys[kMaxPoolChain];  // elements between images
+  int count;
+};
+
 template <int K, class I>
 __global__ void __launch_bounds__(kSameThreads)
-    maxpool_same_kernel(int h, int w, FastDiv wdiv, I planes, Divisor<I> c, I xs, I ys,
-                        const float* __restrict__ x, float* __restrict__ y) {
+    maxpool_same_kernel(int h, int w, FastDiv wdiv, I planes, Divisor<I> c, I xs,
+                        const float* __restrict__ x, const ChainOutputs<I> out) {
   constexpr int P = K / 2;
   extern __shared__ float plane_smem[];
   const int pw = w + 2 * P, hw = h * w;
@@ -188,7 +197,6 @@ __global__ void __launch_bounds__(kSameThreads)
   for (I plane = blockIdx.x; plane < planes; plane += gridDim.x) {
     const I img = c.div(plane), ch = plane - img * c.d;
     const float* __restrict__ src = x + img * xs + ch * I(hw);
-    float* __restrict__ dst = y + img * ys + ch * I(hw);
     // Loads kSameLoads deep before their stores: one round trip a chunk, not one a load.
     for (int base = 0; base < hw; base += kSameChunk) {
       float v[kSameLoads];
@@ -205,23 +213,57 @@ __global__ void __launch_bounds__(kSameThreads)
       }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < hw; i += kSameThreads) {
-      const float* r = in + i + fast_div(i, wdiv) * 2 * P;  // window start, padded coordinates
-      float m = r[0];
 #pragma unroll
-      for (int k = 1; k < K; ++k) m = max_nan(m, r[k]);
-      rows[P * w + i] = m;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < hw; i += kSameThreads) {
-      const float* r = rows + i;  // rows i / w - P .. + P of column i % w, padded coordinates
-      float m = r[0];
+    for (int q = 0; q < kMaxPoolChain; ++q) {
+      if (q == out.count) break;
+      for (int i = threadIdx.x; i < hw; i += kSameThreads) {
+        const float* r = in + i + fast_div(i, wdiv) * 2 * P;  // window start, padded coordinates
+        float m = r[0];
 #pragma unroll
-      for (int k = 1; k < K; ++k) m = max_nan(m, r[k * w]);
-      dst[i] = m;
+        for (int k = 1; k < K; ++k) m = max_nan(m, r[k]);
+        rows[P * w + i] = m;
+      }
+      __syncthreads();
+      float* __restrict__ dst = out.y[q] + img * out.ys[q] + ch * I(hw);
+      const bool more = q + 1 < out.count;
+      for (int i = threadIdx.x; i < hw; i += kSameThreads) {
+        const float* r = rows + i;  // rows i / w - P .. + P of column i % w, padded coordinates
+        float m = r[0];
+#pragma unroll
+        for (int k = 1; k < K; ++k) m = max_nan(m, r[k * w]);
+        dst[i] = m;
+        if (more) in[i + fast_div(i, wdiv) * 2 * P + P] = m;  // the next pool's input
+      }
+      __syncthreads();  // the next pool or plane overwrites in[] and rows[]
     }
-    __syncthreads();  // the next plane overwrites in[] and rows[]
   }
+}
+
+// The "same" kernel over `count` pools in a row (maxpool_kernel(p) == Same).
+void launch_same(const PoolShape& p, const float* x, float* const* y, const int64_t* y_image,
+                 int count, Stream stream) {
+  const int k = int(p.kh);
+  const int64_t planes = p.n * p.c;
+  if (planes == 0) return;
+  int64_t span = p.n * p.x_image();
+  for (int q = 0; q < count; ++q) span = std::max(span, p.n * y_image[q]);
+  const size_t smem = sizeof(float) * size_t(maxpool_same_floats(p));
+  const auto launch = [&](auto i) {
+    using I = decltype(i);
+    ChainOutputs<I> out{};
+    for (int q = 0; q < count; ++q) out.y[q] = y[q], out.ys[q] = I(y_image[q]);
+    out.count = count;
+    const auto same = k == 3 ? maxpool_same_kernel<3, I> : maxpool_same_kernel<5, I>;
+    const int grid =
+        int(std::min<int64_t>(planes, int64_t(max_blocks()) * kThreads / kSameThreads));
+    launch_pdl(same, grid, kSameThreads, smem, stream, 1, int(p.h), int(p.w),
+               make_fastdiv(uint32_t(p.w)), I(planes), Divisor<I>(I(p.c)), I(p.x_image()), x, out);
+  };
+  // 32-bit index math where every index fits.
+  if (fits32(span))
+    launch(uint32_t{});
+  else
+    launch(int64_t{});
 }
 
 template <bool Max>
@@ -245,18 +287,7 @@ void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream
   };
   const MaxPoolKernel kernel = maxpool_kernel(p);
   if (Max && kernel == MaxPoolKernel::Same) {
-    const int k = int(p.kh);
-    const int64_t planes = p.n * p.c;
-    const size_t smem = sizeof(float) * size_t(maxpool_same_floats(p));
-    const auto launch = [&](auto i) {
-      using I = decltype(i);
-      const auto same = k == 3 ? maxpool_same_kernel<3, I> : maxpool_same_kernel<5, I>;
-      const int grid =
-          int(std::min<int64_t>(planes, int64_t(max_blocks()) * kThreads / kSameThreads));
-      launch_pdl(same, grid, kSameThreads, smem, stream, 1, int(p.h), int(p.w),
-                 make_fastdiv(uint32_t(p.w)), I(planes), Divisor<I>(I(p.c)), I(xs), I(ys), x, y);
-    };
-    with_index(launch);
+    launch_same(p, x, &y, &ys, 1, stream);
     check_launch(name);
     return;
   }
@@ -349,6 +380,15 @@ __global__ void __launch_bounds__(kThreads)
 
 void maxpool2d(const PoolShape& p, const float* x, float* y, Stream stream) {
   pool<true>("maxpool2d", p, x, y, stream);
+}
+
+void maxpool2d_chain(const PoolShape& p, const float* x, float* const* y, const int64_t* y_image,
+                     int count, Stream stream) {
+  EPILOG_CUDA_REQUIRE(count >= 1 && count <= kMaxPoolChain);
+  EPILOG_CUDA_REQUIRE(maxpool_kernel(p) == MaxPoolKernel::Same);
+  EPILOG_CUDA_REQUIRE(p.h < (int64_t(1) << 30) && p.w < (int64_t(1) << 30));
+  launch_same(p, x, y, y_image, count, stream);
+  check_launch("maxpool2d_chain");
 }
 
 void avgpool2d(const PoolShape& p, const float* x, float* y, Stream stream) {

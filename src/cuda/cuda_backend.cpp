@@ -314,7 +314,22 @@ const std::array<CudaKernel, kNumOps>& kernels() {
     at(OpKind::Concat) = concat;
     at(OpKind::Split) = split;
     at(OpKind::MaxPool2d) = [](const Ctx& c, In in, Out out) {
-      cuda::maxpool2d(pool_shape(c.node, in[0], out[0]), dev(in[0]), dev(out[0]), c.stream);
+      const PoolShape p = pool_shape(c.node, in[0], out[0]);
+      if (out.size() == 1) return cuda::maxpool2d(p, dev(in[0]), dev(out[0]), c.stream);
+      // The pools chained after this one (NodePlan::chain), each pooling the one before.
+      if (out.size() > size_t(kMaxPoolChain) || out.size() != c.plan.chain.size() + 1)
+        fail("[maxpool2d] node '{}': handed {} outputs for a chain of {}", c.node.name, out.size(),
+             c.plan.chain.size() + 1);
+      float* ys[kMaxPoolChain];
+      int64_t images[kMaxPoolChain];
+      for (size_t q = 0; q < out.size(); ++q) {
+        if (out[q].shape() != out[0].shape())
+          fail("[maxpool2d] node '{}': chained output {} has shape {}, not {}", c.node.name, q,
+               shape_str(out[q].shape()), shape_str(out[0].shape()));
+        ys[q] = dev(out[q]);
+        images[q] = out[q].item_stride();
+      }
+      cuda::maxpool2d_chain(p, dev(in[0]), ys, images, int(out.size()), c.stream);
     };
     at(OpKind::AvgPool2d) = [](const Ctx& c, In in, Out out) {
       cuda::avgpool2d(pool_shape(c.node, in[0].shape(), out[0].shape()), dev(in[0]), dev(out[0]),

@@ -28,6 +28,8 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
     if (np.packed.defined()) np.packed = np.packed.to(backend_.device());
   in_place_on_ = plan_.in_place;
   in_place_ = plan_in_place(plan_);
+  for (size_t i = 0; i < graph_.nodes.size(); ++i)
+    if (!plan_.nodes[i].folded_into.empty()) chained_[graph_.nodes[i].name] = i;
   fold_of_.assign(graph_.nodes.size(), -1);
   for (size_t i = 0; i < graph_.nodes.size(); ++i)
     if (plan_.nodes[i].up)
@@ -185,6 +187,11 @@ InPlacePlan plan_in_place(const Plan& plan) {
     for (const std::string& in : g.nodes[i].inputs) reader[in] = i;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (plan.nodes[i].folded_into.empty()) continue;
+    if (g.nodes[i].op == OpKind::MaxPool2d) {  // made by the chain's first pool
+      ip.folded[i] = true;
+      continue;
+    }
+    // Nothing may read an upsampling's output but the conv that reads its source instead.
     auto r = reader.find(g.nodes[i].outputs[0]);
     ip.folded[i] = r != reader.end() && ip.concat[r->second];
   }
@@ -272,28 +279,37 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     const bool in_place = in_place_on_ && in_place_.concat[i];
     const bool folded = in_place_on_ && in_place_.folded[i];
     if (in_place_on_ && fold_of_[i] >= 0) ins.push_back(env.at(plan_.nodes[i].up->source));
-    std::vector<Tensor> outs;
-    for (const std::string& out : node.outputs) {
+    // A kernel's output: kept from the recording run, made by a chain's first pool, or made.
+    const auto output = [&](const std::string& out, bool made) {
       const Shape& shape = graph_.value(out).shape;
       auto kept = env.find(out);
       auto slot = in_place_.slots.find(out);
-      if (keep && kept != env.end()) {
-        outs.push_back(kept->second);
-      } else if (in_place) {
-        outs.push_back(env.at(out));  // every input is already in this buffer
-      } else if (view) {
-        outs.emplace_back();  // made below
-      } else if (in_place_on_ && slot != in_place_.slots.end()) {
+      if ((keep || made) && kept != env.end()) return kept->second;
+      if (in_place_on_ && slot != in_place_.slots.end()) {
         // The first value made for a concat allocates its buffer.
         Tensor& buffer = env[slot->second.buffer];
         if (!buffer.defined())
           buffer =
               Tensor::empty(graph_.value(slot->second.buffer).shape, DType::F32, backend_.device());
-        outs.push_back(buffer.part(slot->second.offset, shape));
-      } else {
-        outs.push_back(Tensor::empty(shape, DType::F32, backend_.device()));
+        return buffer.part(slot->second.offset, shape);
       }
+      return Tensor::empty(shape, DType::F32, backend_.device());
+    };
+    std::vector<Tensor> outs;
+    for (const std::string& out : node.outputs) {
+      if (in_place)
+        outs.push_back(env.at(out));  // every input is already in this buffer
+      else if (view)
+        outs.emplace_back();  // made below
+      else
+        outs.push_back(output(out, folded && node.op == OpKind::MaxPool2d));
     }
+    // The first pool of a chain makes the outputs of the ones after it.
+    if (in_place_on_)
+      for (const std::string& next : plan_.nodes[i].chain) {
+        const std::string& out = graph_.nodes[chained_.at(next)].outputs[0];
+        outs.push_back(env[out] = output(out, false));
+      }
     auto t0 = Clock::now();
     if (view) {
       int64_t offset = 0;
@@ -316,7 +332,7 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
       double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       timings_.push_back({node.name, node.op, ms});
     }
-    for (size_t j = 0; j < outs.size(); ++j) env[node.outputs[j]] = std::move(outs[j]);
+    for (size_t j = 0; j < node.outputs.size(); ++j) env[node.outputs[j]] = std::move(outs[j]);
     if (!keep)
       for (const std::string& dead : release_after_[i]) env.erase(dead);
     if (progress_) progress_(i + 1, graph_.nodes.size());

@@ -107,6 +107,26 @@ void check_model(const std::string& key, const Graph& g, std::optional<ConvKerne
   }
 }
 
+// `output` of g on the GPU as selected, with copy avoidance on and off, and the nodes that ran
+// no kernel with it on.
+struct OnOff {
+  std::vector<std::string> no_kernel;
+  Tensor on, off;
+};
+OnOff run_on_off(const Graph& g, const std::map<std::string, Tensor>& inputs,
+                 const std::string& output) {
+  CompileOptions o;
+  o.device = Device::CUDA;
+  Compiled c = compile(g, o);
+  std::unique_ptr<Backend> backend = make_backend(Device::CUDA);
+  Executor on(c.plan, *backend), off(c.plan, *backend);
+  off.set_in_place(false);
+  OnOff r{on.in_place_nodes(), on.run(inputs).at(output).to(Device::CPU),
+          off.run(inputs).at(output).to(Device::CPU)};
+  REQUIRE(r.on.shape() == r.off.shape());
+  return r;
+}
+
 Graph yolo_small() {
   Builder b(/*seed=*/1);
   return yolo::yolo_like(b, /*batch=*/2, /*size=*/128);
@@ -196,7 +216,11 @@ TEST_CASE("gpu executor: in-place concats and chunks at batch 2 match copying bi
     std::unique_ptr<Backend> backend = make_backend(Device::CUDA);
     Executor on(c.plan, *backend), off(c.plan, *backend);
     off.set_in_place(false);
-    CHECK(on.in_place_nodes().size() == 21);
+    // The 13 concats and 8 chunks, and SPPF's second and third pools, which the first makes.
+    const std::vector<std::string> no_kernel = on.in_place_nodes();
+    CHECK(no_kernel.size() == 23);
+    for (const char* pool : {"b9.m_1", "b9.m_2"})
+      CHECK(std::find(no_kernel.begin(), no_kernel.end(), pool) != no_kernel.end());
     std::map<std::string, Tensor> a = on.run(inputs), b = off.run(inputs);
     REQUIRE(a.size() == b.size());
     for (const auto& [name, t] : b) {
@@ -233,20 +257,59 @@ TEST_CASE("gpu executor: an upsampling folded into the conv that reads it matche
     INFO(key);
     const std::map<std::string, Tensor> inputs = random_inputs(g, 300);
     const std::map<std::string, Tensor>& ref = reference(key, g, inputs);
-    CompileOptions o;
-    o.device = Device::CUDA;
-    Compiled c = compile(g, o);
-    std::unique_ptr<Backend> backend = make_backend(Device::CUDA);
-    Executor on(c.plan, *backend), off(c.plan, *backend);
-    off.set_in_place(false);
-    const std::vector<std::string> no_kernel = on.in_place_nodes();
-    REQUIRE(std::find(no_kernel.begin(), no_kernel.end(), "up") != no_kernel.end());
-    const Tensor y_on = on.run(inputs).at("join.act").to(Device::CPU);
-    const Tensor y_off = off.run(inputs).at("join.act").to(Device::CPU);
-    const Mismatch e = mismatch(y_on, ref.at("join.act"));
+    const OnOff r = run_on_off(g, inputs, "join.act");
+    REQUIRE(std::find(r.no_kernel.begin(), r.no_kernel.end(), "up") != r.no_kernel.end());
+    const Mismatch e = mismatch(r.on, ref.at("join.act"));
     std::cout << fmt::format("{}: max-norm error {:.3g} (bound 5e-3)\n", key, e.max_norm);
     CHECK(e.max_norm <= 5e-3);
-    REQUIRE(y_on.shape() == y_off.shape());
+    CHECK(std::memcmp(r.on.raw(), r.off.raw(), r.on.nbytes()) == 0);
+  }
+}
+
+TEST_CASE("gpu executor: SPPF's cascade of max-pools as one kernel matches the CPU bit for bit",
+          "[gpu][models][pool]") {
+  // A conv, then 5x5 "same" pools p1 -> p2 -> p3 -> p4 (p1 makes p2 and p3, p4 starts anew) and
+  // a 3x3 one after them, all read by one concat: at batch 1 contiguous, at batch 3 each a
+  // strided slab of the concat's buffer. Max-pooling is exact: the pools' channels of the output
+  // must equal the CPU's pools of the GPU's conv output, with the chain and without it.
+  for (const int64_t batch : {int64_t(1), int64_t(3)}) {
+    Builder b(/*seed=*/6);
+    Val x = b.conv2d(b.input("x", {batch, 8, 13, 20}), "conv", ConvOpts(24, 1));
+    const PoolOpts five = PoolOpts(5).stride(1).padding(2);
+    Val p1 = b.maxpool2d(x, five, "p1");
+    Val p2 = b.maxpool2d(p1, five, "p2");
+    Val p3 = b.maxpool2d(p2, five, "p3");
+    Val p4 = b.maxpool2d(p3, five, "p4");
+    Val p5 = b.maxpool2d(p4, PoolOpts(3).stride(1).padding(1), "p5");
+    b.output(b.concat({x, p1, p2, p3, p4, p5}, 1, "cat"));
+    const Graph g = b.build();
+    const std::map<std::string, Tensor> inputs = random_inputs(g, 40);
+    const OnOff got = run_on_off(g, inputs, "cat");
+    const std::vector<std::string>& no_kernel = got.no_kernel;
+    INFO("batch " << batch);
+    CHECK(std::find(no_kernel.begin(), no_kernel.end(), "p2") != no_kernel.end());
+    CHECK(std::find(no_kernel.begin(), no_kernel.end(), "p3") != no_kernel.end());
+    CHECK(std::find(no_kernel.begin(), no_kernel.end(), "p4") == no_kernel.end());
+    const Tensor &y_on = got.on, &y_off = got.off;
     CHECK(std::memcmp(y_on.raw(), y_off.raw(), y_on.nbytes()) == 0);
+    // The CPU's pools of the GPU's conv output (channels 0..23 of the concat).
+    Builder r(/*seed=*/6);
+    Val rx = r.input("x", {batch, 24, 13, 20});
+    Val r1 = r.maxpool2d(rx, five, "p1");
+    Val r2 = r.maxpool2d(r1, five, "p2");
+    Val r3 = r.maxpool2d(r2, five, "p3");
+    Val r4 = r.maxpool2d(r3, five, "p4");
+    r.output(r.concat({rx, r1, r2, r3, r4, r.maxpool2d(r4, PoolOpts(3).stride(1).padding(1), "p5")},
+                      1, "cat"));
+    const int64_t plane = 13 * 20, item = 6 * 24 * plane;
+    Tensor conv_out = Tensor::empty({batch, 24, 13, 20});
+    for (int64_t n = 0; n < batch; ++n)
+      std::memcpy(conv_out.f32() + n * 24 * plane, y_on.f32() + n * item,
+                  sizeof(float) * 24 * plane);
+    CompileOptions cpu;
+    cpu.device = Device::CPU;
+    const Tensor want = run(r.build(), cpu, {{"x", conv_out}}).at("cat");
+    REQUIRE(want.shape() == y_on.shape());
+    CHECK(std::memcmp(y_on.raw(), want.raw(), want.nbytes()) == 0);
   }
 }

@@ -94,6 +94,11 @@ void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_
 
 // -- pooling --
 void maxpool2d(const PoolShape& p, const float* x, float* y, Stream stream);
+// `count` (1..kMaxPoolChain) max-pools of p's window in a row, each pooling the one before
+// (SPPF's cascade): y[q] the q-th's output, its images y_image[q] apart. p must take the "same"
+// kernel (maxpool_kernel), which then stages each plane once for all of them.
+void maxpool2d_chain(const PoolShape& p, const float* x, float* const* y, const int64_t* y_image,
+                     int count, Stream stream);
 void avgpool2d(const PoolShape& p, const float* x, float* y, Stream stream);
 // Mean over `inner` contiguous elements for each of `outer` rows.
 void global_avgpool(int64_t outer, int64_t inner, const float* x, float* y, Stream stream);

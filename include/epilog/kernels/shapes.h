@@ -312,6 +312,9 @@ inline int64_t maxpool_same_floats(const PoolShape& p) {
   const int64_t pad = p.kh / 2;
   return p.h * (p.w + 2 * pad) + (p.h + 2 * pad) * p.w;
 }
+// SPPF's cascade: up to this many "same" max-pools in a row, each pooling the one before, run as
+// one kernel over the staged plane (cuda::maxpool2d_chain; lowering chains them).
+constexpr int kMaxPoolChain = 3;
 inline MaxPoolKernel maxpool_kernel(const PoolShape& p) {
   const int64_t k = p.kh, pad = k / 2;
   const bool same = p.kw == k && (k == 3 || k == 5) && p.stride_h == 1 && p.stride_w == 1 &&

@@ -57,11 +57,12 @@ struct InPlacePlan {
   };
   std::vector<bool> view;
   std::vector<bool> concat;
-  // The upsamplings folded into a conv's loads (NodePlan::folded_into) whose concat runs in
-  // place: nothing reads what they would write (empty from the Graph form).
+  // The nodes whose work another does (NodePlan::folded_into): the upsamplings folded into a
+  // conv's loads whose concat runs in place (nothing reads what they would write) and the
+  // chained max-pools (empty from the Graph form).
   std::vector<bool> folded;
   std::map<std::string, Slot> slots;
-  // Whether node i runs without a kernel: a view, an in-place concat or a folded upsampling.
+  // Whether node i runs without a kernel: a view, an in-place concat or a folded node.
   bool no_kernel(size_t i) const {
     return view[i] || concat[i] || (i < folded.size() && folded[i]);
   }
@@ -109,7 +110,8 @@ class Executor {
   // nothing. With a batch over 1 those views are strided (Tensor::part), so they are made only
   // where every kernel that writes or reads them takes strides (fused_conv2d, conv2d, add of
   // equal shapes, max-pooling, upsampling, concat, split). An upsampling folded into a conv's
-  // loads (FoldedUpsample) whose concat runs so runs no kernel: the conv reads its input.
+  // loads (FoldedUpsample) whose concat runs so runs no kernel: the conv reads its input. Nor
+  // does a max-pool chained to the one before it (NodePlan::chain): the first pool makes it.
   // Starts as the plan says (Plan::in_place; EPILOG_DISABLE_IN_PLACE=1 turns it off).
   void set_in_place(bool on) { in_place_on_ = on; }
   // The nodes that run as views, in place or folded (node order); none when it is off.
@@ -122,6 +124,7 @@ class Executor {
   std::map<std::string, Tensor> weights_;                // on the backend's device
   std::vector<std::vector<std::string>> release_after_;  // values dead after node i
   std::vector<int> fold_of_;  // by node: the upsampling a conv reads through (NodePlan::up), or -1
+  std::map<std::string, size_t> chained_;  // the folded nodes by name
   bool profile_ = false;
   std::vector<NodeTiming> timings_;
   std::function<void(size_t, size_t)> progress_;

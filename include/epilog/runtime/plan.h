@@ -39,7 +39,12 @@ struct NodePlan {
   ConvTiles tiles;
   Tensor packed;                     // tiles.wgmma: the weights as pack_wgmma_weights lays them out
   std::optional<FoldedUpsample> up;  // fused_conv2d: an upsampling folded into its loads
-  std::string folded_into;           // upsample_nearest: the fused_conv2d that reads its input
+  // maxpool2d: the max-pools after it that its kernel computes too (SPPF's cascade: each pools
+  // the one before, with the same "same" window; kMaxPoolChain in all at most).
+  std::vector<std::string> chain;
+  // The node that does this one's work in its place: for an upsample_nearest the fused_conv2d
+  // that reads its input, for a chained maxpool2d the chain's first pool.
+  std::string folded_into;
 };
 
 struct Plan {
