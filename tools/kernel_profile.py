@@ -50,7 +50,8 @@ def run(cmd):
 
 
 def launching_nodes(epilog, model, batch):
-    """(name, op, input floats, output shape, residual) of each node that launches a kernel."""
+    """(name, op, input floats, output shape, outputs) of each node that launches a kernel;
+    outputs counts a residual as one more, and the pools a chain's first pool makes."""
     out = run([epilog, "explain", model, "--batch", str(batch), "--device", "cuda"])
     nodes = []
     for line in out.splitlines():
@@ -65,7 +66,9 @@ def launching_nodes(epilog, model, batch):
         if up:
             c0, c1, sh, sw = map(int, up.groups())
             x -= (c1 - c0 + 1) * x // dims[0][1] * (sh * sw - 1) // (sh * sw)
-        nodes.append((name, op, x, dims[1], "+ residual" in line))
+        chain = re.search(r"; then (.+?), each pooling the one before", line)
+        outputs = 1 + ("+ residual" in line) + (len(chain.group(1).split(", ")) if chain else 0)
+        nodes.append((name, op, x, dims[1], outputs))
     if not nodes:
         fail(f"'epilog explain {model}' listed no nodes")
     return nodes
@@ -163,12 +166,12 @@ def main():
     first = nodes[0][0]  # the first layer
 
     groups, rows = {}, []
-    for (name, op, x, y, residual), k in zip(nodes, kernels):
+    for (name, op, x, y, outputs), k in zip(nodes, kernels):
         conv = convs.get(name)
         if (conv is not None) != ("conv" in k["name"]):
             fail(f"node {name} ({op}) met kernel {short(k['name'])}: the launch order differs "
                  f"from explain's (a different build, model or batch?)")
-        bytes_ = 4 * (x + math.prod(y) * (2 if residual else 1))
+        bytes_ = 4 * (x + math.prod(y) * outputs)
         flops = 2 * math.prod(y) * conv[0] if conv else 0
         floor = max(bytes_ / (args.copy_gbps * 1e3), flops / (args.tf32_tflops * 1e6))
         us = k["gpu__time_duration.sum"] / 1e3

@@ -31,11 +31,11 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
   for (size_t i = 0; i < graph_.nodes.size(); ++i)
     if (!plan_.nodes[i].folded_into.empty()) chained_[graph_.nodes[i].name] = i;
   fold_of_.assign(graph_.nodes.size(), -1);
-  for (size_t i = 0; i < graph_.nodes.size(); ++i)
-    if (plan_.nodes[i].up)
-      for (size_t u = 0; u < graph_.nodes.size(); ++u)
-        if (in_place_.folded[u] && graph_.nodes[u].name == plan_.nodes[i].up->node)
-          fold_of_[i] = int(u);
+  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+    if (!plan_.nodes[i].up) continue;
+    auto u = chained_.find(plan_.nodes[i].up->node);
+    if (u != chained_.end() && in_place_.folded[u->second]) fold_of_[i] = int(u->second);
+  }
   // Free each intermediate right after its last reader (a conv that reads through a folded
   // upsampling reads its source).
   std::map<std::string, size_t> last_use;
