@@ -1064,8 +1064,8 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
            "or k = 36, m in {128, 256, 512}, n = 16, no splits, no wgmma)");
   if (up && !conv_gemm_upsample_fits(s, tiles, up->scale_h, up->scale_w))
     reject(
-        "an upsampled input needs tiles that run the wgmma direct kernel unsplit, with wo % 4 "
-        "== 0 and the plane a multiple of the scales; got " +
+        "an upsampled input needs tiles that run the wgmma direct kernel unsplit, a scale of 2 "
+        "across, wo % 4 == 0 and ho a multiple of the scale down; got " +
         tiles_str(tiles) + " on " + std::to_string(s.ho) + "x" + std::to_string(s.wo) +
         ", scales " + std::to_string(up->scale_h) + "x" + std::to_string(up->scale_w));
   const WgmmaKernel wg_kernel = conv_gemm_wgmma_kernel(tiles, s);

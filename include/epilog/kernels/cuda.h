@@ -43,7 +43,7 @@ struct ConvUpsampledInput {
 };
 // t.wgmma (the 3x3 halo and 1x1 direct kernels on warpgroup MMA) also needs `packed`: w packed
 // on the device as pack_wgmma_weights (shapes.h) lays it out for tiles t. `up`, where given,
-// needs tiles that take it (conv_gemm_upsample_fits).
+// needs tiles and scales that take it (conv_gemm_upsample_fits: 2 across); else it throws.
 void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                const float* scale, const float* shift, Activation act, float* y, Stream stream,
                const float* residual = nullptr, const float* packed = nullptr,
