@@ -2,9 +2,9 @@
 #include "epilog/graph/lowering.h"
 
 #include <algorithm>
-#include <map>
 #include <optional>
 
+#include "epilog/graph/pattern.h"
 #include "epilog/runtime/params.h"
 
 namespace epilog {
@@ -557,72 +557,64 @@ std::string maxpool_rule(const PoolShape& p) {
 }
 
 // The upsamplings a fused conv can read through (FoldedUpsample): conv <- concat (on the
-// channels) <- upsample_nearest, each value read by the next node alone and none a graph output,
-// on tiles that take it (conv_gemm_upsample_fits). One a conv: the YOLO neck's C2f blocks read
-// one each. Why: the upsampling writes four times its input, which the conv then reads back;
-// folded, neither happens.
+// channels) <- upsample_nearest, the concat and the upsampling absorbed as the fusion rules
+// absorb (can_absorb: one reader each, no graph output), on tiles that take it
+// (conv_gemm_upsample_fits). One a conv: the YOLO neck's C2f blocks read one each. Why: the
+// upsampling writes four times its input, which the conv then reads back; folded, neither
+// happens.
 void fold_upsamples(const Graph& g, std::vector<NodePlan>& nodes) {
-  std::map<std::string, size_t> producer;
-  std::map<std::string, int> readers;
+  const UseIndex uses(g);
+  const Pat pattern = op(OpKind::FusedConv2d, {op(OpKind::Concat, {}, "cat")}, "conv");
   for (size_t i = 0; i < g.nodes.size(); ++i) {
-    for (const std::string& out : g.nodes[i].outputs) producer[out] = i;
-    for (const std::string& in : g.nodes[i].inputs) ++readers[in];
-  }
-  auto made_by = [&](const std::string& value, OpKind op) -> const Node* {
-    auto p = producer.find(value);
-    if (p == producer.end() || g.nodes[p->second].op != op || readers[value] != 1 ||
-        g.is_output(value))
-      return nullptr;
-    return &g.nodes[p->second];
-  };
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const Node& conv = g.nodes[i];
     NodePlan& np = nodes[i];
-    if (conv.op != OpKind::FusedConv2d || np.conv != ConvKernel::Gemm) continue;
-    const Node* cat = made_by(conv.inputs[0], OpKind::Concat);
-    if (!cat || g.value(conv.inputs[0]).shape.size() != 4) continue;
-    const int64_t axis = cat->attrs.i("axis");
+    if (g.nodes[i].op != OpKind::FusedConv2d || np.conv != ConvKernel::Gemm) continue;
+    std::optional<Match> m = match(g, uses, pattern, int(i));
+    if (!m) continue;
+    const Node& cat = m->node("cat");
+    if (g.value(cat.outputs[0]).shape.size() != 4) continue;
+    const int64_t axis = cat.attrs.i("axis");
     if (axis != 1 && axis != -3) continue;
-    const ConvShape cs = conv_shape(g, conv);
+    const ConvShape cs = conv_shape(g, g.nodes[i]);
     int64_t c0 = 0;
-    for (const std::string& part : cat->inputs) {
-      const Shape& shape = g.value(part).shape;
-      const Node* up = made_by(part, OpKind::UpsampleNearest);
-      if (up && !g.is_weight(up->inputs[0])) {
-        const std::vector<int64_t>& scale = up->attrs.ints("scale");
-        if (conv_gemm_upsample_fits(cs, np.tiles, scale[0], scale[1])) {
-          np.up = FoldedUpsample{up->name, up->inputs[0], c0, shape[1], scale[0], scale[1]};
-          nodes[size_t(producer[part])].folded_into = conv.name;
-          break;
-        }
-      }
-      c0 += shape[1];
+    for (const std::string& part : cat.inputs) {
+      const int u = uses.producer(part);
+      const int64_t channels = g.value(part).shape[1];
+      c0 += channels;
+      if (u < 0 || g.nodes[size_t(u)].op != OpKind::UpsampleNearest) continue;
+      const Node& up = g.nodes[size_t(u)];
+      const std::vector<int64_t>& scale = up.attrs.ints("scale");
+      Match with_up = *m;
+      with_up.nodes.push_back(u);
+      if (g.is_weight(up.inputs[0]) || !conv_gemm_upsample_fits(cs, np.tiles, scale[0], scale[1]) ||
+          !can_absorb(g, uses, with_up, OpKind::FusedConv2d, nullptr).empty())
+        continue;
+      np.up = FoldedUpsample{up.name, up.inputs[0], c0 - channels, channels, scale[0], scale[1]};
+      nodes[size_t(u)].folded_into = g.nodes[i].name;
+      break;
     }
   }
 }
 
 // SPPF's cascade of max-pools, each pooling the one before with the same "same" window: the
 // first one's kernel computes up to kMaxPoolChain of them on the plane it staged, so the others
-// launch nothing and read nothing back (three 16x128x20x20 pools: 6.8 to 6.9 us each).
+// launch nothing and read nothing back (three 16x128x20x20 pools: 6.8 to 6.9 us each). The
+// pools' outputs all stay (the concat reads them), so nothing is absorbed.
 void chain_pools(const Graph& g, std::vector<NodePlan>& nodes) {
-  std::map<std::string, size_t> producer, index;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    index[g.nodes[i].name] = i;
-    for (const std::string& out : g.nodes[i].outputs) producer[out] = i;
-  }
+  const UseIndex uses(g);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& pool = g.nodes[i];
     if (pool.op != OpKind::MaxPool2d) continue;
     const PoolShape p =
         pool_shape(pool, g.value(pool.inputs[0]).shape, g.value(pool.outputs[0]).shape);
-    auto before = producer.find(pool.inputs[0]);
-    if (maxpool_kernel(p) != MaxPoolKernel::Same || before == producer.end()) continue;
-    const Node& prev = g.nodes[before->second];
+    const int before = uses.producer(pool.inputs[0]);
+    if (maxpool_kernel(p) != MaxPoolKernel::Same || before < 0) continue;
+    const Node& prev = g.nodes[size_t(before)];
     if (prev.op != OpKind::MaxPool2d || !(prev.attrs == pool.attrs) ||
         g.value(prev.inputs[0]).shape != g.value(pool.inputs[0]).shape)
       continue;
-    const std::string& head_name = nodes[before->second].folded_into;
-    const size_t head = head_name.empty() ? before->second : index.at(head_name);
+    const std::string& head_name = nodes[size_t(before)].folded_into;
+    const size_t head =
+        head_name.empty() ? size_t(before) : size_t(g.find_node(head_name) - g.nodes.data());
     if (nodes[head].chain.size() + 1 >= size_t(kMaxPoolChain)) continue;
     nodes[head].chain.push_back(pool.name);
     nodes[i].folded_into = g.nodes[head].name;
@@ -702,10 +694,8 @@ NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size
     return {np.kernel, fmt::format("{}; then {}, each pooling the one before", np.rule,
                                    fmt::join(np.chain, ", "))};
   if (np.up) {
-    const auto& nodes = plan.graph.nodes;
-    const auto up = std::find_if(nodes.begin(), nodes.end(),
-                                 [&](const Node& n) { return n.name == np.up->node; });
-    if (up != nodes.end() && masked(size_t(up - nodes.begin())))
+    const Node* up = plan.graph.find_node(np.up->node);
+    if (up && masked(size_t(up - plan.graph.nodes.data())))
       return {np.kernel, fmt::format("{}; channels {}..{} read from {} upsampled {}x{}", np.rule,
                                      np.up->c0, np.up->c0 + np.up->channels - 1, np.up->source,
                                      np.up->scale_h, np.up->scale_w)};

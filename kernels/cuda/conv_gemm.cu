@@ -271,7 +271,8 @@ struct DirectUpA : DirectA<T> {
         cp_async4(dst + 4, src, valid);
         cp_async4(dst + 8, src + 1, valid);
         cp_async4(dst + 12, src + 1, valid);
-      } else {
+      } else {  // DirectA's copy, written out: a helper shared with it moved every direct
+                // kernel's registers (tools/kernel_regs.py)
         const bool valid = D::base >= 0 && kk < a.kg;
         cp_async16(dst, a.x + (valid ? D::base + kk * hw : 0), valid);
       }

@@ -28,13 +28,12 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
     if (np.packed.defined()) np.packed = np.packed.to(backend_.device());
   in_place_on_ = plan_.in_place;
   in_place_ = plan_in_place(plan_);
-  for (size_t i = 0; i < graph_.nodes.size(); ++i)
-    if (!plan_.nodes[i].folded_into.empty()) chained_[graph_.nodes[i].name] = i;
   fold_of_.assign(graph_.nodes.size(), -1);
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     if (!plan_.nodes[i].up) continue;
-    auto u = chained_.find(plan_.nodes[i].up->node);
-    if (u != chained_.end() && in_place_.folded[u->second]) fold_of_[i] = int(u->second);
+    const Node* u = graph_.find_node(plan_.nodes[i].up->node);
+    const int at = u ? int(u - graph_.nodes.data()) : -1;
+    if (at >= 0 && in_place_.folded[size_t(at)]) fold_of_[i] = at;
   }
   // Free each intermediate right after its last reader (a conv that reads through a folded
   // upsampling reads its source).
@@ -182,18 +181,16 @@ InPlacePlan plan_in_place(const Plan& plan) {
   const Graph& g = plan.graph;
   InPlacePlan ip = plan_in_place(g);
   ip.folded.assign(g.nodes.size(), false);
-  std::map<std::string, size_t> reader;  // of each value read once
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (const std::string& in : g.nodes[i].inputs) reader[in] = i;
+  const UseIndex uses(g);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (plan.nodes[i].folded_into.empty()) continue;
     if (g.nodes[i].op == OpKind::MaxPool2d) {  // made by the chain's first pool
       ip.folded[i] = true;
       continue;
     }
-    // Nothing may read an upsampling's output but the conv that reads its source instead.
-    auto r = reader.find(g.nodes[i].outputs[0]);
-    ip.folded[i] = r != reader.end() && ip.concat[r->second];
+    // An upsampling's only reader, its concat, must not read what it would write.
+    const std::vector<int>& readers = uses.consumers(g.nodes[i].outputs[0]);
+    ip.folded[i] = readers.size() == 1 && ip.concat[size_t(readers[0])];
   }
   return ip;
 }
@@ -307,7 +304,7 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     // The first pool of a chain makes the outputs of the ones after it.
     if (in_place_on_)
       for (const std::string& next : plan_.nodes[i].chain) {
-        const std::string& out = graph_.nodes[chained_.at(next)].outputs[0];
+        const std::string& out = graph_.find_node(next)->outputs[0];
         outs.push_back(env[out] = output(out, false));
       }
     auto t0 = Clock::now();

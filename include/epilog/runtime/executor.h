@@ -124,7 +124,6 @@ class Executor {
   std::map<std::string, Tensor> weights_;                // on the backend's device
   std::vector<std::vector<std::string>> release_after_;  // values dead after node i
   std::vector<int> fold_of_;  // by node: the upsampling a conv reads through (NodePlan::up), or -1
-  std::map<std::string, size_t> chained_;  // the nodes whose work another does, by name
   bool profile_ = false;
   std::vector<NodeTiming> timings_;
   std::function<void(size_t, size_t)> progress_;
