@@ -904,10 +904,10 @@ void launch_halo(HaloArgs a, Stream stream) {
   check_launch("conv_gemm");
 }
 
-template <int BM, int BN, int S, bool RegA, bool Split, bool ResAhead>
+template <int BM, int BN, int S, bool RegA, bool Split, bool ResAhead, bool Wide>
 void launch_halo_wgmma(HaloArgs a, Stream stream) {
-  using W = HaloWgTile<BM, BN, S, RegA>;
-  auto kernel = conv_halo_wgmma_kernel<BM, BN, S, RegA, Split, ResAhead>;
+  using W = HaloWgTile<BM, BN, S, RegA, Wide>;
+  auto kernel = conv_halo_wgmma_kernel<BM, BN, S, RegA, Split, ResAhead, Wide>;
   static std::atomic<uint64_t> opted_in{0};
   detail::opt_in(opted_in, W::smem_bytes(W::kMaxStages), kernel);
   a.stages = a.stages < 3 ? 3 : a.stages > W::kMaxStages ? W::kMaxStages : a.stages;
@@ -926,12 +926,16 @@ void launch_halo_wgmma(HaloArgs a, Stream stream) {
 }
 
 // The kernel for layers with a residual or without (halo_wgmma_reg_a, halo_wgmma_res_ahead):
-// where both rules give the same, the same instance.
+// where both rules give the same, the same instance. Wide rows (halo_wgmma_wide) where the
+// input's rows are 16-byte aligned.
 template <int BM, int BN, int S, bool Split, bool Residual>
 void launch_halo_wgmma_for(HaloArgs a, Stream stream) {
   constexpr bool reg_a = halo_wgmma_reg_a(BN, Residual);
-  launch_halo_wgmma<BM, BN, S, reg_a, Split, halo_wgmma_res_ahead(BN, S, Split, reg_a, Residual)>(
-      a, stream);
+  constexpr bool res_ahead = halo_wgmma_res_ahead(BN, S, Split, reg_a, Residual);
+  if constexpr (halo_wgmma_wide(BM, BN, S, reg_a))
+    if (a.w % 4 == 0 && a.xs % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0)
+      return launch_halo_wgmma<BM, BN, S, reg_a, Split, res_ahead, true>(a, stream);
+  launch_halo_wgmma<BM, BN, S, reg_a, Split, res_ahead, false>(a, stream);
 }
 
 template <int BM, int BN, int S, bool Split>

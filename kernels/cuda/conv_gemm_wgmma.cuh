@@ -23,7 +23,8 @@
 //   B of tap (i, j): OpB[9 taps][2 chunks][n][4 channels]: 8 channel rows a core matrix, rows of
 //     one chunk 16 bytes apart, the chunks n * 16 bytes apart.
 // Pipeline: `stages` stage buffers, each the input patches as the loader's cp.async copies
-// stage them (HaloTile's layout) and the stage's weights, one bulk copy (cp.async.bulk, issued by
+// stage them (HaloTile's layout, or on one-square tiles over 16-byte aligned rows wide rows of
+// 16-byte copies: HaloWideLoader) and the stage's weights, one bulk copy (cp.async.bulk, issued by
 // thread 0, completing on the stage's mbarrier) from the weights packed ahead of the run
 // (pack_wgmma_weights: already in OpB's layout and rounded to TF32; the first stages' before the
 // wait for the previous kernel, which does not write them). The tensor cores read the weights
@@ -66,7 +67,7 @@
 
 namespace epilog::cuda::conv_gemm_detail {
 
-template <int BM, int BN, int S, bool RegA>
+template <int BM, int BN, int S, bool RegA, bool Wide = false>
 struct HaloWgTile {
   // HaloTile's patch geometry, which does not depend on n (n = 16 exists on this kernel only:
   // the mma.sync one's warps are 32 channels wide).
@@ -86,16 +87,26 @@ struct HaloWgTile {
   static constexpr bool kRegA = RegA;
   static constexpr int kOpA = 8 * T::kPos;  // one square's patch: 2 chunks x kPos slots x 4
   static constexpr int kOpB = kHaloK * BN;  // 9 taps x 2 chunks x BN rows x 4
-  // A stage: the staged patches (HaloTile's), then the packed weights.
-  static constexpr int kStageFloats = kSquares * T::kPatch + kOpB;
-  static constexpr int kMaxStages = halo_wgmma_max_stages(BM, BN, S);
+  // The patches: HaloTile's (rows kPW slots apart), or wide rows (halo_wgmma_wide in shapes.h,
+  // HaloWideLoader): rows kHaloWideRow apart, a row's first column `off` slots in (the kernel's
+  // fragment offset).
+  static_assert(!Wide || halo_wgmma_wide(BM, BN, S, RegA), "wide rows: see halo_wgmma_wide");
+  static constexpr int kRow = Wide ? kHaloWideRow : T::kPW;
+  static constexpr int kCS = Wide ? 10 * kHaloWideRow : T::kCS;
+  static constexpr int kPatch = Wide ? 8 * kCS : T::kPatch;
+  static constexpr __device__ int col_slot(int px) { return Wide ? px : T::col_slot(px); }
+  // A stage: the staged patches, then the packed weights.
+  static constexpr int kStageFloats = kSquares * kPatch + kOpB;
+  static constexpr int kMaxStages =
+      Wide ? (halo_wgmma_smem_bytes(BM, BN, S, 4, true, true) <= 227 * 1024 ? 4 : 3)
+           : halo_wgmma_max_stages(BM, BN, S);
   // Then one mbarrier a stage (up to 4) for its weights.
   static constexpr size_t smem_bytes(int stages) {
     return sizeof(float) * (size_t(stages) * kStageFloats + (kRegA ? 0 : 2 * kSquares * kOpA)) +
            kWgmmaBarrierBytes;
   }
   static_assert(smem_bytes(kMaxStages) ==
-                    size_t(halo_wgmma_smem_bytes(BM, BN, S, kMaxStages, kRegA)),
+                    size_t(halo_wgmma_smem_bytes(BM, BN, S, kMaxStages, kRegA, Wide)),
                 "shapes.h sizes the same buffers");
   static_assert(smem_bytes(3) <= 227 * 1024, "three stages fit in shared memory");
   static_assert(kOpA % 4 == 0 && kStageFloats % 4 == 0, "16-byte aligned buffers");
@@ -294,6 +305,65 @@ __device__ __forceinline__ void store_tf32x4(float* dst, float v0, float v1, flo
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// The patch of a one-square block as wide rows (HaloWgTile's Wide layout, halo_wgmma_wide): the
+// 10 input rows under the square, each 20 floats from the 16-byte boundary at or before column
+// ox0 - pl, in 16-byte copies: channel plane cl holds row r's chunk k (columns x0 + 4k .. + 3,
+// x0 = ox0 - pl - ((-pl) mod 4)) at slots 200 cl + 20 r + 4k. The layer's rows are 16-byte
+// aligned (w, the image stride and x multiples of 4 floats: conv_gemm takes these kernels only
+// then), so a chunk lies wholly inside its row or wholly outside (zero fill, as rows outside the
+// image and channels past c).
+// Why: a microbenchmark of the 64x64 stage loop on a 16x128x20x20 -> 128 layer (H200,
+// 2026-12-04) had a stage at 1566 clocks with HaloPatchLoader's 4-byte copies, 1091 without
+// patch copies and 1329 with these, at three blocks an SM; a TMA box of the same 20 columns
+// took 1810 (alone on its SM 705 against 908: the copy engine is what several blocks wait on),
+// one of 16 columns from the same boundary, whose planes of 160 floats put 4-way bank conflicts
+// on the fragment loads, 1713; a 12-column box from column ox0 - pl stopped the kernel with
+// "illegal instruction".
+struct HaloWideLoader {
+  static constexpr int kItems = 4, kChunks = 8 * 10 * 5;  // a square's chunks, 128 threads
+  static_assert(kItems * 128 >= kChunks && 10 * kHaloWideRow == 4 * 50, "chunk i at slot 4i");
+  const HaloArgs& a;
+  // Item i of the thread is chunk wtid + 128 i: plane cl = item / 50, row item % 50 / 5, chunk
+  // item % 5, at slot 4 item. goff: its offset in the image, plane cl's included (0 outside).
+  // meta: nibble i is cl, or 8 outside the image (copied while c0 + cl < c); bit 16 whether the
+  // thread has a fourth item. Packed: the 64x32 tiles are held to 85 registers.
+  int goff[kItems];
+  uint32_t meta, dst;  // dst: item 0's shared-memory address in stage 0
+  const float* x_img;
+
+  // HaloPatchLoader's arguments; wm is 0 (one square).
+  __device__ __forceinline__ HaloWideLoader(const HaloArgs& args, uint32_t smem0, int warp, int,
+                                            int lane, bool sq_ok, int img, int oy0, int ox0)
+      : a(args) {
+    const int wtid = (warp % 4) * 32 + lane, hw = a.h * a.w;
+    const int iy0 = oy0 - a.pt, x0 = ox0 - a.pl - ((-a.pl) & 3);
+    meta = wtid + 128 * (kItems - 1) < kChunks ? 1u << 16 : 0u;
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) {
+      const int item = wtid + 128 * i, cl = item / 50, r = item % 50 / 5, k = item % 5;
+      const int iy = iy0 + r, ix = x0 + 4 * k;
+      const bool ok =
+          sq_ok && item < kChunks && unsigned(iy) < unsigned(a.h) && ix >= 0 && ix + 4 <= a.w;
+      goff[i] = ok ? cl * hw + iy * a.w + ix : 0;
+      meta |= uint32_t(ok ? cl : 8) << (4 * i);
+    }
+    dst = smem0 + 16 * wtid;
+    x_img = a.x + size_t(img) * a.xs;
+  }
+
+  // Stage kt's patch (input channels 8kt ..) into the staging buffer sbase bytes past the first.
+  __device__ __forceinline__ void load_patch(uint32_t sbase, int kt) const {
+    const int c0 = kt * kHaloC, left = a.c - c0 < kHaloC ? a.c - c0 : kHaloC;  // 8: outside
+    const float* const base = x_img + size_t(c0) * (a.h * a.w);
+#pragma unroll
+    for (int i = 0; i + 1 < kItems; ++i)
+      cp_async16(dst + sbase + 16 * 128 * i, base + goff[i], int(meta >> (4 * i) & 15) < left);
+    constexpr int kLast = kItems - 1;
+    cp_async16_if(meta >> 16, dst + sbase + 16 * 128 * kLast, base + goff[kLast],
+                  int(meta >> (4 * kLast) & 15) < left ? 16 : 0);
+  }
+};
+
 // Whether the kernel for a layer of n channels (with a residual or not) fetches a residual ahead
 // (see the kernel): n <= 32 costs 16 registers at most, so even the layers without one run the
 // kernel that does; at n = 64 (32 registers) the whole-tile, stride-1 layers with one run a
@@ -306,12 +376,13 @@ constexpr bool halo_wgmma_res_ahead(int n, int stride, bool split, bool reg_a, b
 // Split: splits > 1 (an instance of its own, so that the whole-tile kernels keep their code; its
 // grids are small, so it is not held to kMinBlocks: at 80 registers it spilled).
 // ResAhead: a residual is fetched into registers before the mainloop (see below).
-template <int BM, int BN, int S, bool RegA, bool Split, bool ResAhead>
-__global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
-                                  Split ? 1 : HaloWgTile<BM, BN, S, RegA>::kMinBlocks)
+// Wide: the patches staged as wide rows (HaloWideLoader).
+template <int BM, int BN, int S, bool RegA, bool Split, bool ResAhead, bool Wide>
+__global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA, Wide>::kThreads,
+                                  Split ? 1 : HaloWgTile<BM, BN, S, RegA, Wide>::kMinBlocks)
     conv_halo_wgmma_kernel(const HaloArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using W = HaloWgTile<BM, BN, S, RegA>;
+  using W = HaloWgTile<BM, BN, S, RegA, Wide>;
   using T = typename W::T;
   extern __shared__ __align__(16) float smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -332,13 +403,13 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
   const uint32_t op0_addr = smem_addr(op0);
 
   const HaloSquare sq(a, m_tile * W::kSquares + wg);
-  const HaloPatchLoader<BM, W::kPatchN, S, 4> loader(a, smem0, warp, wg, lane, sq.ok, sq.img,
-                                                     sq.oy0, sq.ox0);
+  using Loader = std::conditional_t<Wide, HaloWideLoader, HaloPatchLoader<BM, W::kPatchN, S, 4>>;
+  const Loader loader(a, smem0, warp, wg, lane, sq.ok, sq.img, sq.oy0, sq.ox0);
   // Packed weights: this n tile's stages one after another, each kOpB floats as OpB lays them
   // (this split's from stage kt0 on); a stage's are one bulk copy, issued by thread 0 and
   // counted on the stage's mbarrier.
   const float* const wp = a.wp + (size_t(n_tile) * a.ctiles + kt0) * W::kOpB;
-  const uint32_t b_dst = smem0 + 4 * W::kSquares * T::kPatch;
+  const uint32_t b_dst = smem0 + 4 * W::kSquares * W::kPatch;
   const uint32_t bars = op0_addr + (W::kRegA ? 0 : 4 * 2 * W::kSquares * W::kOpA);
   auto load_weights = [&](int stage, int kt) {
     if (tid == 0)
@@ -361,7 +432,8 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
   // Register A: lane (g, t) of warp w holds pixels (2w, g) and (2w + 1, g) of its square,
   // channels t and t + 4; tap (i, j) reads them at patch rows 2wS + i and 2wS + S + i, column
   // gS + j: the S + 3 rows from 2wS on serve the three taps of a column.
-  const int a_frag = 2 * (warp % 4) * S * T::kPW + t * T::kCS;
+  // Wide rows: a row's first column lies ((-pl) mod 4) slots in (HaloWideLoader).
+  const int a_frag = 2 * (warp % 4) * S * W::kRow + t * W::kCS + (Wide ? (-a.pl) & 3 : 0);
   // Stages copied ahead of the one read: stages - 1 where each stage's wgmmas are waited for
   // within it (register A), stages - 2 where one group stays in flight (a stage's weights are
   // read until the next iteration).
@@ -431,7 +503,7 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
     // 94 -> 106, with a residual fetched ahead 126 -> 138 (a block an SM fewer), n <= 32 spills.
     constexpr bool kCopiesUnder = W::kRegA && W::kSquares == 1 && W::kNI == 8;
     if constexpr (!kCopiesUnder) copy_ahead();
-    const float* p = smem + read_stage * W::kStageFloats + wg * T::kPatch;
+    const float* p = smem + read_stage * W::kStageFloats + wg * W::kPatch;
     const uint32_t b_addr = b_dst + read_stage * kStageBytes;
     auto b_desc = [&](int tap) { return wgmma_desc(b_addr + 16 * 2 * BN * tap, 16 * BN, 128); };
 
@@ -442,9 +514,9 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
       const auto load_column = [&](int j, uint32_t(&r)[S + 3][2]) {
 #pragma unroll
         for (int q = 0; q < S + 3; ++q) {
-          const float* f = p + a_frag + q * T::kPW + T::col_slot(lane / 4 * S + j);
+          const float* f = p + a_frag + q * W::kRow + W::col_slot(lane / 4 * S + j);
           r[q][0] = lds_tf32(f);
-          r[q][1] = lds_tf32(f + 4 * T::kCS);
+          r[q][1] = lds_tf32(f + 4 * W::kCS);
         }
       };
       load_column(0, rows[0]);
@@ -470,9 +542,9 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA>::kThreads,
       for (int j = 0; j < 3; ++j)
 #pragma unroll
         for (int r = 0; r < S + 3; ++r) {
-          const float* q = p + a_frag + r * T::kPW + T::col_slot(lane / 4 * S + j);
+          const float* q = p + a_frag + r * W::kRow + W::col_slot(lane / 4 * S + j);
           rows[j][r][0] = lds_tf32(q);
-          rows[j][r][1] = lds_tf32(q + 4 * T::kCS);
+          rows[j][r][1] = lds_tf32(q + 4 * W::kCS);
         }
       wgmma_fence();
 #pragma unroll

@@ -73,6 +73,12 @@ const std::vector<Geometry> kGeometries = {
     {"3x3 stride 2 many squares",  3, 24, 37, 35, 70, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
     // 9 stages of 8 channels: split-K tiles split it unevenly, 8 ways at most.
     {"3x3 deep reduction",         1, 72, 20, 21, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    // Rows of whole 16-byte chunks: the wgmma halo kernel's wide rows, the row's first column
+    // 3, 2 and 0 slots past a chunk boundary (left padding 1, 2, 0); the last squares stick out
+    // of the plane, and the channels end in a partial stage.
+    {"3x3 16-byte rows",           2, 20, 13, 20, 70, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {"3x3 16-byte rows, pad 0 2",  1, 12, 11, 24, 37, 3, 3, 1, 1, 0, 2, 2, 0, 1, 1, 1},
+    {"3x3 16-byte rows, no pad",   3, 11, 12, 16, 33, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 1},
     // The scalar kernel's stem path: rows of 4k floats (16-byte loads) and 8 outputs (float4
     // stores), then odd sizes.
     {"3x3 stride 2, an RGB stem",  3,  3, 17, 24, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},

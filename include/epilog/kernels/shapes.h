@@ -179,13 +179,28 @@ constexpr int64_t kWgmmaBarrierBytes = 8 * 4;
 constexpr bool halo_wgmma_reg_a(int n, bool residual) {
   return n >= 64 || n <= 16 || !residual;
 }
+// Its one-square tiles that stage the patch as wide rows (register A, stride 1, n >= 32; where
+// the input rows are 16-byte aligned, conv_gemm picks them): each of the square's 10 input rows
+// kHaloWideRow floats wide from the 16-byte boundary at or before its first column, copied in
+// 16-byte chunks (five a row), a channel's 10 rows one plane of 200 floats (8 mod 32:
+// conflict-free fragment loads), where the narrow rows take 4-byte copies, 25 a channel plane
+// against 10. A/B of 2026-12-04 (us): 16x128x20x20 -> 128 on 64x64 18.85 -> 17.8, batch 8 15.4
+// -> 14.7, b1_c64_64_3x3_80 7.65 -> 7.2. Wider tiles read twice the columns their squares share
+// and lost: b16_c128_128_3x3_40 (256x128) 40.7 -> 43.5, 16x64x40x40 -> 64 (128x64) 14.45 ->
+// 14.65; n = 16's seven 64x16 blocks an SM would not fit.
+constexpr int kHaloWideRow = 20;
+constexpr bool halo_wgmma_wide(int m, int n, int stride, bool reg_a) {
+  return reg_a && stride == 1 && m == 64 && n >= 32;
+}
 // Its shared memory for `stages` stages of m / 64 squares by n channels at stride `stride`: each
 // stage holds the input patches (8 channel planes of kCS floats each per square, as the mma.sync
-// halo kernel stages them) and the stage's packed weights (72 n floats); besides, where A comes
-// from shared memory, two buffers of the patches rewritten for the tensor cores (8 x kPos floats
-// per square); then the stages' mbarriers.
-constexpr int64_t halo_wgmma_smem_bytes(int m, int n, int stride, int stages, bool reg_a) {
-  const int64_t side = 7 * stride + 3, pos = side * side, cs = (pos + 23) / 32 * 32 + 8;
+// halo kernel stages them, or 10 wide rows) and the stage's packed weights (72 n floats);
+// besides, where A comes from shared memory, two buffers of the patches rewritten for the tensor
+// cores (8 x kPos floats per square); then the stages' mbarriers.
+constexpr int64_t halo_wgmma_smem_bytes(int m, int n, int stride, int stages, bool reg_a,
+                                        bool wide = false) {
+  const int64_t side = 7 * stride + 3, pos = side * side;
+  const int64_t cs = wide ? 10 * kHaloWideRow : (pos + 23) / 32 * 32 + 8;
   const int64_t squares = m / 64;
   return 4 * (stages * (squares * 8 * cs + 72 * n) + (reg_a ? 0 : 2 * squares * 8 * pos)) +
          kWgmmaBarrierBytes;
