@@ -184,10 +184,10 @@ constexpr bool halo_wgmma_reg_a(int n, bool residual) {
 // kHaloWideRow floats wide from the 16-byte boundary at or before its first column, copied in
 // 16-byte chunks (five a row), a channel's 10 rows one plane of 200 floats (8 mod 32:
 // conflict-free fragment loads), where the narrow rows take 4-byte copies, 25 a channel plane
-// against 10. A/B of 2026-12-04 (us): 16x128x20x20 -> 128 on 64x64 18.85 -> 17.8, batch 8 15.4
-// -> 14.7, b1_c64_64_3x3_80 7.65 -> 7.2. Wider tiles read twice the columns their squares share
-// and lost: b16_c128_128_3x3_40 (256x128) 40.7 -> 43.5, 16x64x40x40 -> 64 (128x64) 14.45 ->
-// 14.65; n = 16's seven 64x16 blocks an SM would not fit.
+// against 10. A/B of 2026-12-04 (us): 16x128x20x20 -> 128 on 64x64 18.8 -> 17.85, batch 8
+// 15.45 -> 14.55, b1_c64_64_3x3_80 7.7 -> 7.15. Wider tiles read twice the columns their squares
+// share and lost: b16_c128_128_3x3_40 (256x128) 40.7 -> 43.5, 16x64x40x40 -> 64 (128x64) 14.45
+// -> 14.65; n = 16's seven 64x16 blocks an SM would not fit.
 constexpr int kHaloWideRow = 20;
 constexpr bool halo_wgmma_wide(int m, int n, int stride, bool reg_a) {
   return reg_a && stride == 1 && m == 64 && n >= 32;
