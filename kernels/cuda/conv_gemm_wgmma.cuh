@@ -353,7 +353,8 @@ struct HaloWideLoader {
 
   // Stage kt's patch (input channels 8kt ..) into the staging buffer sbase bytes past the first.
   __device__ __forceinline__ void load_patch(uint32_t sbase, int kt) const {
-    const int c0 = kt * kHaloC, left = a.c - c0 < kHaloC ? a.c - c0 : kHaloC;  // 8: outside
+    // Channels left, at most 8: meta's mark of a chunk outside the image, which never copies.
+    const int c0 = kt * kHaloC, left = a.c - c0 < kHaloC ? a.c - c0 : kHaloC;
     const float* const base = x_img + size_t(c0) * (a.h * a.w);
 #pragma unroll
     for (int i = 0; i + 1 < kItems; ++i)
