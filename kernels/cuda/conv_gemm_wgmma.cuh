@@ -97,9 +97,9 @@ struct HaloWgTile {
   static constexpr __device__ int col_slot(int px) { return Wide ? px : T::col_slot(px); }
   // A stage: the staged patches, then the packed weights.
   static constexpr int kStageFloats = kSquares * kPatch + kOpB;
-  static constexpr int kMaxStages =
-      Wide ? (halo_wgmma_smem_bytes(BM, BN, S, 4, true, true) <= 227 * 1024 ? 4 : 3)
-           : halo_wgmma_max_stages(BM, BN, S);
+  // Sized for the tile's largest layout (shared-memory A where n = 32 takes it); wide rows, on
+  // one-square tiles only, fit the same stages (asserted below).
+  static constexpr int kMaxStages = halo_wgmma_max_stages(BM, BN, S);
   // Then one mbarrier a stage (up to 4) for its weights.
   static constexpr size_t smem_bytes(int stages) {
     return sizeof(float) * (size_t(stages) * kStageFloats + (kRegA ? 0 : 2 * kSquares * kOpA)) +
@@ -108,7 +108,8 @@ struct HaloWgTile {
   static_assert(smem_bytes(kMaxStages) ==
                     size_t(halo_wgmma_smem_bytes(BM, BN, S, kMaxStages, kRegA, Wide)),
                 "shapes.h sizes the same buffers");
-  static_assert(smem_bytes(3) <= 227 * 1024, "three stages fit in shared memory");
+  static_assert(smem_bytes(3) <= 227 * 1024 && smem_bytes(kMaxStages) <= 227 * 1024,
+                "three stages, and kMaxStages, fit in shared memory");
   static_assert(kOpA % 4 == 0 && kStageFloats % 4 == 0, "16-byte aligned buffers");
   static_assert(kNI * 4 * kThreads <= 3 * kStageFloats,
                 "split-K parks the accumulators in the pipeline's space (at least 3 stages)");
