@@ -595,6 +595,32 @@ void fold_upsamples(const Graph& g, std::vector<NodePlan>& nodes) {
   }
 }
 
+// A stem conv folded into the 3x3 stride-2 conv that alone reads it (FoldedConv): the pair
+// kernel (conv_pair.cu) computes the first one's outputs where the second would load them. Where
+// the fusion rules would absorb the first (can_absorb), neither has a residual, the pair kernel
+// takes the two shapes (conv_pair_fits) and the device has the wgmma kernels; never under a
+// forced kernel, which tests and benchmarks mean for every conv. Why: the first conv writes the
+// model's largest tensor, which the second reads back (the YOLO-like model's first two layers).
+void fold_conv_pairs(const Graph& g, std::vector<NodePlan>& nodes, const LowerOptions& options) {
+  if (options.force || !options.profile.wgmma) return;
+  const UseIndex uses(g);
+  const Pat pattern = op(OpKind::FusedConv2d, {op(OpKind::FusedConv2d, {}, "first")}, "conv");
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& conv = g.nodes[i];
+    if (conv.op != OpKind::FusedConv2d || conv.inputs.size() > 4) continue;
+    std::optional<Match> m = match(g, uses, pattern, int(i));
+    if (!m) continue;
+    const Node& first = m->node("first");
+    if (first.inputs.size() > 4 || !nodes[size_t(m->node_of.at("first"))].folded_into.empty() ||
+        !can_absorb(g, uses, *m, OpKind::FusedConv2d, nullptr).empty())
+      continue;
+    const ConvShape a = conv_shape(g, first);
+    if (!conv_pair_fits(a, conv_shape(g, conv))) continue;
+    nodes[i].pre = FoldedConv{first.name, a, conv_activation(first)};
+    nodes[size_t(m->node_of.at("first"))].folded_into = conv.name;
+  }
+}
+
 // SPPF's cascade of max-pools, each pooling the one before with the same "same" window: the
 // first one's kernel computes up to kMaxPoolChain of them on the plane it staged, so the others
 // launch nothing and read nothing back (three 16x128x20x20 pools: 6.8 to 6.9 us each). The
@@ -673,6 +699,7 @@ Plan lower(Graph graph, const LowerOptions& options) {
   }
   if (options.device == Device::CUDA) {
     fold_upsamples(graph, plan.nodes);
+    fold_conv_pairs(graph, plan.nodes, options);
     chain_pools(graph, plan.nodes);
   }
   plan.graph = std::move(graph);
@@ -687,6 +714,9 @@ NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size
     return {"folded", fmt::format("no kernel: {} reads its input upsampled", np.folded_into)};
   if (masked(i) && node.op == OpKind::MaxPool2d)
     return {"folded", fmt::format("no kernel: {} makes it on its staged plane", np.folded_into)};
+  if (masked(i) && node.op == OpKind::FusedConv2d)
+    return {"folded", fmt::format("no kernel: {} makes its outputs where it loads them (conv pair)",
+                                  np.folded_into)};
   if (masked(i))
     return {"in place", node.op == OpKind::Split ? "no copy: its parts are views of its input"
                                                  : "no copy: its inputs are made in its buffer"};
@@ -699,6 +729,13 @@ NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size
       return {np.kernel, fmt::format("{}; channels {}..{} read from {} upsampled {}x{}", np.rule,
                                      np.up->c0, np.up->c0 + np.up->channels - 1, np.up->source,
                                      np.up->scale_h, np.up->scale_w)};
+  }
+  if (np.pre) {
+    const Node* first = plan.graph.find_node(np.pre->node);
+    if (first && masked(size_t(first - plan.graph.nodes.data())))
+      return {"gemm pair", fmt::format("also computes {} ({} -> {} channels), its outputs never "
+                                       "stored",
+                                       np.pre->node, np.pre->shape.c, np.pre->shape.k)};
   }
   return {np.kernel, np.rule};
 }
@@ -713,15 +750,17 @@ std::string explain(const Plan& plan, const std::vector<bool>& in_place) {
     std::string io = fmt::format("{} -> {}", shape_str(g.value(n.inputs[0]).shape),
                                  shape_str(g.value(n.outputs[0]).shape));
     if (n.op == OpKind::FusedConv2d && n.inputs.size() > 4) io += " + residual";
+    const NodeChoice choice = node_choice(plan, in_place, i);
     std::string tiles;
-    if (np.tiles.m) {
+    if (choice.kernel == "gemm pair") {
+      tiles = fmt::format("8x8 squares x {} channels wgmma", kPairMaxCout);
+    } else if (np.tiles.m && choice.kernel != "folded") {
       tiles = fmt::format("m={} n={}", np.tiles.m, np.tiles.n);
       if (np.tiles.k) tiles += fmt::format(" k={}", np.tiles.k);
       if (np.tiles.stages) tiles += fmt::format(" stages={}", np.tiles.stages);
       if (np.tiles.splits > 1) tiles += fmt::format(" splits={}", np.tiles.splits);
       if (np.tiles.wgmma) tiles += " wgmma";
     }
-    const NodeChoice choice = node_choice(plan, in_place, i);
     out += fmt::format("{:<24} {:<16} {:<46} {:<16} {:<40} {}\n", n.name, op_name(n.op), io,
                        choice.kernel, choice.rule, tiles);
   }

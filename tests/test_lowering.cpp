@@ -695,6 +695,103 @@ TEST_CASE("lowering: SPPF's cascade of max-pools runs as one kernel, up to three
 
 // The kernels' multiply-shift division (shapes.h) on the host, against `/`: every divisor up to
 // 4096 and large ones, numerators near 0, near multiples of the divisor and near 2^31.
+// A stem (a conv over c channels into `mid`, 3x3, stride 2) and the conv that reads it (3x3,
+// stride `stride2`, into `out`), each with batchnorm and SiLU, fused.
+struct Stem {
+  int64_t c = 3, mid = 16, out = 32, stride2 = 2;
+  bool mid_is_output = false, second_reader = false;
+};
+
+Graph stem_graph(const Stem& st) {
+  Builder b(7);
+  const auto cbs = [&](Val x, const std::string& name, int64_t k, int64_t stride) {
+    return b.silu(
+        b.batchnorm(b.conv2d(x, name, ConvOpts(k, 3).stride(stride).padding(1)), name + ".bn"),
+        name + ".act");
+  };
+  Val mid = cbs(b.input("images", {16, st.c, 640, 640}), "b0", st.mid, 2);
+  b.output(cbs(mid, "b1", st.out, st.stride2));
+  if (st.mid_is_output) b.output(mid);
+  if (st.second_reader) b.output(b.relu(mid, "other"));
+  Graph g = b.build();
+  optimize(g);
+  return g;
+}
+
+TEST_CASE("lowering: a stem conv is folded into the conv that alone reads it (conv pair)",
+          "[lowering]") {
+  LowerOptions cuda;
+  cuda.device = Device::CUDA;
+  const Plan p = lower(stem_graph({}), cuda);
+  const NodePlan& second = node_plan(p, "b1");
+  REQUIRE(second.pre);
+  CHECK(second.pre->node == "b0");
+  CHECK(second.pre->act == Activation::Silu);
+  CHECK(second.pre->shape.c == 3);
+  CHECK(second.pre->shape.k == 16);
+  CHECK(second.pre->shape.ho == 320);
+  CHECK(node_plan(p, "b0").folded_into == "b1");
+  // Each keeps its own kernel, which runs while copy avoidance is off.
+  CHECK(node_plan(p, "b0").kernel == "gemm");
+  CHECK(second.tiles.wgmma);
+  const InPlacePlan ip = plan_in_place(p);
+  CHECK(ip.folded == std::vector<bool>{true, false});
+  const std::string text = explain(p, in_place_mask(p));
+  CHECK_THAT(text, Catch::Contains("no kernel: b1 makes its outputs where it loads them") &&
+                       Catch::Contains("gemm pair") &&
+                       Catch::Contains("also computes b0 (3 -> 16 channels)"));
+  CHECK_THAT(explain(p), !Catch::Contains("folded") && !Catch::Contains("gemm pair"));
+
+  // Refused: the stem's output read twice or a graph output (can_absorb), 4 input channels, 32
+  // channels between, 64 out, a second conv at stride 1, no wgmma, the CPU, a forced kernel.
+  Stem out, twice, c4, mid32, out64, s1;
+  out.mid_is_output = true;
+  twice.second_reader = true;
+  c4.c = 4;
+  mid32.mid = 32;
+  out64.out = 64;
+  s1.stride2 = 1;
+  LowerOptions cpu, sync = cuda, gemm = cuda;
+  sync.profile.wgmma = false;
+  gemm.force = ConvKernel::Gemm;
+  for (const auto& [why, g, options] : std::vector<std::tuple<std::string, Graph, LowerOptions>>{
+           {"stem output is a graph output", stem_graph(out), cuda},
+           {"stem output read twice", stem_graph(twice), cuda},
+           {"4 input channels", stem_graph(c4), cuda},
+           {"32 channels between", stem_graph(mid32), cuda},
+           {"64 output channels", stem_graph(out64), cuda},
+           {"second conv at stride 1", stem_graph(s1), cuda},
+           {"no wgmma", stem_graph({}), sync},
+           {"cpu", stem_graph({}), cpu},
+           {"forced gemm", stem_graph({}), gemm}}) {
+    INFO(why);
+    const Plan r = lower(g, options);
+    CHECK_FALSE(node_plan(r, "b1").pre);
+    CHECK(node_plan(r, "b0").folded_into.empty());
+    CHECK_THAT(explain(r, in_place_mask(r)), !Catch::Contains("gemm pair"));
+  }
+}
+
+TEST_CASE("kernel geometry: conv_pair_fits takes the stem pairs it is built for",
+          "[lowering][shapes]") {
+  const auto conv = [](int64_t c, int64_t hw, int64_t k, int64_t stride) {
+    ConvShape s{2, c, hw, hw, k, 3, 3, 0, 0, stride, stride, 1, 1, 1, 1, 1};
+    s.ho = s.wo = (hw + 2 - 3) / stride + 1;
+    return s;
+  };
+  CHECK(conv_pair_fits(conv(3, 64, 16, 2), conv(16, 32, 32, 2)));
+  CHECK(conv_pair_fits(conv(1, 64, 8, 2), conv(8, 32, 13, 2)));
+  CHECK_FALSE(conv_pair_fits(conv(3, 64, 16, 2), conv(16, 33, 32, 2)));  // not its output plane
+  CHECK_FALSE(conv_pair_fits(conv(3, 64, 16, 2), conv(12, 32, 32, 2)));  // not its channels
+  CHECK_FALSE(conv_pair_fits(conv(3, 64, 16, 1), conv(16, 64, 32, 2)));  // stride 1 first
+  ConvShape dilated = conv(16, 32, 32, 2);
+  dilated.dil_h = 2;
+  CHECK_FALSE(conv_pair_fits(conv(3, 64, 16, 2), dilated));
+  ConvShape negative = conv(16, 32, 32, 2);
+  negative.pad_l = -1;
+  CHECK_FALSE(conv_pair_fits(conv(3, 64, 16, 2), negative));
+}
+
 TEST_CASE("kernel geometry: fast_div equals integer division below 2^31", "[lowering][shapes]") {
   std::vector<uint32_t> divisors;
   for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);

@@ -179,7 +179,30 @@ std::string conv_str(const ConvShape& s) {
       s.stride_h, s.stride_w, s.pad_t, s.pad_l, s.dil_h, s.dil_w, s.groups);
 }
 
+// A conv with the one before it folded into its loads (FoldedConv): `in` is its inputs with the
+// first conv's input in place of that conv's output, then the first conv's weight, scale and
+// shift.
+void conv_pair(const Ctx& c, In in, Out out) {
+  const FoldedConv& pre = *c.plan.pre;
+  if (c.node.op != OpKind::FusedConv2d || c.node.inputs.size() != 4 || in.size() != 7)
+    fail(
+        "[{}] node '{}': a conv pair takes a fused conv without a residual and the folded conv's "
+        "input, weight, scale and shift; handed {} tensors",
+        op_name(c.node.op), c.node.name, in.size());
+  ConvShape a = pre.shape;
+  const Shape want{a.n, a.c, a.h, a.w};
+  if (in[0].shape() != want)
+    fail("[{}] node '{}': the folded conv '{}' expects input {}, handed {}", op_name(c.node.op),
+         c.node.name, pre.node, shape_str(want), shape_str(in[0].shape()));
+  a.x_stride = in[0].item_stride();
+  ConvShape b = conv_shape(c.node, {a.n, a.k, a.ho, a.wo}, in[1].shape(), out[0].shape());
+  b.y_stride = out[0].item_stride();
+  cuda::conv_pair(a, b, dev(in[0]), dev(in[4]), dev(in[5]), dev(in[6]), pre.act, dev(in[1]),
+                  dev(in[2]), dev(in[3]), conv_activation(c.node), dev(out[0]), c.stream);
+}
+
 void conv(const Ctx& c, In in, Out out) {
+  if (c.plan.pre && in.size() > c.node.inputs.size()) return conv_pair(c, in, out);
   const ConvShape cs = conv_shape(c.node, in, out[0]);
   const Tensor* residual = conv_residual(c.node, in);
   const float* res = residual ? dev(*residual) : nullptr;

@@ -35,12 +35,21 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
     const int at = u ? int(u - graph_.nodes.data()) : -1;
     if (at >= 0 && in_place_.folded[size_t(at)]) fold_of_[i] = at;
   }
+  pair_of_.assign(graph_.nodes.size(), -1);
+  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+    if (!plan_.nodes[i].pre) continue;
+    const Node* first = graph_.find_node(plan_.nodes[i].pre->node);
+    const int at = first ? int(first - graph_.nodes.data()) : -1;
+    if (at >= 0 && in_place_.folded[size_t(at)]) pair_of_[i] = at;
+  }
   // Free each intermediate right after its last reader (a conv that reads through a folded
-  // upsampling reads its source).
+  // upsampling reads its source, a conv pair the folded conv's input).
   std::map<std::string, size_t> last_use;
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     for (const std::string& in : graph_.nodes[i].inputs) last_use[in] = i;
     if (fold_of_[i] >= 0) last_use[plan_.nodes[i].up->source] = i;
+    if (pair_of_[i] >= 0)
+      for (const std::string& in : graph_.nodes[size_t(pair_of_[i])].inputs) last_use[in] = i;
     for (const std::string& out : graph_.nodes[i].outputs) last_use.emplace(out, i);
   }
   release_after_.resize(graph_.nodes.size());
@@ -184,7 +193,8 @@ InPlacePlan plan_in_place(const Plan& plan) {
   const UseIndex uses(g);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (plan.nodes[i].folded_into.empty()) continue;
-    if (g.nodes[i].op == OpKind::MaxPool2d) {  // made by the chain's first pool
+    // Made by the chain's first pool; made by the conv that reads it.
+    if (g.nodes[i].op == OpKind::MaxPool2d || g.nodes[i].op == OpKind::FusedConv2d) {
       ip.folded[i] = true;
       continue;
     }
@@ -265,13 +275,27 @@ void Executor::replay() {
 
 void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
   using Clock = std::chrono::steady_clock;
+  const auto value = [&](const std::string& name) {
+    auto w = weights_.find(name);
+    return w != weights_.end() ? w->second : env.at(name);
+  };
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     const Node& node = graph_.nodes[i];
-    std::vector<Tensor> ins;
-    for (const std::string& in : node.inputs) {
-      auto w = weights_.find(in);
-      ins.push_back(w != weights_.end() ? w->second : env.at(in));
+    if (in_place_on_ && in_place_.folded[i] && node.op == OpKind::FusedConv2d) {
+      // A conv folded into the next one's loads: nothing runs and nothing is made.
+      if (profile_) timings_.push_back({node.name, node.op, 0.0});
+      if (progress_) progress_(i + 1, graph_.nodes.size());
+      continue;
     }
+    std::vector<Tensor> ins;
+    const Node* first =
+        in_place_on_ && pair_of_[i] >= 0 ? &graph_.nodes[size_t(pair_of_[i])] : nullptr;
+    for (const std::string& in : node.inputs)
+      ins.push_back(first && in == first->outputs[0] ? value(first->inputs[0]) : value(in));
+    // A folded conv's weight, scale and shift follow (FoldedConv): its input took its output's
+    // place.
+    if (first)
+      for (size_t j = 1; j < first->inputs.size(); ++j) ins.push_back(value(first->inputs[j]));
     const bool view = in_place_on_ && in_place_.view[i];
     const bool in_place = in_place_on_ && in_place_.concat[i];
     const bool folded = in_place_on_ && in_place_.folded[i];

@@ -580,3 +580,112 @@ TEST_CASE("gpu conv: gemm's wgmma direct kernel reading channels through an upsa
                       Catch::Contains("an upsampled input needs tiles that run"));
   }
 }
+
+// The conv pair kernel (cuda::conv_pair: a stem conv and the 3x3 stride-2 conv that reads it, A's
+// output never stored) against the two convs on the CPU, on poisoned output: 16-byte input rows
+// and odd ones, padding 1, 0 and uneven, fewer channels than its tiles (1 and 2 in, 8 and 12
+// between, 13 and 24 out), planes under one square and several squares each way, batch 1 to 3,
+// every pair of activations, y as a channel slab of a larger batch. Two TF32 convs in a row: the
+// bound is TF32's, which one conv stays well inside.
+TEST_CASE("gpu conv: the conv pair kernel against the two convs on the CPU", "[gpu][conv][pair]") {
+  if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
+    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
+    return;
+  }
+  ensure_backend();
+  struct PairCase {
+    const char* name;
+    int64_t n, c, h, w, mid, k;
+    int64_t pad_a[4], pad_b[4];  // top, left, bottom, right
+    bool slab;                   // y as channels [1, 1 + k) of a batch with 2 more
+  };
+  // clang-format off
+  const PairCase cases[] = {
+      {"an RGB stem, 16-byte rows",      2, 3, 64, 64, 16, 32, {1, 1, 1, 1}, {1, 1, 1, 1}, false},
+      {"odd plane, 4-byte copies",       3, 3, 37, 45, 16, 32, {1, 1, 1, 1}, {1, 1, 1, 1}, true},
+      {"one channel, narrow layers",     1, 1, 29, 52,  8, 13, {1, 1, 1, 1}, {1, 1, 1, 1}, false},
+      {"no padding",                     2, 2, 40, 36, 12, 24, {0, 0, 0, 0}, {0, 0, 0, 0}, true},
+      {"uneven padding",                 1, 3, 33, 28, 16, 32, {0, 1, 1, 0}, {2, 0, 0, 1}, false},
+      {"plane under one square",         1, 3,  9, 11, 16, 32, {1, 1, 1, 1}, {1, 1, 1, 1}, false},
+      {"squares past the plane",         3, 3, 70, 100, 16, 32, {1, 2, 1, 2}, {1, 1, 1, 1}, true},
+  };
+  // clang-format on
+  uint64_t seed = 9000;
+  int r = 0;
+  for (const PairCase& pc : cases) {
+    ConvShape a{pc.n, pc.c, pc.h, pc.w,        pc.mid,      3, 3, 0,
+                0,    2,    2,    pc.pad_a[0], pc.pad_a[1], 1, 1, 1};
+    a.ho = (pc.h + pc.pad_a[0] + pc.pad_a[2] - 3) / 2 + 1;
+    a.wo = (pc.w + pc.pad_a[1] + pc.pad_a[3] - 3) / 2 + 1;
+    ConvShape b{pc.n, pc.mid, a.ho, a.wo,        pc.k,        3, 3, 0,
+                0,    2,      2,    pc.pad_b[0], pc.pad_b[1], 1, 1, 1};
+    b.ho = (a.ho + pc.pad_b[0] + pc.pad_b[2] - 3) / 2 + 1;
+    b.wo = (a.wo + pc.pad_b[1] + pc.pad_b[3] - 3) / 2 + 1;
+    REQUIRE(conv_pair_fits(a, b));
+    for (int q = 0; q < 4; ++q, ++r) {
+      const Activation act_a = kActivations[(r + 1) % 4], act_b = kActivations[(r + r / 4) % 4];
+      const Tensor x = Tensor::randn({a.n, a.c, a.h, a.w}, seed++);
+      const Tensor wa = Tensor::randn({a.k, a.c, 3, 3}, seed++, 1.0f / std::sqrt(9.0f * a.c));
+      const Tensor wb = Tensor::randn({b.k, b.c, 3, 3}, seed++, 1.0f / std::sqrt(9.0f * b.c));
+      const Tensor sa = Tensor::randn({a.k}, seed++), ha = Tensor::randn({a.k}, seed++);
+      const Tensor sb = Tensor::randn({b.k}, seed++), hb = Tensor::randn({b.k}, seed++);
+      // Run q leaves out A's scale and shift (q = 1), B's (q = 2).
+      const float* psa = q == 1 ? nullptr : sa.f32();
+      const float* psb = q == 2 ? nullptr : sb.f32();
+      Tensor z = Tensor::empty({a.n, a.k, a.ho, a.wo}), ref = Tensor::empty({b.n, b.k, b.ho, b.wo});
+      cpu::conv2d(a, x.f32(), wa.f32(), psa, q == 1 ? nullptr : ha.f32(), act_a, z.f32(), nullptr);
+      cpu::conv2d(b, z.f32(), wb.f32(), psb, q == 2 ? nullptr : hb.f32(), act_b, ref.f32(),
+                  nullptr);
+
+      const int64_t cy = pc.slab ? b.k + 2 : b.k, y0 = pc.slab ? b.ho * b.wo : 0;
+      const Tensor dx = x.to(Device::CUDA), dwa = wa.to(Device::CUDA), dwb = wb.to(Device::CUDA);
+      const Tensor dsa = sa.to(Device::CUDA), dha = ha.to(Device::CUDA);
+      const Tensor dsb = sb.to(Device::CUDA), dhb = hb.to(Device::CUDA);
+      Tensor dy = Tensor::empty({b.n, cy, b.ho, b.wo}, DType::F32, Device::CUDA);
+      EPILOG_CUDA_CHECK(cudaMemset(dy.raw(), 0xFF, dy.nbytes()));  // all NaN
+      ConvShape bg = b;
+      if (pc.slab) bg.y_stride = cy * b.ho * b.wo;
+      const auto dev = [](const Tensor& t) { return static_cast<const float*>(t.raw()); };
+      cuda::conv_pair(a, bg, dev(dx), dev(dwa), q == 1 ? nullptr : dev(dsa),
+                      q == 1 ? nullptr : dev(dha), act_a, dev(dwb), q == 2 ? nullptr : dev(dsb),
+                      q == 2 ? nullptr : dev(dhb), act_b, static_cast<float*>(dy.raw()) + y0,
+                      nullptr);
+      EPILOG_CUDA_CHECK(cudaGetLastError());
+      EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
+
+      const Tensor ys = dy.to(Device::CPU);
+      int64_t nans = 0, stray = 0;
+      double max_diff = 0.0, max_ref = 0.0;
+      for (int64_t i = 0; i < ys.numel(); ++i) {
+        const int64_t img = i / (cy * b.ho * b.wo), ch = i / (b.ho * b.wo) % cy;
+        const int64_t k = ch - (pc.slab ? 1 : 0), p = i % (b.ho * b.wo);
+        const float g = ys.f32()[i];
+        if (k < 0 || k >= b.k) {
+          if (!std::isnan(g)) ++stray;
+          continue;
+        }
+        const float c = ref.f32()[(img * b.k + k) * b.ho * b.wo + p];
+        if (std::isnan(g)) {
+          ++nans;
+          continue;
+        }
+        max_diff = std::max(max_diff, std::abs(double(g) - double(c)));
+        max_ref = std::max(max_ref, std::abs(double(c)));
+      }
+      INFO(pc.name << ": " << shape_desc(a) << " then " << shape_desc(b) << ", activations "
+                   << activation_name(act_a) << " and " << activation_name(act_b) << ", run " << q
+                   << "; " << nans << " NaN, " << stray << " stray writes, max rel error "
+                   << max_diff / max_ref);
+      CHECK(nans == 0);
+      CHECK(stray == 0);
+      CHECK(max_diff / max_ref <= kTolTf32);
+    }
+  }
+
+  // What it cannot take is refused, not run.
+  ConvShape a{1, 4, 32, 32, 16, 3, 3, 16, 16, 2, 2, 1, 1, 1, 1, 1};
+  ConvShape b{1, 16, 16, 16, 32, 3, 3, 8, 8, 2, 2, 1, 1, 1, 1, 1};
+  CHECK_THROWS_WITH(cuda::conv_pair(a, b, nullptr, nullptr, nullptr, nullptr, Activation::Silu,
+                                    nullptr, nullptr, nullptr, Activation::Silu, nullptr, nullptr),
+                    Catch::Contains("[conv_pair] takes a 3x3 conv at stride 2 over at most 3"));
+}

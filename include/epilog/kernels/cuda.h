@@ -48,6 +48,13 @@ void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const flo
                const float* scale, const float* shift, Activation act, float* y, Stream stream,
                const float* residual = nullptr, const float* packed = nullptr,
                const ConvUpsampledInput* up = nullptr);
+// Two fused convs in a row as one kernel (conv_pair_fits): y = B(A(x)), A's output never
+// stored. a and b are their shapes (b's input is A's output), the weights as stored. Needs what
+// the wgmma kernels need (wgmma_available); else, or on other shapes, it throws.
+void conv_pair(const ConvShape& a, const ConvShape& b, const float* x, const float* wa,
+               const float* scale_a, const float* shift_a, Activation act_a, const float* wb,
+               const float* scale_b, const float* shift_b, Activation act_b, float* y,
+               Stream stream);
 // Whether conv_gemm can run ConvTiles::wgmma on the current device: a compute capability 9.0
 // GPU, and this build has sm_90a code (EPILOG_CUDA_ARCH=90a, the default).
 bool wgmma_available();

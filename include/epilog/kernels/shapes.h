@@ -168,6 +168,20 @@ inline bool conv_gemm_halo_fits(const ConvShape& s) {
          s.stride_h == s.stride_w && (s.stride_h == 1 || s.stride_h == 2);
 }
 
+// gemm's conv pair kernel (conv_pair.cu): a stem conv A and the 3x3 conv B that alone reads
+// its output, as one kernel that makes A's outputs where B's halo kernel would stage them (lowering
+// folds A into B: FoldedConv). Both 3x3 at stride 2, dilation 1, groups 1, non-negative padding; A
+// over at most kPairMaxCin channels into at most kPairMaxMid, B into at most kPairMaxCout.
+constexpr int kPairMaxCin = 3, kPairMaxMid = 16, kPairMaxCout = 32;
+inline bool conv_pair_fits(const ConvShape& a, const ConvShape& b) {
+  const auto window = [](const ConvShape& s) {
+    return s.groups == 1 && s.r == 3 && s.s == 3 && s.dil_h == 1 && s.dil_w == 1 &&
+           s.stride_h == 2 && s.stride_w == 2 && s.pad_t >= 0 && s.pad_l >= 0;
+  };
+  return window(a) && window(b) && a.c <= kPairMaxCin && a.k <= kPairMaxMid &&
+         b.k <= kPairMaxCout && b.n == a.n && b.c == a.k && b.h == a.ho && b.w == a.wo;
+}
+
 // The wgmma kernels' shared memory ends in one 8-byte mbarrier for each of up to 4 stages, on
 // which the stage's weights' bulk copy completes.
 constexpr int64_t kWgmmaBarrierBytes = 8 * 4;

@@ -32,6 +32,17 @@ struct FoldedUpsample {
   int64_t scale_h = 1, scale_w = 1;
 };
 
+// A fused_conv2d folded into the one that alone reads its output: that conv's kernel (the conv
+// pair kernel, conv_pair_fits) makes this one's outputs in shared memory where it would load
+// them, so they are never stored. Lowering folds on CUDA where the pair kernel takes the two
+// shapes and the fusion rules would absorb the first conv (can_absorb: one reader, no graph
+// output); the executor applies it while copy avoidance is on, as it does the upsamplings.
+struct FoldedConv {
+  std::string node;  // the first conv
+  ConvShape shape;   // its shape
+  Activation act = Activation::None;
+};
+
 struct NodePlan {
   std::string kernel;  // "scalar", "tiled", "gemm" for fused_conv2d on CUDA; else the op's
   std::string rule;    // why this kernel (the selector's rule, or the override)
@@ -39,11 +50,13 @@ struct NodePlan {
   ConvTiles tiles;
   Tensor packed;                     // tiles.wgmma: the weights as pack_wgmma_weights lays them out
   std::optional<FoldedUpsample> up;  // fused_conv2d: an upsampling folded into its loads
+  std::optional<FoldedConv> pre;     // fused_conv2d: the conv before it, folded into its loads
   // maxpool2d: the max-pools after it that its kernel computes too (SPPF's cascade: each pools
   // the one before, with the same "same" window; kMaxPoolChain in all at most).
   std::vector<std::string> chain;
   // The node that does this one's work in its place: for an upsample_nearest the fused_conv2d
-  // that reads its input, for a chained maxpool2d the chain's first pool.
+  // that reads its input, for a folded fused_conv2d the one that reads its output, for a chained
+  // maxpool2d the chain's first pool.
   std::string folded_into;
 };
 
