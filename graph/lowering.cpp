@@ -611,13 +611,15 @@ void fold_conv_pairs(const Graph& g, std::vector<NodePlan>& nodes, const LowerOp
     std::optional<Match> m = match(g, uses, pattern, int(i));
     if (!m) continue;
     const Node& first = m->node("first");
-    if (first.inputs.size() > 4 || !nodes[size_t(m->node_of.at("first"))].folded_into.empty() ||
+    NodePlan& folded = nodes[size_t(m->node_of.at("first"))];
+    // A first conv that has one folded into it must run: its input is never made.
+    if (first.inputs.size() > 4 || !folded.folded_into.empty() || folded.pre ||
         !can_absorb(g, uses, *m, OpKind::FusedConv2d, nullptr).empty())
       continue;
     const ConvShape a = conv_shape(g, first);
     if (!conv_pair_fits(a, conv_shape(g, conv))) continue;
     nodes[i].pre = FoldedConv{first.name, a, conv_activation(first)};
-    nodes[size_t(m->node_of.at("first"))].folded_into = conv.name;
+    folded.folded_into = conv.name;
   }
 }
 

@@ -772,6 +772,28 @@ TEST_CASE("lowering: a stem conv is folded into the conv that alone reads it (co
   }
 }
 
+TEST_CASE("lowering: a conv with one folded into it is not folded into the next", "[lowering]") {
+  // 3 -> 3 -> 16 -> 32 channels, each 3x3 at stride 2: the first pair folds; the second conv,
+  // whose kernel then computes the first, must run for the third to read its output.
+  Builder b(9);
+  Val x = b.input("images", {2, 3, 128, 128});
+  for (const auto& [name, k] : {std::pair<const char*, int64_t>{"c0", 3}, {"c1", 16}, {"c2", 32}})
+    x = b.silu(b.batchnorm(b.conv2d(x, name, ConvOpts(k, 3).stride(2).padding(1)),
+                           std::string(name) + ".bn"));
+  b.output(x);
+  Graph g = b.build();
+  optimize(g);
+  LowerOptions cuda;
+  cuda.device = Device::CUDA;
+  const Plan p = lower(g, cuda);
+  REQUIRE(node_plan(p, "c1").pre);
+  CHECK(node_plan(p, "c1").pre->node == "c0");
+  CHECK(node_plan(p, "c0").folded_into == "c1");
+  CHECK_FALSE(node_plan(p, "c2").pre);
+  CHECK(node_plan(p, "c1").folded_into.empty());
+  CHECK(plan_in_place(p).folded == std::vector<bool>{true, false, false});
+}
+
 TEST_CASE("kernel geometry: conv_pair_fits takes the stem pairs it is built for",
           "[lowering][shapes]") {
   const auto conv = [](int64_t c, int64_t hw, int64_t k, int64_t stride) {
