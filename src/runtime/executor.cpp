@@ -28,19 +28,17 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
     if (np.packed.defined()) np.packed = np.packed.to(backend_.device());
   in_place_on_ = plan_.in_place;
   in_place_ = plan_in_place(plan_);
+  // The node named `name` where copy avoidance folds it, else -1.
+  const auto folded_at = [&](const std::string& name) {
+    const Node* n = graph_.find_node(name);
+    const int at = n ? int(n - graph_.nodes.data()) : -1;
+    return at >= 0 && in_place_.folded[size_t(at)] ? at : -1;
+  };
   fold_of_.assign(graph_.nodes.size(), -1);
-  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
-    if (!plan_.nodes[i].up) continue;
-    const Node* u = graph_.find_node(plan_.nodes[i].up->node);
-    const int at = u ? int(u - graph_.nodes.data()) : -1;
-    if (at >= 0 && in_place_.folded[size_t(at)]) fold_of_[i] = at;
-  }
   pair_of_.assign(graph_.nodes.size(), -1);
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
-    if (!plan_.nodes[i].pre) continue;
-    const Node* first = graph_.find_node(plan_.nodes[i].pre->node);
-    const int at = first ? int(first - graph_.nodes.data()) : -1;
-    if (at >= 0 && in_place_.folded[size_t(at)]) pair_of_[i] = at;
+    if (plan_.nodes[i].up) fold_of_[i] = folded_at(plan_.nodes[i].up->node);
+    if (plan_.nodes[i].pre) pair_of_[i] = folded_at(plan_.nodes[i].pre->node);
   }
   // Free each intermediate right after its last reader (a conv that reads through a folded
   // upsampling reads its source, a conv pair the folded conv's input).
