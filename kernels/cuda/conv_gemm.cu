@@ -1103,18 +1103,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     a.scale = scale;
     a.shift = shift;
     a.y = y;
-    a.c = int(s.c), a.h = int(s.h), a.w = int(s.w);
-    a.k = int(s.k), a.ho = int(s.ho), a.wo = int(s.wo);
-    a.pt = int(s.pad_t), a.pl = int(s.pad_l);
-    a.tiles_x = int((s.wo + kHaloSide - 1) / kHaloSide);
-    a.tiles_yx = int((s.ho + kHaloSide - 1) / kHaloSide) * a.tiles_x;
-    const int64_t squares = s.n * a.tiles_yx;
-    if (squares >= INT32_MAX) reject("too many output squares");
-    a.squares = int(squares);
-    a.n_tiles = int((s.k + tiles.n - 1) / tiles.n);
-    a.div_n_tiles = make_fastdiv(uint32_t(a.n_tiles));
-    a.div_tiles_yx = make_fastdiv(uint32_t(a.tiles_yx));
-    a.div_tiles_x = make_fastdiv(uint32_t(a.tiles_x));
+    if (!set_halo_geometry(a, s, tiles.n)) reject("too many output squares");
     a.ctiles = int((s.c + kHaloC - 1) / kHaloC);
     a.stages = a.ctiles + 1 < tiles.stages ? a.ctiles + 1 : tiles.stages;
     a.splits = 1;
@@ -1125,7 +1114,6 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
       while (a.splits > a.ctiles) a.splits /= 2;  // every split keeps a stage
     }
     a.vec_b = s.c % 4 == 0 && aligned16(w);
-    a.xs = int(s.x_image()), a.ys = int(s.y_image());
     a.res = residual, a.r_img = int(s.r_image());
     a.act = act;
     return s.stride_h == 1 ? dispatch_halo<1>(tiles, a, stream)

@@ -44,6 +44,26 @@ struct HaloArgs {
   const float* wp;  // the wgmma kernel's weights, packed for its n (pack_wgmma_weights)
 };
 
+// The fields of `a` conv shape s fixes: planes, padding, squares and their divisors, image
+// strides, and n_tiles for tiles of bn channels. False (a partly set) where s has 2^31 squares or
+// more.
+inline bool set_halo_geometry(HaloArgs& a, const ConvShape& s, int bn) {
+  a.c = int(s.c), a.h = int(s.h), a.w = int(s.w);
+  a.k = int(s.k), a.ho = int(s.ho), a.wo = int(s.wo);
+  a.pt = int(s.pad_t), a.pl = int(s.pad_l);
+  a.tiles_x = int((s.wo + kHaloSide - 1) / kHaloSide);
+  a.tiles_yx = int((s.ho + kHaloSide - 1) / kHaloSide) * a.tiles_x;
+  const int64_t squares = s.n * a.tiles_yx;
+  if (squares >= INT32_MAX) return false;
+  a.squares = int(squares);
+  a.n_tiles = int((s.k + bn - 1) / bn);
+  a.div_n_tiles = make_fastdiv(uint32_t(a.n_tiles));
+  a.div_tiles_yx = make_fastdiv(uint32_t(a.tiles_yx));
+  a.div_tiles_x = make_fastdiv(uint32_t(a.tiles_x));
+  a.xs = int(s.x_image()), a.ys = int(s.y_image());
+  return true;
+}
+
 template <int BM, int BN, int S>
 struct HaloTile {
   static_assert(S == 1 || S == 2, "stride 1 or 2");
