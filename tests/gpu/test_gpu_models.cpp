@@ -231,9 +231,9 @@ TEST_CASE("gpu executor: in-place concats and chunks at batch 2 match copying bi
       const Tensor x = a.at(name).to(Device::CPU), y = t.to(Device::CPU);
       INFO(kernel_label(force) << " output " << name);
       REQUIRE(x.shape() == y.shape());
-      // The pair kernel sums as the stem kernel and the wgmma halo kernel's register-A tiles
-      // do, but lowering may run the second conv on other tiles (a split reduction on small
-      // grids): the same numbers to TF32's precision, not always the same bits.
+      // The pair kernel sums the stem's products in another order than the stem kernel, and
+      // lowering may run the second conv on other tiles (a split reduction on small grids): the
+      // same numbers to TF32's precision, not the same bits.
       if (pair)
         CHECK(mismatch(x, y).max_norm <= 5e-3);
       else
