@@ -693,8 +693,6 @@ TEST_CASE("lowering: SPPF's cascade of max-pools runs as one kernel, up to three
   CHECK(node_plan(lower(g, LowerOptions{}), "p2").folded_into.empty());
 }
 
-// The kernels' multiply-shift division (shapes.h) on the host, against `/`: every divisor up to
-// 4096 and large ones, numerators near 0, near multiples of the divisor and near 2^31.
 // A stem (a conv over c channels into `mid`, 3x3, stride 2) and the conv that reads it (3x3,
 // stride `stride2`, into `out`), each with batchnorm and SiLU, fused.
 struct Stem {
@@ -814,6 +812,8 @@ TEST_CASE("kernel geometry: conv_pair_fits takes the stem pairs it is built for"
   CHECK_FALSE(conv_pair_fits(conv(3, 64, 16, 2), negative));
 }
 
+// The kernels' multiply-shift division (shapes.h) on the host, against `/`: every divisor up to
+// 4096 and large ones, numerators near 0, near multiples of the divisor and near 2^31.
 TEST_CASE("kernel geometry: fast_div equals integer division below 2^31", "[lowering][shapes]") {
   std::vector<uint32_t> divisors;
   for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
