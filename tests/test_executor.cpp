@@ -8,6 +8,8 @@
 
 #include "epilog/epilog.h"
 #include "epilog/io/builder.h"
+#include "epilog/kernels/cpu.h"
+#include "epilog/runtime/params.h"
 #include "test_util.h"
 #include "yolo_like.h"
 
@@ -167,4 +169,145 @@ TEST_CASE("executor: copy avoidance can be switched off by option and environmen
   ::unsetenv("EPILOG_DISABLE_IN_PLACE");
   CHECK_FALSE(from_env.in_place);
   CHECK(CompileOptions{}.with_env().in_place);
+}
+
+namespace {
+
+// The CPU backend, also taking what the CUDA backend takes for a folded node: a conv pair's
+// inputs (the second conv's, the first conv's input in place of its output, then the first
+// conv's weight, scale and shift), run as the two convs; and a conv reading through a folded
+// upsampling (its inputs, then the upsampling's source: the channels the upsampling would have
+// written into the concat's buffer are not there), run on its input with those channels filled
+// in. So the executor's side of the folds (what it hands, what it makes, what it frees) runs
+// without a GPU.
+class FoldingCpuBackend : public Backend {
+ public:
+  Device device() const override { return Device::CPU; }
+  void run(const Node& node, const NodePlan& plan, const std::vector<Tensor>& in,
+           std::vector<Tensor>& out) override {
+    ++runs[node.name];
+    if (in.size() <= node.inputs.size()) return cpu_->run(node, plan, in, out);
+    REQUIRE(node.op == OpKind::FusedConv2d);
+    const auto conv = [](ConvShape s, const Tensor& x, const Tensor& w, const Tensor& scale,
+                         const Tensor& shift, Activation act, Tensor& y) {
+      s.x_stride = x.item_stride(), s.y_stride = y.item_stride();
+      cpu::conv2d(s, x.f32(), w.f32(), scale.f32(), shift.f32(), act, y.f32(), nullptr);
+    };
+    if (plan.up) {
+      REQUIRE(in.size() == 5);
+      const FoldedUpsample& u = *plan.up;
+      Tensor x = in[0].clone();
+      const Tensor& src = in[4];
+      const int64_t n = x.shape()[0], c = x.shape()[1], h = x.shape()[2], w = x.shape()[3];
+      const int64_t sh = src.shape()[2], sw = src.shape()[3];
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t k = 0; k < u.channels; ++k)
+          for (int64_t y = 0; y < h; ++y)
+            for (int64_t z = 0; z < w; ++z)
+              x.f32()[((i * c + u.c0 + k) * h + y) * w + z] =
+                  src.f32()[i * src.item_stride() + (k * sh + y / u.scale_h) * sw + z / u.scale_w];
+      return conv(conv_shape(node, in, out[0]), x, in[1], in[2], in[3], conv_activation(node),
+                  out[0]);
+    }
+    REQUIRE(plan.pre);
+    REQUIRE(in.size() == 7);
+    const FoldedConv& f = *plan.pre;
+    Tensor mid = Tensor::empty({f.shape.n, f.shape.k, f.shape.ho, f.shape.wo});
+    conv(f.shape, in[0], in[4], in[5], in[6], f.act, mid);
+    std::vector<Tensor> second{mid, in[1], in[2], in[3]};
+    conv(conv_shape(node, second, out[0]), mid, in[1], in[2], in[3], conv_activation(node), out[0]);
+  }
+  std::map<std::string, int> runs;
+
+ private:
+  std::unique_ptr<Backend> cpu_ = make_cpu_backend();
+};
+
+}  // namespace
+
+TEST_CASE("executor: folded convs get the inputs and make the outputs their kernels need",
+          "[executor]") {
+  // A stem pair (3 -> 16 -> 32 channels, both 3x3 at stride 2, with batchnorm and SiLU) whose
+  // output a split reads as views: lowered for CUDA (which folds the stem), run on the CPU, it
+  // must give the bits of the graph lowered for the CPU, the folded stem running nothing; and
+  // with copy avoidance off, each conv its own.
+  Builder b(21);
+  const auto cbs = [&](Val x, const std::string& name, int64_t c, int64_t k, int64_t stride) {
+    return b.silu(
+        b.batchnorm(b.conv2d(x, name, ConvOpts(c, k).stride(stride).padding(k / 2)), name + ".bn"),
+        name + ".act");
+  };
+  Val x = cbs(cbs(b.input("images", {1, 3, 640, 640}), "stem", 16, 3, 2), "down1", 32, 3, 2);
+  std::vector<Val> parts = b.split(x, 1, {16, 16}, "chunk");
+  b.output(cbs(parts[1], "head", 16, 3, 1));
+  b.output(parts[0]);
+  const Graph g = b.build();
+
+  CompileOptions cuda;
+  cuda.device = Device::CUDA;
+  Compiled c = compile(g, cuda);
+  const auto plan_of = [&](const char* name) -> const NodePlan& {
+    return c.plan.nodes[size_t(c.plan.graph.find_node(name) - c.plan.graph.nodes.data())];
+  };
+  REQUIRE(plan_of("down1").pre);
+  c.plan.device = Device::CPU;
+  const std::map<std::string, Tensor> inputs = test::random_inputs(g, 5);
+  auto cpu = make_cpu_backend();
+  const std::map<std::string, Tensor> want = Executor(compile(g, {}).plan, *cpu).run(inputs);
+  FoldingCpuBackend backend;
+  Executor on(c.plan, backend), off(c.plan, backend);
+  off.set_in_place(false);
+  CHECK(on.in_place_nodes() == std::vector<std::string>{"stem", "chunk"});
+  for (Executor* ex : {&on, &off}) {
+    backend.runs.clear();
+    const std::map<std::string, Tensor> got = ex->run(inputs);
+    const bool folded = ex == &on;
+    INFO((folded ? "folded" : "unfolded"));
+    CHECK(backend.runs.count("stem") == !folded);
+    REQUIRE(got.size() == want.size());
+    for (const auto& [name, t] : want) {
+      INFO("output " << name);
+      CHECK(test::bit_equal(got.at(name), t));
+    }
+  }
+}
+
+TEST_CASE("executor: a folded upsampling's conv gets its source and the concat its slots",
+          "[executor]") {
+  // The YOLO neck's join, conv(concat(upsample(a), s)), at a size where lowering for CUDA folds
+  // the upsampling into the 1x1 conv's loads, the upsampled part first and second: run on the
+  // CPU, the bits of the graph lowered for the CPU, the upsampling running nothing; and with
+  // copy avoidance off, the upsampling and the concat as kernels.
+  for (const bool up_first : {true, false}) {
+    Builder b(4);
+    const auto cbs = [&](Val x, const std::string& name, int64_t c) {
+      return b.silu(b.batchnorm(b.conv2d(x, name, ConvOpts(c, 1)), name + ".bn"), name + ".act");
+    };
+    Val a = cbs(b.input("lo", {4, 8, 20, 24}), "a", 40);
+    Val s = cbs(b.input("hi", {4, 8, 40, 48}), "s", 24);
+    Val u = b.upsample_nearest(a, 2, "up");
+    b.output(cbs(b.concat(up_first ? std::vector<Val>{u, s} : std::vector<Val>{s, u}, 1, "cat"),
+                 "join", 128));
+    const Graph g = b.build();
+    INFO((up_first ? "upsampled first" : "upsampled second"));
+    CompileOptions cuda;
+    cuda.device = Device::CUDA;
+    Compiled c = compile(g, cuda);
+    REQUIRE(c.plan.nodes[size_t(c.plan.graph.find_node("join") - c.plan.graph.nodes.data())].up);
+    c.plan.device = Device::CPU;
+    const std::map<std::string, Tensor> inputs = test::random_inputs(g, 300);
+    auto cpu = make_cpu_backend();
+    const Tensor want = Executor(compile(g, {}).plan, *cpu).run(inputs).at("join.act");
+    FoldingCpuBackend backend;
+    Executor on(c.plan, backend), off(c.plan, backend);
+    off.set_in_place(false);
+    CHECK(on.in_place_nodes() == std::vector<std::string>{"up", "cat"});
+    for (Executor* ex : {&on, &off}) {
+      backend.runs.clear();
+      const Tensor got = ex->run(inputs).at("join.act");
+      INFO((ex == &on ? "folded" : "unfolded"));
+      CHECK(backend.runs.count("up") == (ex == &off));
+      CHECK(test::bit_equal(got, want));
+    }
+  }
 }
