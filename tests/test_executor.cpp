@@ -10,6 +10,7 @@
 #include "epilog/io/builder.h"
 #include "epilog/kernels/cpu.h"
 #include "epilog/runtime/params.h"
+#include "test_graphs.h"
 #include "test_util.h"
 #include "yolo_like.h"
 
@@ -274,21 +275,12 @@ TEST_CASE("executor: folded convs get the inputs and make the outputs their kern
 
 TEST_CASE("executor: a folded upsampling's conv gets its source and the concat its slots",
           "[executor]") {
-  // The YOLO neck's join, conv(concat(upsample(a), s)), at a size where lowering for CUDA folds
-  // the upsampling into the 1x1 conv's loads, the upsampled part first and second: run on the
-  // CPU, the bits of the graph lowered for the CPU, the upsampling running nothing; and with
-  // copy avoidance off, the upsampling and the concat as kernels.
+  // The YOLO neck's join (test::join_graph), the upsampled part first and second, lowered for
+  // CUDA (which folds the upsampling into the join's loads) and run on the CPU: the bits of the
+  // graph lowered for the CPU, the upsampling running nothing; and with copy avoidance off, the
+  // upsampling and the concat as kernels.
   for (const bool up_first : {true, false}) {
-    Builder b(4);
-    const auto cbs = [&](Val x, const std::string& name, int64_t c) {
-      return b.silu(b.batchnorm(b.conv2d(x, name, ConvOpts(c, 1)), name + ".bn"), name + ".act");
-    };
-    Val a = cbs(b.input("lo", {4, 8, 20, 24}), "a", 40);
-    Val s = cbs(b.input("hi", {4, 8, 40, 48}), "s", 24);
-    Val u = b.upsample_nearest(a, 2, "up");
-    b.output(cbs(b.concat(up_first ? std::vector<Val>{u, s} : std::vector<Val>{s, u}, 1, "cat"),
-                 "join", 128));
-    const Graph g = b.build();
+    const Graph g = test::join_graph(up_first);
     INFO((up_first ? "upsampled first" : "upsampled second"));
     CompileOptions cuda;
     cuda.device = Device::CUDA;

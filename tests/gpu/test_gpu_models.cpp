@@ -20,6 +20,7 @@
 
 #include "epilog/epilog.h"
 #include "epilog/io/model.h"
+#include "test_graphs.h"
 #include "yolo_like.h"
 
 using namespace epilog;
@@ -244,25 +245,15 @@ TEST_CASE("gpu executor: in-place concats and chunks at batch 2 match copying bi
 
 TEST_CASE("gpu executor: an upsampling folded into the conv that reads it matches the CPU",
           "[gpu][models][upsample]") {
-  // The YOLO neck's join, conv(concat(upsample(a), s)), at a size where lowering folds the
-  // upsampling into the conv's loads (the wgmma direct kernel; 40 upsampled channels, so a k tile
-  // holds both parts), the upsampled part first and second. The folded run must match the CPU,
+  // The YOLO neck's join (test::join_graph), the upsampled part first and second, at a size
+  // where lowering folds the upsampling into the conv's loads. The folded run must match the CPU,
   // and the run with copy avoidance off (the upsampling and the concat as kernels) bit for bit.
   if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
     WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
     return;
   }
   for (const bool up_first : {true, false}) {
-    Builder b(/*seed=*/4);
-    const auto cbs = [&](Val x, const std::string& name, int64_t c) {
-      return b.silu(b.batchnorm(b.conv2d(x, name, ConvOpts(c, 1)), name + ".bn"), name + ".act");
-    };
-    Val a = cbs(b.input("lo", {4, 8, 20, 24}), "a", 40);
-    Val s = cbs(b.input("hi", {4, 8, 40, 48}), "s", 24);
-    Val u = b.upsample_nearest(a, 2, "up");
-    b.output(cbs(b.concat(up_first ? std::vector<Val>{u, s} : std::vector<Val>{s, u}, 1, "cat"),
-                 "join", 128));
-    const Graph g = b.build();
+    const Graph g = test::join_graph(up_first);
     const std::string key = up_first ? "join, upsampled first" : "join, upsampled second";
     INFO(key);
     const std::map<std::string, Tensor> inputs = random_inputs(g, 300);
