@@ -224,14 +224,45 @@ class FoldingCpuBackend : public Backend {
   std::unique_ptr<Backend> cpu_ = make_cpu_backend();
 };
 
-// The fused graph lowered as for an H200 (whatever GPU this machine has, if any), for the CPU
-// backend above: the folds the CUDA backend would run.
-Plan lowered_for_h200(const Graph& fused) {
-  LowerOptions o;
-  o.device = Device::CUDA;
-  Plan p = lower(fused, o);
-  p.device = Device::CPU;
-  return p;
+// g's plans for the CPU and, lowered as for an H200 (whatever GPU this machine has, if any) but
+// run on FoldingCpuBackend, with the folds the CUDA backend would run.
+struct FoldPlans {
+  Plan cpu, folds;
+  explicit FoldPlans(const Graph& g) : cpu(compile(g, {}).plan) {
+    LowerOptions o;
+    o.device = Device::CUDA;
+    folds = lower(cpu.graph, o);
+    folds.device = Device::CPU;
+  }
+  const NodePlan& at(const std::string& name) const {
+    return folds.nodes[size_t(folds.graph.find_node(name) - folds.graph.nodes.data())];
+  }
+};
+
+// The folded plan with copy avoidance on and off against the CPU plan, on random inputs: every
+// output bit-equal; the nodes `no_kernel` as the executor lists them with it on; the folded
+// nodes `folded` running nothing with it on and their own kernels with it off.
+void check_fold_runs(const Graph& g, const FoldPlans& p, uint64_t seed,
+                     const std::vector<std::string>& no_kernel,
+                     const std::vector<std::string>& folded) {
+  const std::map<std::string, Tensor> inputs = test::random_inputs(g, seed);
+  auto cpu = make_cpu_backend();
+  const std::map<std::string, Tensor> want = Executor(p.cpu, *cpu).run(inputs);
+  FoldingCpuBackend backend;
+  Executor on(p.folds, backend), off(p.folds, backend);
+  off.set_in_place(false);
+  CHECK(on.in_place_nodes() == no_kernel);
+  for (Executor* ex : {&on, &off}) {
+    backend.runs.clear();
+    const std::map<std::string, Tensor> got = ex->run(inputs);
+    INFO((ex == &on ? "folded" : "unfolded"));
+    for (const std::string& name : folded) CHECK(backend.runs.count(name) == (ex == &off));
+    REQUIRE(got.size() == want.size());
+    for (const auto& [name, t] : want) {
+      INFO("output " << name);
+      CHECK(test::bit_equal(got.at(name), t));
+    }
+  }
 }
 
 }  // namespace
@@ -254,31 +285,9 @@ TEST_CASE("executor: folded convs get the inputs and make the outputs their kern
   b.output(parts[0]);
   const Graph g = b.build();
 
-  const Plan cpu_plan = compile(g, {}).plan;
-  Plan folds = lowered_for_h200(cpu_plan.graph);
-  const auto plan_of = [&](const char* name) -> const NodePlan& {
-    return folds.nodes[size_t(folds.graph.find_node(name) - folds.graph.nodes.data())];
-  };
-  REQUIRE(plan_of("down1").pre);
-  const std::map<std::string, Tensor> inputs = test::random_inputs(g, 5);
-  auto cpu = make_cpu_backend();
-  const std::map<std::string, Tensor> want = Executor(cpu_plan, *cpu).run(inputs);
-  FoldingCpuBackend backend;
-  Executor on(folds, backend), off(folds, backend);
-  off.set_in_place(false);
-  CHECK(on.in_place_nodes() == std::vector<std::string>{"stem", "chunk"});
-  for (Executor* ex : {&on, &off}) {
-    backend.runs.clear();
-    const std::map<std::string, Tensor> got = ex->run(inputs);
-    const bool folded = ex == &on;
-    INFO((folded ? "folded" : "unfolded"));
-    CHECK(backend.runs.count("stem") == !folded);
-    REQUIRE(got.size() == want.size());
-    for (const auto& [name, t] : want) {
-      INFO("output " << name);
-      CHECK(test::bit_equal(got.at(name), t));
-    }
-  }
+  const FoldPlans p(g);
+  REQUIRE(p.at("down1").pre);
+  check_fold_runs(g, p, 5, {"stem", "chunk"}, {"stem"});
 }
 
 TEST_CASE("executor: a folded upsampling's conv gets its source and the concat its slots",
@@ -290,22 +299,8 @@ TEST_CASE("executor: a folded upsampling's conv gets its source and the concat i
   for (const bool up_first : {true, false}) {
     const Graph g = test::join_graph(up_first);
     INFO((up_first ? "upsampled first" : "upsampled second"));
-    const Plan cpu_plan = compile(g, {}).plan;
-    const Plan folds = lowered_for_h200(cpu_plan.graph);
-    REQUIRE(folds.nodes[size_t(folds.graph.find_node("join") - folds.graph.nodes.data())].up);
-    const std::map<std::string, Tensor> inputs = test::random_inputs(g, 300);
-    auto cpu = make_cpu_backend();
-    const Tensor want = Executor(cpu_plan, *cpu).run(inputs).at("join.act");
-    FoldingCpuBackend backend;
-    Executor on(folds, backend), off(folds, backend);
-    off.set_in_place(false);
-    CHECK(on.in_place_nodes() == std::vector<std::string>{"up", "cat"});
-    for (Executor* ex : {&on, &off}) {
-      backend.runs.clear();
-      const Tensor got = ex->run(inputs).at("join.act");
-      INFO((ex == &on ? "folded" : "unfolded"));
-      CHECK(backend.runs.count("up") == (ex == &off));
-      CHECK(test::bit_equal(got, want));
-    }
+    const FoldPlans p(g);
+    REQUIRE(p.at("join").up);
+    check_fold_runs(g, p, 300, {"up", "cat"}, {"up"});
   }
 }
