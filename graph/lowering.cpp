@@ -356,6 +356,8 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
     if (cover >= 64 && !fills(256, cover) && fills(64, 64, kHaloWgmmaMinWaves))
       return split({64, 64, 72, kHaloWgmmaStages, 1, true});
   } else {
+    if (halo_persistent_fits(s))
+      return ConvTiles{64, s.k <= 16 ? 16 : 32, 72, kHaloWgmmaStages, 1, true, true};
     struct Candidate {
       int m, n;
       double waves;
@@ -519,6 +521,8 @@ std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel, const DeviceProfile& 
       for (int m : {64, 128, 256})
         for (int n : {16, 32, 64, 128})
           for (int stages : {3, 4}) out.push_back({m, n, 72, stages, 1, true});
+      // The persistent kernel's (on shapes it does not take, the same tiles as they are).
+      for (int n : {16, 32}) out.push_back({64, n, 72, kHaloWgmmaStages, 1, true, true});
       // Split-K on its one-square tiles, those of the small grids.
       for (int n : {16, 32, 64, 128})
         for (int stages : {3, 4})
@@ -759,9 +763,12 @@ std::string explain(const Plan& plan, const std::vector<bool>& in_place) {
     } else if (np.tiles.m && choice.kernel != "folded") {
       tiles = fmt::format("m={} n={}", np.tiles.m, np.tiles.n);
       if (np.tiles.k) tiles += fmt::format(" k={}", np.tiles.k);
-      if (np.tiles.stages) tiles += fmt::format(" stages={}", np.tiles.stages);
+      // The persistent kernel stages a square's whole reduction: it has no pipeline depth.
+      if (np.tiles.stages && !np.tiles.persistent)
+        tiles += fmt::format(" stages={}", np.tiles.stages);
       if (np.tiles.splits > 1) tiles += fmt::format(" splits={}", np.tiles.splits);
       if (np.tiles.wgmma) tiles += " wgmma";
+      if (np.tiles.persistent) tiles += " persistent";
     }
     out += fmt::format("{:<24} {:<16} {:<46} {:<16} {:<40} {}\n", n.name, op_name(n.op), io,
                        choice.kernel, choice.rule, tiles);

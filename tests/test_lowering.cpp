@@ -200,7 +200,8 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
     CHECK_FALSE(t.wgmma);
   }
   // With warpgroup MMA (Hopper, sm_90a build) the stride-1 halo layers take the wgmma kernel:
-  // n covering Cout with m = 256 for n = 128, else 128, where that grid makes half a wave, else
+  // up to 32 -> 32 channels its persistent form (64 x 16 or 64 x 32 tiles, 3 stages), else n
+  // covering Cout with m = 256 for n = 128, else 128, where that grid makes half a wave, else
   // 64x64 (n not past the cover), else 64x32 from 0.375 waves; 3 stages, 4 for tiles up to 64x64
   // under a wave. Stride 2 keeps the mma.sync halo kernel below 64 channels on large grids.
   struct Wg {
@@ -212,14 +213,18 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
   for (const Wg& r : std::vector<Wg>{
            {shape(16, 64, 80, 64, 3), {128, 64, 72, 3, 1, true}},     // 800 blocks
            {shape(16, 128, 40, 128, 3), {256, 128, 72, 3, 1, true}},  // 100 blocks
-           {shape(1, 16, 160, 16, 3), {64, 16, 72, 3, 1, true}},      // 400 blocks, 16 wide
+           {shape(1, 16, 160, 16, 3), {64, 16, 72, 3, 1, true, true}},
+           {shape(16, 16, 160, 16, 3), {64, 16, 72, 3, 1, true, true}},
+           {shape(16, 32, 80, 32, 3), {64, 32, 72, 3, 1, true, true}},
+           // 33 channels either way: not persistent.
+           {shape(16, 33, 80, 32, 3), {128, 32, 72, 3, 1, true}},
+           {shape(16, 32, 80, 33, 3), {128, 64, 72, 3, 1, true}},
            // 100 squares: 128x64 makes 50 blocks, 64x64 100 >= 66, half a wave: whole.
            {shape(1, 64, 80, 64, 3), {64, 64, 72, 4, 1, true}},
            // 25 squares, Cout 128: 256x128 makes 7 blocks, 128x128 13, 128x64 26, 64x64 50,
            // 64x32 100 (over half a wave: whole).
            {shape(1, 64, 40, 128, 3), {64, 32, 72, 4, 1, true}},
-           // 100 squares, Cout 32: 128x32 makes 50 blocks, 64x32 100; its 4 stages stay whole.
-           {shape(1, 32, 80, 32, 3), {64, 32, 72, 4, 1, true}},
+           {shape(1, 32, 80, 32, 3), {64, 32, 72, 3, 1, true, true}},
            // 25 squares, Cout 64: 64x64 makes 25 blocks, 64x32 50, enough for the last tiles
            // (0.375 waves), in 2 splits; 9 squares, Cout 128: 64x32 makes 36, too few whole,
            // but 144 in 4 splits of 4 stages (8 would leave 2 each).

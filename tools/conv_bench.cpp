@@ -328,16 +328,18 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
         if (t.k == 72 && !conv_gemm_halo_fits(s)) continue;
         if (t.k == kGemmStemK && !conv_gemm_stem_fits(s)) continue;
         const double us = graph_time_us(stream, [&fused, kern, t](int r) { fused(kern, t, r); });
-        all.push_back({conv_kernel_name(kern), t.m, t.n, t.k, t.stages, t.splits, t.wgmma, us});
+        all.push_back(
+            {conv_kernel_name(kern), t.m, t.n, t.k, t.stages, t.splits, t.wgmma, t.persistent, us});
         if (us < best_us) best_us = us, best = t;
         if (t == picked) picked_us = us;
       }
       std::printf(
-          "  %s sweep: fastest m=%d n=%d k=%d stages=%d splits=%d%s %.1f us; lowering's m=%d "
-          "n=%d k=%d stages=%d splits=%d%s %.1f us\n",
+          "  %s sweep: fastest m=%d n=%d k=%d stages=%d splits=%d%s%s %.1f us; lowering's m=%d "
+          "n=%d k=%d stages=%d splits=%d%s%s %.1f us\n",
           conv_kernel_name(kern), best.m, best.n, best.k, best.stages, best.splits,
-          best.wgmma ? " wgmma" : "", best_us, picked.m, picked.n, picked.k, picked.stages,
-          picked.splits, picked.wgmma ? " wgmma" : "", picked_us);
+          best.wgmma ? " wgmma" : "", best.persistent ? " persistent" : "", best_us, picked.m,
+          picked.n, picked.k, picked.stages, picked.splits, picked.wgmma ? " wgmma" : "",
+          picked.persistent ? " persistent" : "", picked_us);
     }
     row["sweep"] = all;
   }

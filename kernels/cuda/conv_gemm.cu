@@ -1011,6 +1011,8 @@ namespace conv_gemm_detail {
 void launch_stem_mma(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                      const float* scale, const float* shift, Activation act, float* y,
                      const float* residual, Stream stream);
+// conv_halo_persistent.cu: tiles of n in {16, 32} channels, a the wgmma halo kernel's arguments.
+void launch_halo_persistent(const HaloArgs& a, int n, Stream stream);
 }  // namespace conv_gemm_detail
 
 namespace {
@@ -1018,7 +1020,7 @@ namespace {
 std::string tiles_str(const ConvTiles& t) {
   return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
          " stages=" + std::to_string(t.stages) + " splits=" + std::to_string(t.splits) +
-         (t.wgmma ? " wgmma" : "");
+         (t.wgmma ? " wgmma" : "") + (t.persistent ? " persistent" : "");
 }
 
 }  // namespace
@@ -1061,12 +1063,15 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     reject(
         "the wgmma kernels need a compute capability 9.0 GPU and a build with sm_90a code "
         "(EPILOG_CUDA_ARCH=90a)");
-  if (!stem_ok && (!stages_ok || !(gemm_ok || halo_ok)))
+  const bool persistent_ok = !tiles.persistent || (halo_ok && tiles.wgmma && tiles.m == 64 &&
+                                                   in(tiles.n, {16, 32}) && tiles.splits == 1);
+  if (!persistent_ok || (!stem_ok && (!stages_ok || !(gemm_ok || halo_ok))))
     reject("unsupported tiles " + tiles_str(tiles) +
            " (k = 32 with m, n in {32, 64, 128} and splits in {1, 2, 4, 8}, with wgmma m >= 64; "
            "k = 72 with m in {64, 128, 256}, n in {32, 64, 128} and no splits, "
            "with wgmma also n = 16 and at m = 64 splits in {1, 2, 4, 8}; stages in {2, 3, 4}; "
-           "or k = 36, m in {128, 256, 512}, n = 16, no splits, no wgmma)");
+           "or k = 36, m in {128, 256, 512}, n = 16, no splits, no wgmma; persistent: wgmma "
+           "k = 72, m = 64, n in {16, 32}, no splits)");
   if (up && !conv_gemm_upsample_fits(s, tiles, up->scale_h, up->scale_w))
     reject(
         "an upsampled input needs tiles that run the wgmma direct kernel unsplit, a scale of 2 "
@@ -1116,6 +1121,9 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     a.vec_b = s.c % 4 == 0 && aligned16(w);
     a.res = residual, a.r_img = int(s.r_image());
     a.act = act;
+    if (tiles.persistent && halo_persistent_fits(s) && s.k <= tiles.n && s.w % 4 == 0 &&
+        a.xs % 4 == 0 && aligned16(x))
+      return launch_halo_persistent(a, tiles.n, stream);
     return s.stride_h == 1 ? dispatch_halo<1>(tiles, a, stream)
                            : dispatch_halo<2>(tiles, a, stream);
   }

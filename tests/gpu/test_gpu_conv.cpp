@@ -113,7 +113,7 @@ const Activation kActivations[] = {Activation::None, Activation::Silu, Activatio
 std::string tiles_str(const ConvTiles& t) {
   return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
          " stages=" + std::to_string(t.stages) + " splits=" + std::to_string(t.splits) +
-         (t.wgmma ? " wgmma" : "");
+         (t.wgmma ? " wgmma" : "") + (t.persistent ? " persistent" : "");
 }
 
 std::string shape_desc(const ConvShape& s) {
@@ -339,6 +339,42 @@ TEST_CASE("gpu conv: gemm's wgmma tiles on the shape matrix", "[gpu][conv][wgmma
     return;
   }
   check_kernel(ConvKernel::Gemm, true);
+}
+
+// gemm's persistent halo kernel (its tiles are in the cases above too, on geometries of a square
+// or a few a block): grids of more squares than fit at once on an H200, so that blocks take
+// several squares through both patch buffers; 1 to 4 stages, the last one partial, Cout under
+// the tile's n; with and without a residual, plain and strided (16-byte aligned slabs).
+TEST_CASE("gpu conv: gemm's persistent halo kernel, several squares a block",
+          "[gpu][conv][persistent]") {
+  const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
+  if (!profile.wgmma) {
+    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
+    return;
+  }
+  struct Layer {
+    const char* name;
+    int64_t n, c, h, w, k;
+    bool lowered;  // lowering runs it with these tiles (from 8 input channels)
+  };
+  const Layer layers[] = {
+      {"16 -> 16 at 160x160 (a C2f block's), batch 3", 3, 16, 160, 160, 16, true},
+      {"32 -> 32 at 80x80, batch 3", 3, 32, 80, 80, 32, true},
+      {"20 -> 29 at 44x120, batch 6", 6, 20, 44, 120, 29, true},
+      {"11 -> 9 at 100x96, batch 7", 7, 11, 100, 96, 9, true},
+      {"5 -> 16 at 48x64, batch 20", 20, 5, 48, 64, 16, false},
+  };
+  uint64_t seed = 9500;
+  for (const Layer& l : layers) {
+    const Geometry g{l.name, l.n, l.c, l.h, l.w, l.k, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    const ConvShape s = g.shape();
+    const ConvTiles t{64, l.k <= 16 ? 16 : 32, 72, 3, 1, true, true};
+    INFO(l.name);
+    CHECK((conv_tiles(ConvKernel::Gemm, s, profile) == t) == l.lowered);
+    for (int r = 0; r < 4; ++r)
+      check({ConvKernel::Gemm, t, s, r != 1, r != 2, kActivations[r], r % 2 == 1, r >= 2},
+            seed += 5, l.name);
+  }
 }
 
 // gemm's stem kernel alone (also part of the gemm case above), on every geometry it takes with

@@ -110,11 +110,14 @@ struct ConvTiles {
   int splits = 1;  // gemm k = 32, and k = 72 with wgmma: blocks (one cluster) each output tile's
                    // reduction is split over
   bool wgmma = false;  // gemm: the halo (k = 72) or 1x1 direct (k = 32) kernel on Hopper's wgmma
+  // gemm, wgmma 64 x n halo tiles, n in {16, 32}: the persistent halo kernel where it takes the
+  // shape (halo_persistent_fits) and x's rows are 16-byte aligned, else these tiles as they are.
+  bool persistent = false;
 };
 
 inline bool operator==(const ConvTiles& a, const ConvTiles& b) {
   return a.m == b.m && a.n == b.n && a.k == b.k && a.stages == b.stages && a.splits == b.splits &&
-         a.wgmma == b.wgmma;
+         a.wgmma == b.wgmma && a.persistent == b.persistent;
 }
 
 inline const char* conv_kernel_name(ConvKernel kernel) {
@@ -166,6 +169,16 @@ inline bool conv_gemm_stem_fits(const ConvShape& s) {
 inline bool conv_gemm_halo_fits(const ConvShape& s) {
   return s.groups == 1 && s.r == 3 && s.s == 3 && s.dil_h == 1 && s.dil_w == 1 &&
          s.stride_h == s.stride_w && (s.stride_h == 1 || s.stride_h == 2);
+}
+
+// gemm's persistent halo kernel (conv_halo_persistent.cu): a 3x3 conv at stride 1, dilation 1,
+// groups 1, over at most kPersistentMaxCin channels into at most kPersistentMaxCout, one 8x8 output
+// square after another a block, its weights loaded once (at least one input channel: its
+// launcher sizes shared memory by the stages).
+constexpr int kPersistentMaxCin = 32, kPersistentMaxCout = 32;
+inline bool halo_persistent_fits(const ConvShape& s) {
+  return conv_gemm_halo_fits(s) && s.stride_h == 1 && s.c >= 1 && s.c <= kPersistentMaxCin &&
+         s.k <= kPersistentMaxCout;
 }
 
 // gemm's conv pair kernel (conv_pair.cu): a stem conv A and the 3x3 conv B that alone reads
