@@ -2,6 +2,7 @@
 #include "epilog/graph/lowering.h"
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "epilog/graph/pattern.h"
@@ -627,6 +628,54 @@ void fold_conv_pairs(const Graph& g, std::vector<NodePlan>& nodes, const LowerOp
   }
 }
 
+// A 1x1 conv folded into the 3x3 conv whose output it alone reads (NodePlan::post): the first
+// conv's kernel runs the 1x1 on its accumulators (conv_chain_fits) and stores only the 1x1's
+// outputs. Where the fusion rules would absorb the first conv (can_absorb), neither has a
+// residual or another fold, and the 1x1's weight, scale and shift are float32 initializers
+// (packed after the first conv's weights, pack_conv_chain); never under a forced kernel.
+void fold_conv_chains(const Graph& g, std::vector<NodePlan>& nodes, const LowerOptions& options) {
+  if (options.force || !options.profile.wgmma) return;
+  const UseIndex uses(g);
+  const Pat pattern = op(OpKind::FusedConv2d, {op(OpKind::FusedConv2d, {}, "first")}, "conv");
+  const auto f32_weight = [&](const std::string& name) -> const Tensor* {
+    if (!g.is_weight(name)) return nullptr;
+    const Tensor& t = g.weights.at(name).data;
+    return t.dtype() == DType::F32 ? &t : nullptr;
+  };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& conv = g.nodes[i];
+    if (conv.op != OpKind::FusedConv2d || conv.inputs.size() > 4 || nodes[i].up || nodes[i].pre ||
+        !nodes[i].folded_into.empty())
+      continue;
+    std::optional<Match> m = match(g, uses, pattern, int(i));
+    if (!m) continue;
+    const Node& first = m->node("first");
+    NodePlan& host = nodes[size_t(m->node_of.at("first"))];
+    if (first.inputs.size() > 4 || host.pre || host.up || !host.folded_into.empty() ||
+        !host.packed.defined() || !can_absorb(g, uses, *m, OpKind::FusedConv2d, nullptr).empty())
+      continue;
+    const ConvShape b = conv_shape(g, conv);
+    if (!conv_chain_fits(conv_shape(g, first), host.tiles, b)) continue;
+    const Tensor *w = f32_weight(conv.inputs[1]), *scale = f32_weight(conv.inputs[2]),
+                 *shift = f32_weight(conv.inputs[3]);
+    if (!w || !scale || !shift) continue;
+    const auto host_floats = [](const Tensor* t) {
+      Tensor c = t->to(Device::CPU);
+      return c.contiguous() ? c : c.clone();
+    };
+    const Tensor wc = host_floats(w), sc = host_floats(scale), fc = host_floats(shift);
+    const int64_t a_floats = host.packed.numel();
+    Tensor packed = Tensor::empty({a_floats + kChainTailFloats});
+    std::memcpy(packed.raw(), host.packed.raw(), size_t(a_floats) * sizeof(float));
+    pack_conv_chain(b, static_cast<const float*>(wc.raw()), static_cast<const float*>(sc.raw()),
+                    static_cast<const float*>(fc.raw()),
+                    static_cast<float*>(packed.raw()) + a_floats);
+    host.packed = std::move(packed);
+    host.post = FoldedConv{conv.name, b, conv_activation(conv)};
+    nodes[i].folded_into = first.name;
+  }
+}
+
 // SPPF's cascade of max-pools, each pooling the one before with the same "same" window: the
 // first one's kernel computes up to kMaxPoolChain of them on the plane it staged, so the others
 // launch nothing and read nothing back (three 16x128x20x20 pools: 6.8 to 6.9 us each). The
@@ -706,6 +755,7 @@ Plan lower(Graph graph, const LowerOptions& options) {
   if (options.device == Device::CUDA) {
     fold_upsamples(graph, plan.nodes);
     fold_conv_pairs(graph, plan.nodes, options);
+    fold_conv_chains(graph, plan.nodes, options);
     chain_pools(graph, plan.nodes);
   }
   plan.graph = std::move(graph);
@@ -720,9 +770,14 @@ NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size
     return {"folded", fmt::format("no kernel: {} reads its input upsampled", np.folded_into)};
   if (masked(i) && node.op == OpKind::MaxPool2d)
     return {"folded", fmt::format("no kernel: {} makes it on its staged plane", np.folded_into)};
-  if (masked(i) && node.op == OpKind::FusedConv2d)
+  if (masked(i) && node.op == OpKind::FusedConv2d) {
+    const Node* host = plan.graph.find_node(np.folded_into);
+    if (host && plan.nodes[size_t(host - plan.graph.nodes.data())].post)
+      return {"folded", fmt::format("no kernel: {} runs it on its accumulators (conv chain)",
+                                    np.folded_into)};
     return {"folded", fmt::format("no kernel: {} makes its outputs where it loads them (conv pair)",
                                   np.folded_into)};
+  }
   if (masked(i))
     return {"in place", node.op == OpKind::Split ? "no copy: its parts are views of its input"
                                                  : "no copy: its inputs are made in its buffer"};
@@ -742,6 +797,14 @@ NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size
       return {"gemm pair", fmt::format("also computes {} ({} -> {} channels), its outputs never "
                                        "stored",
                                        np.pre->node, np.pre->shape.c, np.pre->shape.k)};
+  }
+  if (np.post) {
+    const Node* second = plan.graph.find_node(np.post->node);
+    if (second && masked(size_t(second - plan.graph.nodes.data())))
+      return {"gemm chain",
+              fmt::format("{}; also runs {} (1x1, {} -> {} channels), its own "
+                          "outputs never stored",
+                          np.rule, np.post->node, np.post->shape.c, np.post->shape.k)};
   }
   return {np.kernel, np.rule};
 }

@@ -176,11 +176,12 @@ namespace {
 
 // The CPU backend, also taking what the CUDA backend takes for a folded node: a conv pair's
 // inputs (the second conv's, the first conv's input in place of its output, then the first
-// conv's weight, scale and shift), run as the two convs; and a conv reading through a folded
-// upsampling (its inputs, then the upsampling's source: the channels the upsampling would have
-// written into the concat's buffer are not there), run on its input with those channels filled
-// in. So the executor's side of the folds (what it hands, what it makes, what it frees) runs
-// without a GPU.
+// conv's weight, scale and shift) and a conv chain's (the conv's, then the folded 1x1's weight,
+// scale and shift; its output the 1x1's), each run as the two convs; and a conv reading through
+// a folded upsampling (its inputs, then the upsampling's source: the channels the upsampling
+// would have written into the concat's buffer are not there), run on its input with those
+// channels filled in. So the executor's side of the folds (what it hands, what it makes, what it
+// frees) runs without a GPU.
 class FoldingCpuBackend : public Backend {
  public:
   Device device() const override { return Device::CPU; }
@@ -210,8 +211,14 @@ class FoldingCpuBackend : public Backend {
       return conv(conv_shape(node, in, out[0]), x, in[1], in[2], in[3], conv_activation(node),
                   out[0]);
     }
-    REQUIRE(plan.pre);
     REQUIRE(in.size() == 7);
+    if (plan.post) {
+      const FoldedConv& f = *plan.post;
+      Tensor mid = Tensor::empty({f.shape.n, f.shape.c, f.shape.h, f.shape.w});
+      conv(conv_shape(node, in, mid), in[0], in[1], in[2], in[3], conv_activation(node), mid);
+      return conv(f.shape, mid, in[4], in[5], in[6], f.act, out[0]);
+    }
+    REQUIRE(plan.pre);
     const FoldedConv& f = *plan.pre;
     Tensor mid = Tensor::empty({f.shape.n, f.shape.k, f.shape.ho, f.shape.wo});
     conv(f.shape, in[0], in[4], in[5], in[6], f.act, mid);
@@ -269,10 +276,11 @@ void check_fold_runs(const Graph& g, const FoldPlans& p, uint64_t seed,
 
 TEST_CASE("executor: folded convs get the inputs and make the outputs their kernels need",
           "[executor]") {
-  // A stem pair (3 -> 16 -> 32 channels, both 3x3 at stride 2, with batchnorm and SiLU) whose
-  // output a split reads as views: lowered for CUDA (which folds the stem), run on the CPU, it
-  // must give the bits of the graph lowered for the CPU, the folded stem running nothing; and
-  // with copy avoidance off, each conv its own.
+  // A stem pair (3 -> 16 -> 32 channels, both 3x3 at stride 2) and a chain (32 -> 64 at stride
+  // 2, then a 1x1 64 -> 64), each conv with batchnorm and SiLU, the chain's 1x1 read by a split
+  // as views: lowered for CUDA (which folds both), run on the CPU, they must give the bits of
+  // the graph lowered for the CPU, the folded convs running nothing; and with copy avoidance off,
+  // each conv its own.
   Builder b(21);
   const auto cbs = [&](Val x, const std::string& name, int64_t c, int64_t k, int64_t stride) {
     return b.silu(
@@ -280,14 +288,16 @@ TEST_CASE("executor: folded convs get the inputs and make the outputs their kern
         name + ".act");
   };
   Val x = cbs(cbs(b.input("images", {1, 3, 640, 640}), "stem", 16, 3, 2), "down1", 32, 3, 2);
-  std::vector<Val> parts = b.split(x, 1, {16, 16}, "chunk");
+  Val y = cbs(cbs(x, "down2", 64, 3, 2), "cv1", 64, 1, 1);
+  std::vector<Val> parts = b.split(y, 1, {32, 32}, "chunk");
   b.output(cbs(parts[1], "head", 16, 3, 1));
   b.output(parts[0]);
   const Graph g = b.build();
 
   const FoldPlans p(g);
   REQUIRE(p.at("down1").pre);
-  check_fold_runs(g, p, 5, {"stem", "chunk"}, {"stem"});
+  REQUIRE(p.at("down2").post);
+  check_fold_runs(g, p, 5, {"stem", "cv1", "chunk"}, {"stem", "cv1"});
 }
 
 TEST_CASE("executor: a folded upsampling's conv gets its source and the concat its slots",

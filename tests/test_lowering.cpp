@@ -12,6 +12,7 @@
 #include "epilog/io/builder.h"
 #include "epilog/runtime/executor.h"
 #include "epilog/runtime/params.h"
+#include "yolo_like.h"
 
 using namespace epilog;
 
@@ -795,6 +796,197 @@ TEST_CASE("lowering: a conv with one folded into it is not folded into the next"
   CHECK_FALSE(node_plan(p, "c2").pre);
   CHECK(node_plan(p, "c1").folded_into.empty());
   CHECK(plan_in_place(p).folded == std::vector<bool>{true, false, false});
+}
+
+// A 3x3 conv at stride `stride` (32 -> `mid` channels at batch 16 onto 80x80 at stride 2) and
+// the conv that reads it (`k2` x `k2`, into `out`), each with batchnorm and SiLU, fused: the
+// YOLO-like backbone's b3 and b4.cv1.
+struct Chain {
+  int64_t mid = 64, out = 64, k2 = 1, stride = 2;
+  bool mid_is_output = false, second_reader = false;
+};
+
+Graph chain_graph(const Chain& ch) {
+  Builder b(11);
+  const auto cbs = [&](Val x, const std::string& name, int64_t k, int64_t r, int64_t stride) {
+    return b.silu(
+        b.batchnorm(b.conv2d(x, name, ConvOpts(k, r).stride(stride).padding(r / 2)), name + ".bn"),
+        name + ".act");
+  };
+  const int64_t hw = ch.stride == 2 ? 160 : 80;
+  Val mid = cbs(b.input("x", {16, 32, hw, hw}), "b3", ch.mid, 3, ch.stride);
+  b.output(cbs(mid, "b4", ch.out, ch.k2, 1));
+  if (ch.mid_is_output) b.output(mid);
+  if (ch.second_reader) b.output(b.relu(mid, "other"));
+  Graph g = b.build();
+  optimize(g);
+  return g;
+}
+
+TEST_CASE("lowering: a 1x1 conv is folded into the conv whose output it alone reads (conv chain)",
+          "[lowering]") {
+  LowerOptions cuda;
+  cuda.device = Device::CUDA;
+  const Graph g = chain_graph({});
+  const Plan p = lower(g, cuda);
+  const NodePlan& first = node_plan(p, "b3");
+  REQUIRE(first.post);
+  CHECK(first.post->node == "b4");
+  CHECK(first.post->act == Activation::Silu);
+  CHECK(first.post->shape.c == 64);
+  CHECK(first.post->shape.k == 64);
+  CHECK(first.post->shape.ho == 80);
+  CHECK(node_plan(p, "b4").folded_into == "b3");
+  REQUIRE(conv_chain_fits(conv_shape(p.graph, p.graph.nodes[0]), first.tiles, first.post->shape));
+  // The first conv's packed weights, then the 1x1's weights, scale and shift.
+  const int64_t own = wgmma_packed_floats(conv_shape(p.graph, p.graph.nodes[0]), first.tiles);
+  REQUIRE(first.packed.numel() == own + kChainTailFloats);
+  const float* tail = first.packed.f32() + own;
+  const Tensor& scale = g.weights.at(g.nodes[1].inputs[2]).data;
+  const Tensor& shift = g.weights.at(g.nodes[1].inputs[3]).data;
+  CHECK(std::memcmp(tail + kChainC * kChainC, scale.f32(), 4 * kChainC) == 0);
+  CHECK(std::memcmp(tail + kChainC * kChainC + kChainC, shift.f32(), 4 * kChainC) == 0);
+  // The 1x1 keeps its own kernel and packed weights, which run while copy avoidance is off.
+  CHECK(node_plan(p, "b4").kernel == "gemm");
+  CHECK(node_plan(p, "b4").packed.numel() == kChainC * kChainC);
+  CHECK(plan_in_place(p).folded == std::vector<bool>{false, true});
+  const std::string text = explain(p, in_place_mask(p));
+  CHECK_THAT(text, Catch::Contains("no kernel: b3 runs it on its accumulators (conv chain)") &&
+                       Catch::Contains("gemm chain") &&
+                       Catch::Contains("also runs b4 (1x1, 64 -> 64 channels)"));
+  CHECK_THAT(explain(p), !Catch::Contains("folded") && !Catch::Contains("gemm chain"));
+
+  // Refused: the intermediate read twice or a graph output (can_absorb), 32 or 128 channels
+  // between, 32 out, a 3x3 second conv, no wgmma, the CPU, a forced kernel.
+  Chain out, twice, mid32, mid128, out32, k3;
+  out.mid_is_output = true;
+  twice.second_reader = true;
+  mid32.mid = 32;
+  mid128.mid = 128;
+  out32.out = 32;
+  k3.k2 = 3;
+  LowerOptions cpu, sync = cuda, gemm = cuda;
+  sync.profile.wgmma = false;
+  gemm.force = ConvKernel::Gemm;
+  for (const auto& [why, graph, options] :
+       std::vector<std::tuple<std::string, Graph, LowerOptions>>{
+           {"intermediate is a graph output", chain_graph(out), cuda},
+           {"intermediate read twice", chain_graph(twice), cuda},
+           {"32 channels between", chain_graph(mid32), cuda},
+           {"128 channels between", chain_graph(mid128), cuda},
+           {"32 output channels", chain_graph(out32), cuda},
+           {"3x3 second conv", chain_graph(k3), cuda},
+           {"no wgmma", chain_graph({}), sync},
+           {"cpu", chain_graph({}), cpu},
+           {"forced gemm", chain_graph({}), gemm}}) {
+    INFO(why);
+    const Plan r = lower(graph, options);
+    CHECK_FALSE(node_plan(r, "b3").post);
+    CHECK(node_plan(r, "b4").folded_into.empty());
+    CHECK_THAT(explain(r, in_place_mask(r)), !Catch::Contains("gemm chain"));
+  }
+}
+
+TEST_CASE("lowering: the YOLO-like model folds b4.cv1 into b3 at batch 16", "[lowering]") {
+  Builder b(1);
+  Graph g = yolo::yolo_like(b, /*batch=*/16, /*size=*/640);
+  optimize(g);
+  LowerOptions cuda;
+  cuda.device = Device::CUDA;
+  const Plan p = lower(g, cuda);
+  std::vector<std::string> chained;
+  for (size_t i = 0; i < p.nodes.size(); ++i)
+    if (p.nodes[i].post) chained.push_back(p.graph.nodes[i].name + " <- " + p.nodes[i].post->node);
+  CHECK(chained == std::vector<std::string>{"b3.conv <- b4.cv1.conv"});
+}
+
+// The chain's second conv takes A's accumulators as its MMAs' A operand as they lie (the
+// kernel's chain_epilogue): lane (g, t) of warp w holds channel 8j + 2t + e of pixel rows 16w + g
+// (e) and 16w + g + 8 (2 + e) in acc[j][.], and hands {acc[j][0], acc[j][2], acc[j][1],
+// acc[j][3]} to k step j as columns t (rows g, g + 8) and t + 4. With the 1x1's weights packed
+// by pack_conv_chain, the MMAs must sum each pixel's channels against the right weights: here
+// on the host, in values TF32 holds exactly, against the plain product.
+TEST_CASE("kernel geometry: pack_conv_chain orders the 1x1's weights as A's accumulators lie",
+          "[lowering][shapes]") {
+  constexpr int C = kChainC;
+  std::vector<float> v(64 * C), w(C * C), scale(C), shift(C);
+  for (int i = 0; i < 64 * C; ++i) v[size_t(i)] = float((i * 37 + 11) % 17 - 8);
+  for (int i = 0; i < C * C; ++i) w[size_t(i)] = float((i * 53 + 5) % 13 - 6) / 8.0f;
+  for (int c = 0; c < C; ++c) scale[size_t(c)] = 1.0f + c, shift[size_t(c)] = -2.0f * c;
+  // An odd plane, which no wgmma kernel of the 1x1 alone takes (its packing must not care).
+  ConvShape b{2, C, 75, 99, C, 1, 1, 75, 99, 1, 1, 0, 0, 1, 1, 1};
+  std::vector<float> packed(size_t(kChainTailFloats), -1.0f);
+  pack_conv_chain(b, w.data(), scale.data(), shift.data(), packed.data());
+  // The MMAs' operands as the kernel builds them: A from the lanes' accumulators, B from the
+  // shared-memory layout its descriptors give (k step j 2C floats x 4 on, the second column
+  // chunk C x 4 floats on, row n 4 floats on).
+  std::vector<float> a_op(64 * C, NAN);
+  for (int warp = 0; warp < 4; ++warp)
+    for (int g = 0; g < 8; ++g)
+      for (int t = 0; t < 4; ++t)
+        for (int j = 0; j < C / 8; ++j) {
+          const auto acc = [&](int q) {
+            return v[size_t((16 * warp + g + 8 * (q / 2)) * C + 8 * j + 2 * t + q % 2)];
+          };
+          const float frag[4] = {acc(0), acc(2), acc(1), acc(3)};
+          a_op[size_t((16 * warp + g) * C + 8 * j + t)] = frag[0];
+          a_op[size_t((16 * warp + g + 8) * C + 8 * j + t)] = frag[1];
+          a_op[size_t((16 * warp + g) * C + 8 * j + t + 4)] = frag[2];
+          a_op[size_t((16 * warp + g + 8) * C + 8 * j + t + 4)] = frag[3];
+        }
+  // The tensor cores read the top 19 bits of an operand (pack_wgmma_weights rounds by adding
+  // half of what they drop).
+  const auto tf32 = [](float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    bits &= ~0x1fffu;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  };
+  int64_t wrong = 0;
+  for (int row = 0; row < 64; ++row)
+    for (int n = 0; n < C; ++n) {
+      double got = 0.0, want = 0.0;
+      for (int k = 0; k < C; ++k) {
+        const int j = k / 8, p = k % 8;
+        got += double(a_op[size_t(row * C + k)]) *
+               tf32(packed[size_t(2 * C * 4 * j + C * 4 * (p / 4) + 4 * n + p % 4)]);
+        want += double(v[size_t(row * C + k)]) * w[size_t(n * C + k)];
+      }
+      wrong += got != want;
+    }
+  CHECK(wrong == 0);
+  for (int c = 0; c < C; ++c) {
+    CHECK(packed[size_t(C * C + c)] == scale[size_t(c)]);
+    CHECK(packed[size_t(C * C + C + c)] == shift[size_t(c)]);
+  }
+}
+
+TEST_CASE("kernel geometry: conv_chain_fits takes the chains it is built for",
+          "[lowering][shapes]") {
+  ConvShape a{16, 32, 160, 160, 64, 3, 3, 80, 80, 2, 2, 1, 1, 1, 1, 1};
+  ConvShape b{16, 64, 80, 80, 64, 1, 1, 80, 80, 1, 1, 0, 0, 1, 1, 1};
+  const ConvTiles t{128, 64, 72, 3, 1, true};
+  CHECK(conv_chain_fits(a, t, b));
+  CHECK(conv_chain_fits(a, ConvTiles{64, 64, 72, 3, 1, true}, b));
+  CHECK_FALSE(conv_chain_fits(a, ConvTiles{256, 64, 72, 3, 1, true}, b));   // not built
+  CHECK_FALSE(conv_chain_fits(a, ConvTiles{64, 64, 72, 3, 2, true}, b));    // split
+  CHECK_FALSE(conv_chain_fits(a, ConvTiles{128, 64, 72, 3, 1, false}, b));  // mma.sync
+  CHECK_FALSE(conv_chain_fits(a, ConvTiles{128, 32, 72, 3, 1, true}, b));   // half the channels
+  ConvShape other = b;
+  other.h = other.ho = 79;
+  CHECK_FALSE(conv_chain_fits(a, t, other));  // not its output plane
+  other = b;
+  other.stride_h = other.stride_w = 2;
+  other.ho = other.wo = 40;
+  CHECK_FALSE(conv_chain_fits(a, t, other));
+  other = b;
+  other.k = 32;
+  CHECK_FALSE(conv_chain_fits(a, t, other));
+  other = b;
+  other.pad_t = 1;
+  other.ho = 82;
+  CHECK_FALSE(conv_chain_fits(a, t, other));
 }
 
 TEST_CASE("kernel geometry: conv_pair_fits takes the stem pairs it is built for",

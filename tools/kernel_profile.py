@@ -13,7 +13,7 @@ the totals by kind of node, the table "Where the time goes" of docs/perf.md.
 Floor of a node, as for the conv suite: max(bytes / copy rate, flops / TF32 rate), bytes = its
 inputs and output once (a residual included), flops = 2 x outputs x reduction for a conv, 0
 otherwise; a conv pair (a conv with the one before it folded in) reads that one's input and does
-both convs' flops. Pass the rates measured in the same call (conv_bench prints them); the defaults are
+both convs' flops, a conv chain (a conv with the 1x1 after it folded in) both convs' flops. Pass the rates measured in the same call (conv_bench prints them); the defaults are
 conv_bench's.
 """
 import argparse
@@ -65,11 +65,17 @@ def launching_nodes(epilog, model, batch):
             folded[name] = dims
             continue
         x = math.prod(dims[0])
-        # A conv pair reads the folded conv's input instead of its output, and does its work too.
+        # Folded convs whose work this one's kernel does: (name, output shape). A conv pair reads
+        # the folded conv's input instead of its output; a conv chain stores the folded 1x1's
+        # output (as large as its own) instead of its own.
+        extra = []
         pre = re.search(r"also computes (\S+) \(", line)
         if pre:
             x = math.prod(folded[pre.group(1)][0])
-            pre = (pre.group(1), folded[pre.group(1)][1])
+            extra.append((pre.group(1), folded[pre.group(1)][1]))
+        post = re.search(r"also runs (\S+) \(1x1", line)
+        if post:  # listed after this node; its output is as large as this one's
+            extra.append((post.group(1), dims[1]))
         # A conv reading through a folded upsampling reads those channels at the source's size.
         up = re.search(r"channels (\d+)\.\.(\d+) read from \S+ upsampled (\d+)x(\d+)", line)
         if up:
@@ -77,7 +83,7 @@ def launching_nodes(epilog, model, batch):
             x -= (c1 - c0 + 1) * x // dims[0][1] * (sh * sw - 1) // (sh * sw)
         chain = re.search(r"; then (.+?), each pooling the one before", line)
         outputs = 1 + ("+ residual" in line) + (len(chain.group(1).split(", ")) if chain else 0)
-        nodes.append((name, op, x, dims[1], outputs, pre))
+        nodes.append((name, op, x, dims[1], outputs, extra))
     if not nodes:
         fail(f"'epilog explain {model}' listed no nodes")
     return nodes
@@ -175,15 +181,15 @@ def main():
     first = nodes[0][0]  # the first layer
 
     groups, rows = {}, []
-    for (name, op, x, y, outputs, pre), k in zip(nodes, kernels):
+    for (name, op, x, y, outputs, extra), k in zip(nodes, kernels):
         conv = convs.get(name)
         if (conv is not None) != ("conv" in k["name"]):
             fail(f"node {name} ({op}) met kernel {short(k['name'])}: the launch order differs "
                  f"from explain's (a different build, model or batch?)")
         bytes_ = 4 * (x + math.prod(y) * outputs)
         flops = 2 * math.prod(y) * conv[0] if conv else 0
-        if pre:
-            flops += 2 * math.prod(pre[1]) * convs[pre[0]][0]
+        for other, shape in extra:
+            flops += 2 * math.prod(shape) * convs[other][0]
         floor = max(bytes_ / (args.copy_gbps * 1e3), flops / (args.tf32_tflops * 1e6))
         us = k["gpu__time_duration.sum"] / 1e3
         dram = (k["dram__bytes_read.sum"] + k["dram__bytes_write.sum"]) / 1e6

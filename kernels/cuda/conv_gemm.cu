@@ -21,7 +21,9 @@
 //                  (conv_gemm_wgmma.cuh; sm_90a builds on a compute capability 9.0 GPU),
 //                  reading the weights packed ahead of the run (pack_wgmma_weights); stages 3
 //                  or 4; at m = 64 splits > 1 runs it split-K over its 8-channel stages as the
-//                  gather kernel below does.
+//                  gather kernel below does. conv_chain runs its m in {64, 128}, n = 64 tiles
+//                  with the 1x1 conv that alone reads the output on their accumulators
+//                  (chain_epilogue, conv_gemm_wgmma.cuh).
 //   k = 32  direct 1x1, stride 1, no padding, ho*wo % 4 == 0, x 16-byte aligned: persistent.
 //                  With `wgmma` (m in {64, 128}, no splits) the same on warpgroup MMA
 //                  (conv_direct_wgmma_kernel below), reading the weights packed ahead; on any
@@ -904,10 +906,10 @@ void launch_halo(HaloArgs a, Stream stream) {
   check_launch("conv_gemm");
 }
 
-template <int BM, int BN, int S, bool RegA, bool Split, bool ResAhead, bool Wide>
+template <int BM, int BN, int S, bool RegA, bool Split, bool ResAhead, bool Wide, bool Chain>
 void launch_halo_wgmma(HaloArgs a, Stream stream) {
   using W = HaloWgTile<BM, BN, S, RegA, Wide>;
-  auto kernel = conv_halo_wgmma_kernel<BM, BN, S, RegA, Split, ResAhead, Wide>;
+  auto kernel = conv_halo_wgmma_kernel<BM, BN, S, RegA, Split, ResAhead, Wide, Chain>;
   static std::atomic<uint64_t> opted_in{0};
   detail::opt_in(opted_in, W::smem_bytes(W::kMaxStages), kernel);
   a.stages = a.stages < 3 ? 3 : a.stages > W::kMaxStages ? W::kMaxStages : a.stages;
@@ -927,15 +929,15 @@ void launch_halo_wgmma(HaloArgs a, Stream stream) {
 
 // The kernel for layers with a residual or without (halo_wgmma_reg_a, halo_wgmma_res_ahead):
 // where both rules give the same, the same instance. Wide rows (halo_wgmma_wide) where the
-// input's rows are 16-byte aligned.
-template <int BM, int BN, int S, bool Split, bool Residual>
+// input's rows are 16-byte aligned. Chain: the conv chain's kernel (conv_chain).
+template <int BM, int BN, int S, bool Split, bool Residual, bool Chain = false>
 void launch_halo_wgmma_for(HaloArgs a, Stream stream) {
   constexpr bool reg_a = halo_wgmma_reg_a(BN, Residual);
   constexpr bool res_ahead = halo_wgmma_res_ahead(BN, S, Split, reg_a, Residual);
   if constexpr (halo_wgmma_wide(BM, BN, S, reg_a))
     if (a.w % 4 == 0 && a.xs % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0)
-      return launch_halo_wgmma<BM, BN, S, reg_a, Split, res_ahead, true>(a, stream);
-  launch_halo_wgmma<BM, BN, S, reg_a, Split, res_ahead, false>(a, stream);
+      return launch_halo_wgmma<BM, BN, S, reg_a, Split, res_ahead, true, Chain>(a, stream);
+  launch_halo_wgmma<BM, BN, S, reg_a, Split, res_ahead, false, Chain>(a, stream);
 }
 
 template <int BM, int BN, int S, bool Split>
@@ -1023,6 +1025,45 @@ std::string tiles_str(const ConvTiles& t) {
          (t.wgmma ? " wgmma" : "") + (t.persistent ? " persistent" : "");
 }
 
+// What every conv_gemm path needs of a shape: x, y, the residual and w index in 32 bits, and
+// the plane, padding and window in 28.
+void check_ranges(const ConvShape& s) {
+  constexpr int64_t kSmall = int64_t(1) << 28;
+  if (s.n * s.x_image() >= INT32_MAX || s.n * s.y_image() >= INT32_MAX ||
+      s.n * s.r_image() >= INT32_MAX || s.k * s.c * s.r * s.s >= INT32_MAX)
+    reject("x, y and w must each span fewer than 2^31 elements");
+  if (s.h >= kSmall || s.w >= kSmall || s.ho * s.stride_h >= kSmall ||
+      s.wo * s.stride_w >= kSmall || s.pad_t < 0 || s.pad_l < 0 || s.pad_t >= kSmall ||
+      s.pad_l >= kSmall || (s.r - 1) * s.dil_h >= kSmall || (s.s - 1) * s.dil_w >= kSmall)
+    reject("plane, padding or window out of range");
+}
+
+// The halo kernels' arguments for tiles on a shape conv_gemm_halo_fits takes.
+HaloArgs halo_args(const ConvShape& s, const ConvTiles& tiles, const float* x, const float* w,
+                   const float* scale, const float* shift, Activation act, float* y,
+                   const float* residual, const float* packed) {
+  HaloArgs a{};
+  a.x = x;
+  a.wt = w;
+  a.scale = scale;
+  a.shift = shift;
+  a.y = y;
+  if (!set_halo_geometry(a, s, tiles.n)) reject("too many output squares");
+  a.ctiles = int((s.c + kHaloC - 1) / kHaloC);
+  a.stages = a.ctiles + 1 < tiles.stages ? a.ctiles + 1 : tiles.stages;
+  a.splits = 1;
+  if (tiles.wgmma) {
+    a.wp = packed;
+    a.stages = tiles.stages;
+    a.splits = tiles.splits;
+    while (a.splits > a.ctiles) a.splits /= 2;  // every split keeps a stage
+  }
+  a.vec_b = s.c % 4 == 0 && aligned16(w);
+  a.res = residual, a.r_img = int(s.r_image());
+  a.act = act;
+  return a;
+}
+
 }  // namespace
 
 bool wgmma_available() {
@@ -1088,39 +1129,14 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   }
   const int64_t m = s.n * s.ho * s.wo, kg = s.c * s.r * s.s;
   if (m == 0 || s.k == 0) return;
-  constexpr int64_t kSmall = int64_t(1) << 28;
-  if (s.n * s.x_image() >= INT32_MAX || s.n * s.y_image() >= INT32_MAX ||
-      s.n * s.r_image() >= INT32_MAX || s.k * kg >= INT32_MAX)
-    reject("x, y and w must each span fewer than 2^31 elements");
-  if (s.h >= kSmall || s.w >= kSmall || s.ho * s.stride_h >= kSmall ||
-      s.wo * s.stride_w >= kSmall || s.pad_t < 0 || s.pad_l < 0 || s.pad_t >= kSmall ||
-      s.pad_l >= kSmall || (s.r - 1) * s.dil_h >= kSmall || (s.s - 1) * s.dil_w >= kSmall)
-    reject("plane, padding or window out of range");
+  check_ranges(s);
 
   if (stem_ok && conv_gemm_stem_fits(s))
     return launch_stem_mma(s, tiles, x, w, scale, shift, act, y, residual, stream);
 
   // -- the 3x3 halo kernel --
   if (halo_ok && conv_gemm_halo_fits(s)) {
-    HaloArgs a{};
-    a.x = x;
-    a.wt = w;
-    a.scale = scale;
-    a.shift = shift;
-    a.y = y;
-    if (!set_halo_geometry(a, s, tiles.n)) reject("too many output squares");
-    a.ctiles = int((s.c + kHaloC - 1) / kHaloC);
-    a.stages = a.ctiles + 1 < tiles.stages ? a.ctiles + 1 : tiles.stages;
-    a.splits = 1;
-    if (tiles.wgmma) {
-      a.wp = packed;
-      a.stages = tiles.stages;
-      a.splits = tiles.splits;
-      while (a.splits > a.ctiles) a.splits /= 2;  // every split keeps a stage
-    }
-    a.vec_b = s.c % 4 == 0 && aligned16(w);
-    a.res = residual, a.r_img = int(s.r_image());
-    a.act = act;
+    const HaloArgs a = halo_args(s, tiles, x, w, scale, shift, act, y, residual, packed);
     if (tiles.persistent && halo_persistent_fits(s) && s.k <= tiles.n && s.w % 4 == 0 &&
         a.xs % 4 == 0 && aligned16(x))
       return launch_halo_persistent(a, tiles.n, stream);
@@ -1216,6 +1232,36 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     case 128128:
       return launch<128, 128>(a, direct, stream);
   }
+}
+
+void conv_chain(const ConvShape& sa, const ConvTiles& t, const ConvShape& sb, const float* x,
+                const float* scale_a, const float* shift_a, Activation act_a, const float* packed,
+                Activation act_b, float* y, Stream stream) {
+  if (!conv_chain_fits(sa, t, sb))
+    reject("a conv chain takes a 3x3 conv on wgmma halo tiles of 64 or 128 pixels by " +
+           std::to_string(kChainC) + " channels, unsplit, into " + std::to_string(kChainC) +
+           " channels, then a 1x1 conv of its output into as many, stride 1, no padding; got " +
+           tiles_str(t) + ", " + std::to_string(sa.k) + " then " + std::to_string(sb.k) +
+           " channels");
+  if (!wgmma_available())
+    reject(
+        "a conv chain needs a compute capability 9.0 GPU and a build with sm_90a code "
+        "(EPILOG_CUDA_ARCH=90a)");
+  if (!packed || !aligned16(packed))
+    reject(
+        "a conv chain reads its weights packed (pack_wgmma_weights, then pack_conv_chain), "
+        "16-byte aligned");
+  if (sa.n * sa.ho * sa.wo == 0) return;
+  ConvShape s = sa;
+  s.y_stride = sb.y_image();  // A's tiles store B's outputs
+  check_ranges(s);
+  HaloArgs a = halo_args(s, t, x, nullptr, scale_a, shift_a, act_a, y, nullptr, packed);
+  a.chain_act = act_b;
+  if (t.m == 64)
+    return s.stride_h == 1 ? launch_halo_wgmma_for<64, kChainC, 1, false, false, true>(a, stream)
+                           : launch_halo_wgmma_for<64, kChainC, 2, false, false, true>(a, stream);
+  return s.stride_h == 1 ? launch_halo_wgmma_for<128, kChainC, 1, false, false, true>(a, stream)
+                         : launch_halo_wgmma_for<128, kChainC, 2, false, false, true>(a, stream);
 }
 
 }  // namespace epilog::cuda

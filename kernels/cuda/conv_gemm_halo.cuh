@@ -41,8 +41,13 @@ struct HaloArgs {
   // padding: as an int it enlarged the struct, and that moved ptxas's register allocation of
   // every halo kernel (tools/kernel_regs.py).
   uint8_t splits;
+  // The conv chain (cuda::conv_chain): the 1x1 conv's activation; its weights, scale and shift
+  // follow the packed ones (pack_conv_chain). In padding too.
+  Activation chain_act;
   const float* wp;  // the wgmma kernel's weights, packed for its n (pack_wgmma_weights)
 };
+static_assert(sizeof(void*) != 8 || sizeof(HaloArgs) == 152,
+              "HaloArgs' size moves ptxas's register allocation of every halo kernel");
 
 // The fields of `a` conv shape s fixes: planes, padding, squares and their divisors, image
 // strides, and n_tiles for tiles of bn channels. False (a partly set) where s has 2^31 squares or

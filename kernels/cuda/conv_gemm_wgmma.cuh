@@ -375,16 +375,73 @@ constexpr bool halo_wgmma_res_ahead(int n, int stride, bool split, bool reg_a, b
   return n <= 32 && (!reg_a || n <= 16);
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The conv chain's second conv (cuda::conv_chain, conv_chain_fits), after the mainloop of the
+// first: acc holds all kChainC channels of the warpgroup's square, which the 1x1 conv reads.
+// A's epilogue (scale, shift, activation) in place, rounded to TF32; then acc is the A operand of
+// the 1x1's kChainC / 8 wgmmas as it lies (pack_conv_chain orders the 1x1's weights to match),
+// their B the 1x1's weights, copied into the first stage buffer once every warpgroup is past the
+// mainloop; then the 1x1's epilogue and the stores. Channel 8ni + 2t + e of the lane's two
+// pixels is acc[0][ni][2h + e] (the kernel's header); k step j of a wgmma's register A takes
+// column t from a0 (row g) and a1 (row g + 8), column t + 4 from a2 and a3.
+template <int NI, int Threads>
+__device__ __forceinline__ void chain_epilogue(const HaloArgs& a, float (&acc)[1][NI][4],
+                                               const int (&pix)[1][2], int t, int tid,
+                                               uint32_t smem0) {
+  constexpr int kC = 8 * NI;
+  static_assert(kC == kChainC, "the chain's convs have kChainC channels, all in one tile");
+  const float* const tail = a.wp + size_t(a.ctiles) * kHaloK * kC;  // one n tile
+  __syncthreads();  // every warpgroup is done with the stage buffers
+  for (int i = tid; i < kC * kC / 4; i += Threads) cp_async16(smem0 + 16 * i, tail + 4 * i, true);
+  cp_async_commit();
+  with_activation(a.act, [&](auto act) { scale_shift_act(acc, a.scale, a.shift, a.k, 0, t, act); });
+#pragma unroll
+  for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[0][ni][q] = __uint_as_float(to_tf32(acc[0][ni][q]));
+  cp_async_wait<0>();
+  fence_proxy_async();  // the copies, before the tensor cores read them
+  __syncthreads();
+  float out[1][NI][4];
+#pragma unroll
+  for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) out[0][ni][q] = 0.0f;
+  const uint64_t b_desc = wgmma_desc(smem0, 16 * kC, 128);
+  wgmma_fence();
+  // ptxas fences each wgmma after the first (warpgroup.arrive, C7519), the fragments' quads not
+  // lying in the accumulators' register order; made before the fence, the same.
+#pragma unroll
+  for (int j = 0; j < NI; ++j) {
+    const uint32_t af[4] = {__float_as_uint(acc[0][j][0]), __float_as_uint(acc[0][j][2]),
+                            __float_as_uint(acc[0][j][1]), __float_as_uint(acc[0][j][3])};
+    wgmma_tf32_rs<NI>(out[0], af, b_desc + uint64_t(2 * kC * j));
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  const float* const scale = tail + kC * kC;
+  with_activation(a.chain_act,
+                  [&](auto act) { scale_shift_act(out, scale, scale + kC, a.k, 0, t, act); });
+  const int hwo = a.ho * a.wo;
+  for_outputs<1, NI>(pix, a.k, 0, t, [&](int mi, int ni, int q, int n, int p) {
+    a.y[n * hwo + p] = out[mi][ni][q];
+  });
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
 // Split: splits > 1 (an instance of its own, so that the whole-tile kernels keep their code; its
 // grids are small, so it is not held to kMinBlocks: at 80 registers it spilled).
 // ResAhead: a residual is fetched into registers before the mainloop (see below).
 // Wide: the patches staged as wide rows (HaloWideLoader).
-template <int BM, int BN, int S, bool RegA, bool Split, bool ResAhead, bool Wide>
+// Chain: the conv chain (chain_epilogue): the tile's outputs go to a 1x1 conv, whose are stored.
+template <int BM, int BN, int S, bool RegA, bool Split, bool ResAhead, bool Wide, bool Chain>
 __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA, Wide>::kThreads,
                                   Split ? 1 : HaloWgTile<BM, BN, S, RegA, Wide>::kMinBlocks)
     conv_halo_wgmma_kernel(const HaloArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using W = HaloWgTile<BM, BN, S, RegA, Wide>;
+  static_assert(!Chain || (RegA && !Split && !ResAhead && W::kStageFloats >= BN * BN),
+                "the chain: register A, whole tiles, no residual, its 1x1 weights in a stage");
   using T = typename W::T;
   extern __shared__ __align__(16) float smem[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -595,7 +652,9 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA, Wide>::kThreads,
 
   int pix[1][2];
   pixels(pix);
-  if constexpr (ResAhead)
+  if constexpr (Chain)
+    chain_epilogue<W::kNI, W::kThreads>(a, acc, pix, t, tid, smem0);
+  else if constexpr (ResAhead)
     halo_epilogue(a, acc, pix, sq.img, n0, t, res);
   else
     halo_epilogue(a, acc, pix, sq.img, n0, t);

@@ -201,8 +201,34 @@ void conv_pair(const Ctx& c, In in, Out out) {
                   dev(in[2]), dev(in[3]), conv_activation(c.node), dev(out[0]), c.stream);
 }
 
+// A conv with the 1x1 conv after it run on its accumulators (NodePlan::post): `in` is its inputs,
+// then the 1x1's weight, scale and shift (their shapes checked here; the kernel reads the copies
+// lowering packed after this conv's weights), `out` the 1x1's output.
+void conv_chain(const Ctx& c, In in, Out out) {
+  const FoldedConv& post = *c.plan.post;
+  if (c.node.op != OpKind::FusedConv2d || c.node.inputs.size() != 4 || in.size() != 7 ||
+      !c.plan.packed.defined())
+    fail(
+        "[{}] node '{}': a conv chain takes a fused conv without a residual, its packed weights, "
+        "and the 1x1 conv's weight, scale and shift; handed {} tensors",
+        op_name(c.node.op), c.node.name, in.size());
+  const ConvShape& b = post.shape;
+  const Shape w{b.k, b.c, 1, 1}, y{b.n, b.k, b.ho, b.wo};
+  if (in[4].shape() != w || in[5].shape() != Shape{b.k} || in[6].shape() != Shape{b.k} ||
+      out[0].shape() != y)
+    fail("[{}] node '{}': the folded 1x1 conv '{}' takes weight {} and makes {}; handed {} and {}",
+         op_name(c.node.op), c.node.name, post.node, shape_str(w), shape_str(y),
+         shape_str(in[4].shape()), shape_str(out[0].shape()));
+  const ConvShape a = conv_shape(c.node, in, out[0]);  // out[0] has A's output shape too
+  ConvShape bs = b;
+  bs.y_stride = out[0].item_stride();
+  cuda::conv_chain(a, c.plan.tiles, bs, dev(in[0]), dev(in[2]), dev(in[3]), conv_activation(c.node),
+                   dev(c.plan.packed), post.act, dev(out[0]), c.stream);
+}
+
 void conv(const Ctx& c, In in, Out out) {
   if (c.plan.pre && in.size() > c.node.inputs.size()) return conv_pair(c, in, out);
+  if (c.plan.post && in.size() > c.node.inputs.size()) return conv_chain(c, in, out);
   const ConvShape cs = conv_shape(c.node, in, out[0]);
   const Tensor* residual = conv_residual(c.node, in);
   const float* res = residual ? dev(*residual) : nullptr;

@@ -36,9 +36,11 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
   };
   fold_of_.assign(graph_.nodes.size(), -1);
   pair_of_.assign(graph_.nodes.size(), -1);
+  chain_of_.assign(graph_.nodes.size(), -1);
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     if (plan_.nodes[i].up) fold_of_[i] = folded_at(plan_.nodes[i].up->node);
     if (plan_.nodes[i].pre) pair_of_[i] = folded_at(plan_.nodes[i].pre->node);
+    if (plan_.nodes[i].post) chain_of_[i] = folded_at(plan_.nodes[i].post->node);
   }
   // Free each intermediate right after its last reader (a conv that reads through a folded
   // upsampling reads its source, a conv pair the folded conv's input).
@@ -280,7 +282,7 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     const Node& node = graph_.nodes[i];
     if (in_place_on_ && in_place_.folded[i] && node.op == OpKind::FusedConv2d) {
-      // A conv folded into the next one's loads: nothing runs and nothing is made.
+      // A conv whose work a neighbour's kernel does (a conv pair or chain): nothing runs here.
       if (profile_) timings_.push_back({node.name, node.op, 0.0});
       if (progress_) progress_(i + 1, graph_.nodes.size());
       continue;
@@ -290,10 +292,14 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
         in_place_on_ && pair_of_[i] >= 0 ? &graph_.nodes[size_t(pair_of_[i])] : nullptr;
     for (const std::string& in : node.inputs)
       ins.push_back(first && in == first->outputs[0] ? value(first->inputs[0]) : value(in));
-    // A folded conv's weight, scale and shift follow (FoldedConv): its input took its output's
-    // place.
-    if (first)
-      for (size_t j = 1; j < first->inputs.size(); ++j) ins.push_back(value(first->inputs[j]));
+    // A folded conv's weight, scale and shift follow (FoldedConv): for a pair its input took its
+    // output's place; a chain makes the 1x1's outputs instead of its own.
+    const Node* second =
+        in_place_on_ && chain_of_[i] >= 0 ? &graph_.nodes[size_t(chain_of_[i])] : nullptr;
+    for (const Node* f : {first, second})
+      if (f)
+        for (size_t j = 1; j < f->inputs.size(); ++j) ins.push_back(value(f->inputs[j]));
+    const std::vector<std::string>& out_names = second ? second->outputs : node.outputs;
     const bool view = in_place_on_ && in_place_.view[i];
     const bool in_place = in_place_on_ && in_place_.concat[i];
     const bool folded = in_place_on_ && in_place_.folded[i];
@@ -315,7 +321,7 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
       return Tensor::empty(shape, DType::F32, backend_.device());
     };
     std::vector<Tensor> outs;
-    for (const std::string& out : node.outputs) {
+    for (const std::string& out : out_names) {
       if (in_place)
         outs.push_back(env.at(out));  // every input is already in this buffer
       else if (view)
@@ -351,7 +357,7 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
       double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       timings_.push_back({node.name, node.op, ms});
     }
-    for (size_t j = 0; j < node.outputs.size(); ++j) env[node.outputs[j]] = std::move(outs[j]);
+    for (size_t j = 0; j < out_names.size(); ++j) env[out_names[j]] = std::move(outs[j]);
     if (!keep)
       for (const std::string& dead : release_after_[i]) env.erase(dead);
     if (progress_) progress_(i + 1, graph_.nodes.size());

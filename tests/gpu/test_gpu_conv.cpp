@@ -304,6 +304,36 @@ void check_kernel(ConvKernel kernel, bool wgmma_only = false) {
   }
 }
 
+// The outputs of a two-conv kernel (pair, chain) stored into NaN-poisoned y against `ref`
+// ([n, k, ho, wo]): y is ref's shape, or with `slab` k + 2 channels an image, the layer's from
+// channel 1 on, where the others must stay NaN. Two TF32 convs in a row: the bound is TF32's,
+// which one conv stays well inside.
+void check_poisoned(const Tensor& ys, const Tensor& ref, bool slab, const std::string& what) {
+  const int64_t k = ref.shape()[1], hw = ref.shape()[2] * ref.shape()[3], cy = slab ? k + 2 : k;
+  int64_t nans = 0, stray = 0;
+  double max_diff = 0.0, max_ref = 0.0;
+  for (int64_t i = 0; i < ys.numel(); ++i) {
+    const int64_t img = i / (cy * hw), ch = i / hw % cy, c = ch - (slab ? 1 : 0), p = i % hw;
+    const float g = ys.f32()[i];
+    if (c < 0 || c >= k) {
+      if (!std::isnan(g)) ++stray;
+      continue;
+    }
+    const float want = ref.f32()[(img * k + c) * hw + p];
+    if (std::isnan(g)) {
+      ++nans;
+      continue;
+    }
+    max_diff = std::max(max_diff, std::abs(double(g) - double(want)));
+    max_ref = std::max(max_ref, std::abs(double(want)));
+  }
+  INFO(what << "; " << nans << " NaN, " << stray << " stray writes, max rel error "
+            << max_diff / max_ref);
+  CHECK(nans == 0);
+  CHECK(stray == 0);
+  CHECK(max_diff / max_ref <= kTolTf32);
+}
+
 }  // namespace
 
 TEST_CASE("gpu conv: conv_supports: scalar runs everything, tiled and gemm groups == 1 only",
@@ -617,12 +647,93 @@ TEST_CASE("gpu conv: gemm's wgmma direct kernel reading channels through an upsa
   }
 }
 
+// The conv chain kernel (cuda::conv_chain: a 3x3 conv on wgmma halo tiles of 64 channels and the
+// 1x1 conv that reads it, run on its accumulators) against the two convs on the CPU, on poisoned
+// output: stride 1 and 2, both tiles it is built for (one square and two a block), input rows
+// 16-byte aligned (wide-row copies at 64x64, stride 1) and odd, 1 to 5 stages of input channels
+// (the last partial), planes under one square and with partial squares, batch 1 to 3, every
+// pair of activations, y as a channel slab of a larger batch (check_poisoned).
+TEST_CASE("gpu conv: the conv chain kernel against the two convs on the CPU",
+          "[gpu][conv][chain]") {
+  if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
+    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
+    return;
+  }
+  ensure_backend();
+  struct ChainCase {
+    const char* name;
+    int64_t n, c, h, w, stride, m;
+    bool slab;  // y as channels [1, 1 + 64) of a batch with 2 more
+  };
+  // clang-format off
+  const ChainCase cases[] = {
+      {"b3 -> b4.cv1 of the YOLO-like model, 128x64", 2, 32, 160, 160, 2, 128, false},
+      {"stride 2, 64x64, odd plane",                  3, 20,  75,  61, 2,  64, true},
+      {"stride 1, 64x64, wide rows",                  2, 40,  48,  64, 1,  64, false},
+      {"stride 1, 64x64, odd rows",                   1,  8,  37,  29, 1,  64, true},
+      {"stride 1, 128x64, partial squares",           3, 13,  44,  52, 1, 128, false},
+      {"plane under one square",                      2, 64,   6,   5, 1, 128, true},
+  };
+  // clang-format on
+  uint64_t seed = 9700;
+  int r = 0;
+  for (const ChainCase& cc : cases) {
+    ConvShape a{cc.n, cc.c, cc.h, cc.w, kChainC, 3, 3, 0, 0, cc.stride, cc.stride, 1, 1, 1, 1, 1};
+    a.ho = (cc.h + 2 - 3) / cc.stride + 1;
+    a.wo = (cc.w + 2 - 3) / cc.stride + 1;
+    ConvShape b{cc.n, kChainC, a.ho, a.wo, kChainC, 1, 1, a.ho, a.wo, 1, 1, 0, 0, 1, 1, 1};
+    const ConvTiles t{int(cc.m), kChainC, 72, 3, 1, true};
+    REQUIRE(conv_chain_fits(a, t, b));
+    for (int q = 0; q < 4; ++q, ++r) {
+      const Activation act_a = kActivations[(r + 1) % 4], act_b = kActivations[(r + r / 4) % 4];
+      const Tensor x = Tensor::randn({a.n, a.c, a.h, a.w}, seed++);
+      const Tensor wa = Tensor::randn({a.k, a.c, 3, 3}, seed++, 1.0f / std::sqrt(9.0f * a.c));
+      const Tensor wb = Tensor::randn({b.k, b.c, 1, 1}, seed++, 1.0f / std::sqrt(float(b.c)));
+      const Tensor sa = Tensor::randn({a.k}, seed++), ha = Tensor::randn({a.k}, seed++);
+      const Tensor sb = Tensor::randn({b.k}, seed++), hb = Tensor::randn({b.k}, seed++);
+      // Run q leaves out A's scale and shift (q = 1).
+      const float* psa = q == 1 ? nullptr : sa.f32();
+      Tensor z = Tensor::empty({a.n, a.k, a.ho, a.wo}), ref = Tensor::empty({b.n, b.k, b.ho, b.wo});
+      cpu::conv2d(a, x.f32(), wa.f32(), psa, q == 1 ? nullptr : ha.f32(), act_a, z.f32(), nullptr);
+      cpu::conv2d(b, z.f32(), wb.f32(), sb.f32(), hb.f32(), act_b, ref.f32(), nullptr);
+
+      Tensor packed = Tensor::empty({wgmma_packed_floats(a, t) + kChainTailFloats});
+      pack_wgmma_weights(a, t, wa.f32(), packed.f32());
+      pack_conv_chain(b, wb.f32(), sb.f32(), hb.f32(), packed.f32() + wgmma_packed_floats(a, t));
+      const int64_t cy = cc.slab ? b.k + 2 : b.k, y0 = cc.slab ? b.ho * b.wo : 0;
+      const Tensor dx = x.to(Device::CUDA), dp = packed.to(Device::CUDA);
+      const Tensor dsa = sa.to(Device::CUDA), dha = ha.to(Device::CUDA);
+      Tensor dy = Tensor::empty({b.n, cy, b.ho, b.wo}, DType::F32, Device::CUDA);
+      EPILOG_CUDA_CHECK(cudaMemset(dy.raw(), 0xFF, dy.nbytes()));  // all NaN
+      ConvShape bg = b;
+      if (cc.slab) bg.y_stride = cy * b.ho * b.wo;
+      const auto dev = [](const Tensor& u) { return static_cast<const float*>(u.raw()); };
+      cuda::conv_chain(a, t, bg, dev(dx), q == 1 ? nullptr : dev(dsa), q == 1 ? nullptr : dev(dha),
+                       act_a, dev(dp), act_b, static_cast<float*>(dy.raw()) + y0, nullptr);
+      EPILOG_CUDA_CHECK(cudaGetLastError());
+      EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
+
+      check_poisoned(dy.to(Device::CPU), ref, cc.slab,
+                     std::string(cc.name) + ": " + shape_desc(a) + " then " + shape_desc(b) +
+                         ", activations " + activation_name(act_a) + " and " +
+                         activation_name(act_b) + ", run " + std::to_string(q));
+    }
+  }
+
+  // What it cannot take is refused, not run.
+  ConvShape a{1, 32, 32, 32, 64, 3, 3, 16, 16, 2, 2, 1, 1, 1, 1, 1};
+  ConvShape b{1, 64, 16, 16, 32, 1, 1, 16, 16, 1, 1, 0, 0, 1, 1, 1};
+  CHECK_THROWS_WITH(
+      cuda::conv_chain(a, ConvTiles{64, 64, 72, 3, 1, true}, b, nullptr, nullptr, nullptr,
+                       Activation::Silu, nullptr, Activation::Silu, nullptr, nullptr),
+      Catch::Contains("a conv chain takes a 3x3 conv on wgmma halo tiles"));
+}
+
 // The conv pair kernel (cuda::conv_pair: a stem conv and the 3x3 stride-2 conv that reads it, A's
 // output never stored) against the two convs on the CPU, on poisoned output: 16-byte input rows
 // and odd ones, padding 1, 0 and uneven, fewer channels than its tiles (1 and 2 in, 8 and 12
 // between, 13 and 24 out), planes under one square and several squares each way, batch 1 to 3,
-// every pair of activations, y as a channel slab of a larger batch. Two TF32 convs in a row: the
-// bound is TF32's, which one conv stays well inside.
+// every pair of activations, y as a channel slab of a larger batch (check_poisoned).
 TEST_CASE("gpu conv: the conv pair kernel against the two convs on the CPU", "[gpu][conv][pair]") {
   if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
     WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
@@ -689,32 +800,10 @@ TEST_CASE("gpu conv: the conv pair kernel against the two convs on the CPU", "[g
       EPILOG_CUDA_CHECK(cudaGetLastError());
       EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
 
-      const Tensor ys = dy.to(Device::CPU);
-      int64_t nans = 0, stray = 0;
-      double max_diff = 0.0, max_ref = 0.0;
-      for (int64_t i = 0; i < ys.numel(); ++i) {
-        const int64_t img = i / (cy * b.ho * b.wo), ch = i / (b.ho * b.wo) % cy;
-        const int64_t k = ch - (pc.slab ? 1 : 0), p = i % (b.ho * b.wo);
-        const float g = ys.f32()[i];
-        if (k < 0 || k >= b.k) {
-          if (!std::isnan(g)) ++stray;
-          continue;
-        }
-        const float c = ref.f32()[(img * b.k + k) * b.ho * b.wo + p];
-        if (std::isnan(g)) {
-          ++nans;
-          continue;
-        }
-        max_diff = std::max(max_diff, std::abs(double(g) - double(c)));
-        max_ref = std::max(max_ref, std::abs(double(c)));
-      }
-      INFO(pc.name << ": " << shape_desc(a) << " then " << shape_desc(b) << ", activations "
-                   << activation_name(act_a) << " and " << activation_name(act_b) << ", run " << q
-                   << "; " << nans << " NaN, " << stray << " stray writes, max rel error "
-                   << max_diff / max_ref);
-      CHECK(nans == 0);
-      CHECK(stray == 0);
-      CHECK(max_diff / max_ref <= kTolTf32);
+      check_poisoned(dy.to(Device::CPU), ref, pc.slab,
+                     std::string(pc.name) + ": " + shape_desc(a) + " then " + shape_desc(b) +
+                         ", activations " + activation_name(act_a) + " and " +
+                         activation_name(act_b) + ", run " + std::to_string(q));
     }
   }
 

@@ -300,6 +300,39 @@ TEST_CASE("gpu executor: a stem conv folded into the conv that reads it matches 
   }
 }
 
+TEST_CASE("gpu executor: a 1x1 conv folded into the conv before it matches the CPU",
+          "[gpu][models][chain]") {
+  // A 3x3 stride-2 conv (24 -> 64 channels) and the 1x1 conv that alone reads it (64 -> 64),
+  // then a 3x3 conv reading that, each with batchnorm and SiLU, at batch 3 on a plane that no
+  // square divides: lowering folds the 1x1 into the first conv (the conv chain). The folded run
+  // and the run with copy avoidance off (each conv its own kernel) must both match the CPU.
+  if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
+    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
+    return;
+  }
+  Builder b(/*seed=*/12);
+  const auto cbs = [&](Val x, const std::string& name, int64_t c, int64_t k, int64_t stride) {
+    return b.silu(
+        b.batchnorm(b.conv2d(x, name, ConvOpts(c, k).stride(stride).padding(k / 2)), name + ".bn"),
+        name + ".act");
+  };
+  Val down = cbs(b.input("x", {3, 24, 150, 198}), "down", 64, 3, 2);
+  b.output(cbs(cbs(down, "cv1", 64, 1, 1), "head", 24, 3, 1));
+  const Graph g = b.build();
+  const std::map<std::string, Tensor> inputs = random_inputs(g, 600);
+  const std::map<std::string, Tensor>& ref = reference("conv chain", g, inputs);
+  const OnOff r = run_on_off(g, inputs, "head.act");
+  CHECK(r.no_kernel == std::vector<std::string>{"cv1"});
+  for (const auto& [label, got] : {std::pair<const char*, const Tensor*>{"folded", &r.on},
+                                   std::pair<const char*, const Tensor*>{"unfolded", &r.off}}) {
+    const Mismatch e = mismatch(*got, ref.at("head.act"));
+    std::cout << fmt::format("conv chain, {}: max-norm error {:.3g} (bound 5e-3)\n", label,
+                             e.max_norm);
+    INFO(label);
+    CHECK(e.max_norm <= 5e-3);
+  }
+}
+
 TEST_CASE("gpu executor: SPPF's cascade of max-pools as one kernel matches the CPU bit for bit",
           "[gpu][models][pool]") {
   // A conv, then 5x5 "same" pools p1 -> p2 -> p3 -> p4 (p1 makes p2 and p3, p4 starts anew) and

@@ -55,6 +55,13 @@ void conv_pair(const ConvShape& a, const ConvShape& b, const float* x, const flo
                const float* scale_a, const float* shift_a, Activation act_a, const float* wb,
                const float* scale_b, const float* shift_b, Activation act_b, float* y,
                Stream stream);
+// A 3x3 conv and the 1x1 conv that alone reads its output as one kernel (conv_chain_fits): y =
+// B(A(x)), A's output never stored; A on tiles t, b's input is A's output. `packed`: A's weights
+// packed for t (pack_wgmma_weights), then B's weights, scale and shift (pack_conv_chain). Needs
+// what the wgmma kernels need (wgmma_available); else, or on other shapes, it throws.
+void conv_chain(const ConvShape& a, const ConvTiles& t, const ConvShape& b, const float* x,
+                const float* scale_a, const float* shift_a, Activation act_a, const float* packed,
+                Activation act_b, float* y, Stream stream);
 // Whether conv_gemm can run ConvTiles::wgmma on the current device: a compute capability 9.0
 // GPU, and this build has sm_90a code (EPILOG_CUDA_ARCH=90a, the default).
 bool wgmma_available();

@@ -322,6 +322,44 @@ inline void pack_wgmma_weights(const ConvShape& s, const ConvTiles& t, const flo
           }
 }
 
+// gemm's conv chain (cuda::conv_chain): a 3x3 conv A on the wgmma halo kernel, unsplit, whose
+// tiles hold all kChainC of its output channels, and the 1x1 conv B that alone reads its output
+// (kChainC -> kChainC channels, stride 1, no padding), as one kernel: A's accumulators, through
+// A's epilogue, are the A operand of B's MMAs, and A's outputs are never stored (lowering folds
+// B into A: NodePlan::post). Why: the YOLO-like backbone's stride-2 convs are each read only by
+// the next C2f block's first 1x1 conv, which reads back whole what they wrote (b3 -> b4.cv1,
+// 64 channels at 80x80: 18.1 us for the 1x1 at batch 16, Nsight Compute).
+constexpr int kChainC = 64;
+inline bool conv_chain_fits(const ConvShape& a, const ConvTiles& t, const ConvShape& b) {
+  return conv_gemm_wgmma_kernel(t, a) == WgmmaKernel::Halo && (t.m == 64 || t.m == 128) &&
+         t.n == kChainC && t.splits == 1 && a.k == kChainC && b.groups == 1 && b.r == 1 &&
+         b.s == 1 && b.stride_h == 1 && b.stride_w == 1 && b.pad_t == 0 && b.pad_l == 0 &&
+         b.n == a.n && b.c == a.k && b.h == a.ho && b.w == a.wo && b.ho == b.h && b.wo == b.w &&
+         b.k == kChainC;
+}
+// The floats conv_chain reads after A's packed weights (pack_wgmma_weights): B's weights, then
+// B's scale and shift. B's are packed as the wgmma direct kernel takes a 1x1 conv's on 64-channel
+// tiles: k step j of its A operand holds input channels 8j + 2e at column e and 8j + 2e + 1 at
+// column 4 + e, which is where A's accumulators hold them (channels 8j + 2t and 8j + 2t + 1 of a
+// lane's pixels), so they go to B's MMAs as they are.
+constexpr int64_t kChainTailFloats = int64_t(kChainC) * kChainC + 2 * kChainC;
+inline ConvTiles conv_chain_b_tiles() {
+  return {64, kChainC, 32, 3, 1, true};
+}
+inline void pack_conv_chain(const ConvShape& b, const float* w, const float* scale,
+                            const float* shift, float* out) {
+  // On a plane the direct kernel takes (a multiple of 4 pixels), whatever B's: the packing does
+  // not depend on it, and pack_wgmma_weights packs nothing for tiles no wgmma kernel takes.
+  ConvShape one = b;
+  one.h = one.ho = 1;
+  one.w = one.wo = 4;
+  pack_wgmma_weights(one, conv_chain_b_tiles(), w, out);
+  for (int64_t c = 0; c < kChainC; ++c) {
+    out[kChainC * kChainC + c] = scale ? scale[c] : 1.0f;
+    out[kChainC * kChainC + kChainC + c] = shift ? shift[c] : 0.0f;
+  }
+}
+
 // NCHW pooling window geometry; padding is top, left, bottom, right.
 struct PoolShape {
   int64_t n, c, h, w, ho, wo;

@@ -112,7 +112,8 @@ class Executor {
   // equal shapes, max-pooling, upsampling, concat, split). An upsampling folded into a conv's
   // loads (FoldedUpsample) whose concat runs so runs no kernel: the conv reads its input. Nor
   // does a max-pool chained to the one before it (NodePlan::chain): the first pool makes it, nor
-  // a conv folded into the next one's loads (FoldedConv): that one's kernel reads its input.
+  // a conv folded into the next one's loads (FoldedConv): that one's kernel reads its input,
+  // nor a 1x1 conv run on the accumulators of the conv before it (a conv chain).
   // Starts as the plan says (Plan::in_place; EPILOG_DISABLE_IN_PLACE=1 turns it off).
   void set_in_place(bool on) { in_place_on_ = on; }
   // The nodes that run as views, in place or folded (node order); none when it is off.
@@ -126,6 +127,7 @@ class Executor {
   std::vector<std::vector<std::string>> release_after_;  // values dead after node i
   std::vector<int> fold_of_;  // by node: the upsampling a conv reads through (NodePlan::up), or -1
   std::vector<int> pair_of_;  // by node: the conv folded into a conv's loads (NodePlan::pre), or -1
+  std::vector<int> chain_of_;  // by node: the 1x1 run on a conv's tiles (NodePlan::post), or -1
   bool profile_ = false;
   std::vector<NodeTiming> timings_;
   std::function<void(size_t, size_t)> progress_;

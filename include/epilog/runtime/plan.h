@@ -32,13 +32,16 @@ struct FoldedUpsample {
   int64_t scale_h = 1, scale_w = 1;
 };
 
-// A fused_conv2d folded into the one that alone reads its output: that conv's kernel (the conv
-// pair kernel, conv_pair_fits) makes this one's outputs in shared memory where it would load
-// them, so they are never stored. Lowering folds on CUDA where the pair kernel takes the two
-// shapes and the fusion rules would absorb the first conv (can_absorb: one reader, no graph
-// output); the executor applies it while copy avoidance is on, as it does the upsamplings.
+// A fused_conv2d whose work the kernel of a neighbouring one does, so that the first one's
+// outputs are never stored. NodePlan::pre, a conv pair (conv_pair_fits): the second conv's
+// kernel makes the first one's outputs in shared memory where it would load them.
+// NodePlan::post, a conv chain (conv_chain_fits): the first conv's kernel runs the second, a 1x1
+// conv, on its accumulators and stores that one's outputs. Lowering folds on CUDA where the
+// kernel takes the two shapes and the fusion rules would absorb the first conv (can_absorb: one
+// reader, no graph output); the executor applies it while copy avoidance is on, as it does the
+// upsamplings.
 struct FoldedConv {
-  std::string node;  // the first conv
+  std::string node;  // the other conv: the first of a pair, the second of a chain
   ConvShape shape;   // its shape
   Activation act = Activation::None;
 };
@@ -51,12 +54,16 @@ struct NodePlan {
   Tensor packed;                     // tiles.wgmma: the weights as pack_wgmma_weights lays them out
   std::optional<FoldedUpsample> up;  // fused_conv2d: an upsampling folded into its loads
   std::optional<FoldedConv> pre;     // fused_conv2d: the conv before it, folded into its loads
+  // fused_conv2d: the 1x1 conv after it, run on its accumulators; `packed` then ends in that
+  // conv's weights, scale and shift (pack_conv_chain).
+  std::optional<FoldedConv> post;
   // maxpool2d: the max-pools after it that its kernel computes too (SPPF's cascade: each pools
   // the one before, with the same "same" window; kMaxPoolChain in all at most).
   std::vector<std::string> chain;
   // The node that does this one's work in its place: for an upsample_nearest the fused_conv2d
-  // that reads its input, for a folded fused_conv2d the one that reads its output, for a chained
-  // maxpool2d the chain's first pool.
+  // that reads its input, for a folded fused_conv2d the one that reads its output (a pair's
+  // first conv) or whose output it reads (a chain's 1x1), for a chained maxpool2d the chain's
+  // first pool.
   std::string folded_into;
 };
 
