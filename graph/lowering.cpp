@@ -121,6 +121,14 @@ constexpr int kHaloWgmmaStages = 3;
 // (2026-12-02, us) 1x64x40x40 -> 64 64x32 7.2 vs 7.5 with 3, 1x32x80x80 -> 32 64x32 4.8 vs 5.0,
 // b1_c64_64_3x3_80 64x64 7.7 vs 8.0; the 200-block 1x16x160x160 -> 16 128x32 5.6 with either.
 constexpr int kHaloWgmmaSmallGridStages = 4;
+// At stride 1 gemm's persistent halo kernel (halo_persistent_fits) from this many output channels
+// (its 64x32 tiles), where it loads a block's weights once for several squares; at 16 or fewer
+// the plain 64x16 tiles are as fast or faster. Sweeps of 2026-12-05 (us): 16x32x80x80 -> 32
+// persistent 19.5 vs 128x32 21.4, 64x32 23.0; 1x32x80x80 -> 32 4.1 vs 64x32 4.1 (4 stages);
+// 16x16x160x160 -> 16 64x16 34.3 vs persistent 35.9; b1_c16_16_3x3_160 4.6 either way. The
+// model (A/B in one call, four rounds) with it at 16 channels too: 0.990 and 0.991 ms -> 0.986 to
+// 0.989 at batch 16, 0.270 to 0.271 -> 0.271 at batch 1.
+constexpr int64_t kPersistentMinCout = 17;
 // At stride 1 the wgmma halo kernel's last tiles, 64x32, may make fewer blocks than
 // kHaloMinWaves asks: 1x64x40x40 -> 64, 50 blocks (0.38 waves), 7.5 us vs the gather
 // kernel's best 8.2 (32x64 in 4 splits; 2026-12-02). But 1x128x20x20 -> 128, 36 blocks of 64x32
@@ -357,8 +365,8 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
     if (cover >= 64 && !fills(256, cover) && fills(64, 64, kHaloWgmmaMinWaves))
       return split({64, 64, 72, kHaloWgmmaStages, 1, true});
   } else {
-    if (halo_persistent_fits(s))
-      return ConvTiles{64, s.k <= 16 ? 16 : 32, 72, kHaloWgmmaStages, 1, true, true};
+    if (halo_persistent_fits(s) && s.k >= kPersistentMinCout)
+      return ConvTiles{64, 32, 72, kHaloWgmmaStages, 1, true, true};
     struct Candidate {
       int m, n;
       double waves;

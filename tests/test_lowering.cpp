@@ -201,7 +201,7 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
     CHECK_FALSE(t.wgmma);
   }
   // With warpgroup MMA (Hopper, sm_90a build) the stride-1 halo layers take the wgmma kernel:
-  // up to 32 -> 32 channels its persistent form (64 x 16 or 64 x 32 tiles, 3 stages), else n
+  // up to 32 -> 32 channels, from 17 output channels, its persistent form (64 x 32 tiles), else n
   // covering Cout with m = 256 for n = 128, else 128, where that grid makes half a wave, else
   // 64x64 (n not past the cover), else 64x32 from 0.375 waves; 3 stages, 4 for tiles up to 64x64
   // under a wave. Stride 2 keeps the mma.sync halo kernel below 64 channels on large grids.
@@ -214,9 +214,11 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
   for (const Wg& r : std::vector<Wg>{
            {shape(16, 64, 80, 64, 3), {128, 64, 72, 3, 1, true}},     // 800 blocks
            {shape(16, 128, 40, 128, 3), {256, 128, 72, 3, 1, true}},  // 100 blocks
-           {shape(1, 16, 160, 16, 3), {64, 16, 72, 3, 1, true, true}},
-           {shape(16, 16, 160, 16, 3), {64, 16, 72, 3, 1, true, true}},
+           // 16 output channels: the plain 64x16 tiles (400 and 6400 blocks).
+           {shape(1, 16, 160, 16, 3), {64, 16, 72, 3, 1, true}},
+           {shape(16, 16, 160, 16, 3), {64, 16, 72, 3, 1, true}},
            {shape(16, 32, 80, 32, 3), {64, 32, 72, 3, 1, true, true}},
+           {shape(16, 16, 80, 17, 3), {64, 32, 72, 3, 1, true, true}},
            // 33 channels either way: not persistent.
            {shape(16, 33, 80, 32, 3), {128, 32, 72, 3, 1, true}},
            {shape(16, 32, 80, 33, 3), {128, 64, 72, 3, 1, true}},

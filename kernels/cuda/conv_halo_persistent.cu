@@ -8,7 +8,9 @@
 // 23.1 to 29.9 on the 32-channel ones at 80x80 (floors 6.2 and 9.3; Nsight Compute,
 // 2026-12-04); an earlier profile of the first had 62% of its instructions running once a block
 // (set-up, the first stages' copies, the epilogue). Here a block packs nothing and loads its
-// weights once, and the copies of the stages ahead run under the wgmmas, across squares.
+// weights once, and the copies of the stages ahead run under the wgmmas, across squares. That
+// paid on the 32-channel layers (2 to 2.7 us each) but not on the 16-channel ones, so lowering
+// takes it from 17 output channels (kPersistentMinCout, graph/lowering.cpp).
 //
 // Math: conv_gemm.cu's. Layout: float32 NCHW, images of x, y and the residual xs, ys and r_img
 // floats apart (HaloArgs).

@@ -373,8 +373,8 @@ TEST_CASE("gpu conv: gemm's wgmma tiles on the shape matrix", "[gpu][conv][wgmma
 
 // gemm's persistent halo kernel (its tiles are in the cases above too, on geometries of a square
 // or a few a block): grids of more squares than fit at once on an H200, so that blocks take
-// several squares through both patch buffers; 1 to 4 stages, the last one partial, Cout under
-// the tile's n; with and without a residual, plain and strided (16-byte aligned slabs).
+// several squares through the ring of stage buffers; 1 to 4 stages, the last one partial, Cout
+// under the tile's n; with and without a residual, plain and strided (16-byte aligned slabs).
 TEST_CASE("gpu conv: gemm's persistent halo kernel, several squares a block",
           "[gpu][conv][persistent]") {
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
@@ -385,13 +385,13 @@ TEST_CASE("gpu conv: gemm's persistent halo kernel, several squares a block",
   struct Layer {
     const char* name;
     int64_t n, c, h, w, k;
-    bool lowered;  // lowering runs it with these tiles (from 8 input channels)
+    bool lowered;  // lowering runs it with these tiles (from 17 output channels)
   };
   const Layer layers[] = {
-      {"16 -> 16 at 160x160 (a C2f block's), batch 3", 3, 16, 160, 160, 16, true},
+      {"16 -> 16 at 160x160 (a C2f block's), batch 3", 3, 16, 160, 160, 16, false},
       {"32 -> 32 at 80x80, batch 3", 3, 32, 80, 80, 32, true},
       {"20 -> 29 at 44x120, batch 6", 6, 20, 44, 120, 29, true},
-      {"11 -> 9 at 100x96, batch 7", 7, 11, 100, 96, 9, true},
+      {"11 -> 9 at 100x96, batch 7", 7, 11, 100, 96, 9, false},
       {"5 -> 16 at 48x64, batch 20", 20, 5, 48, 64, 16, false},
   };
   uint64_t seed = 9500;
