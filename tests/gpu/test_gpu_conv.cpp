@@ -334,6 +334,34 @@ void check_poisoned(const Tensor& ys, const Tensor& ref, bool slab, const std::s
   CHECK(max_diff / max_ref <= kTolTf32);
 }
 
+// A two-conv kernel's output on the GPU, all NaN before the launch: B's outputs, or with `slab`
+// channels [1, 1 + k) of a batch with 2 more. `b` carries the output's image stride, `y` is where
+// B's first output goes.
+struct PoisonedOutput {
+  bool slab;
+  ConvShape b;
+  Tensor dy;
+  float* y;
+  PoisonedOutput(const ConvShape& shape, bool slab_)
+      : slab(slab_),
+        b(shape),
+        dy(Tensor::empty({b.n, slab ? b.k + 2 : b.k, b.ho, b.wo}, DType::F32, Device::CUDA)) {
+    EPILOG_CUDA_CHECK(cudaMemset(dy.raw(), 0xFF, dy.nbytes()));
+    if (slab) b.y_stride = (b.k + 2) * b.ho * b.wo;
+    y = static_cast<float*>(dy.raw()) + (slab ? b.ho * b.wo : 0);
+  }
+  // After the launch of A then B (run q): check_poisoned against `ref`.
+  void check(const Tensor& ref, const char* name, const ConvShape& a, Activation act_a,
+             Activation act_b, int q) const {
+    EPILOG_CUDA_CHECK(cudaGetLastError());
+    EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
+    check_poisoned(dy.to(Device::CPU), ref, slab,
+                   std::string(name) + ": " + shape_desc(a) + " then " + shape_desc(b) +
+                       ", activations " + activation_name(act_a) + " and " +
+                       activation_name(act_b) + ", run " + std::to_string(q));
+  }
+};
+
 }  // namespace
 
 TEST_CASE("gpu conv: conv_supports: scalar runs everything, tiled and gemm groups == 1 only",
@@ -700,23 +728,13 @@ TEST_CASE("gpu conv: the conv chain kernel against the two convs on the CPU",
       Tensor packed = Tensor::empty({wgmma_packed_floats(a, t) + kChainTailFloats});
       pack_wgmma_weights(a, t, wa.f32(), packed.f32());
       pack_conv_chain(b, wb.f32(), sb.f32(), hb.f32(), packed.f32() + wgmma_packed_floats(a, t));
-      const int64_t cy = cc.slab ? b.k + 2 : b.k, y0 = cc.slab ? b.ho * b.wo : 0;
       const Tensor dx = x.to(Device::CUDA), dp = packed.to(Device::CUDA);
       const Tensor dsa = sa.to(Device::CUDA), dha = ha.to(Device::CUDA);
-      Tensor dy = Tensor::empty({b.n, cy, b.ho, b.wo}, DType::F32, Device::CUDA);
-      EPILOG_CUDA_CHECK(cudaMemset(dy.raw(), 0xFF, dy.nbytes()));  // all NaN
-      ConvShape bg = b;
-      if (cc.slab) bg.y_stride = cy * b.ho * b.wo;
+      const PoisonedOutput out(b, cc.slab);
       const auto dev = [](const Tensor& u) { return static_cast<const float*>(u.raw()); };
-      cuda::conv_chain(a, t, bg, dev(dx), q == 1 ? nullptr : dev(dsa), q == 1 ? nullptr : dev(dha),
-                       act_a, dev(dp), act_b, static_cast<float*>(dy.raw()) + y0, nullptr);
-      EPILOG_CUDA_CHECK(cudaGetLastError());
-      EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
-
-      check_poisoned(dy.to(Device::CPU), ref, cc.slab,
-                     std::string(cc.name) + ": " + shape_desc(a) + " then " + shape_desc(b) +
-                         ", activations " + activation_name(act_a) + " and " +
-                         activation_name(act_b) + ", run " + std::to_string(q));
+      cuda::conv_chain(a, t, out.b, dev(dx), q == 1 ? nullptr : dev(dsa),
+                       q == 1 ? nullptr : dev(dha), act_a, dev(dp), act_b, out.y, nullptr);
+      out.check(ref, cc.name, a, act_a, act_b, q);
     }
   }
 
@@ -784,26 +802,15 @@ TEST_CASE("gpu conv: the conv pair kernel against the two convs on the CPU", "[g
       cpu::conv2d(b, z.f32(), wb.f32(), psb, q == 2 ? nullptr : hb.f32(), act_b, ref.f32(),
                   nullptr);
 
-      const int64_t cy = pc.slab ? b.k + 2 : b.k, y0 = pc.slab ? b.ho * b.wo : 0;
       const Tensor dx = x.to(Device::CUDA), dwa = wa.to(Device::CUDA), dwb = wb.to(Device::CUDA);
       const Tensor dsa = sa.to(Device::CUDA), dha = ha.to(Device::CUDA);
       const Tensor dsb = sb.to(Device::CUDA), dhb = hb.to(Device::CUDA);
-      Tensor dy = Tensor::empty({b.n, cy, b.ho, b.wo}, DType::F32, Device::CUDA);
-      EPILOG_CUDA_CHECK(cudaMemset(dy.raw(), 0xFF, dy.nbytes()));  // all NaN
-      ConvShape bg = b;
-      if (pc.slab) bg.y_stride = cy * b.ho * b.wo;
+      const PoisonedOutput out(b, pc.slab);
       const auto dev = [](const Tensor& t) { return static_cast<const float*>(t.raw()); };
-      cuda::conv_pair(a, bg, dev(dx), dev(dwa), q == 1 ? nullptr : dev(dsa),
+      cuda::conv_pair(a, out.b, dev(dx), dev(dwa), q == 1 ? nullptr : dev(dsa),
                       q == 1 ? nullptr : dev(dha), act_a, dev(dwb), q == 2 ? nullptr : dev(dsb),
-                      q == 2 ? nullptr : dev(dhb), act_b, static_cast<float*>(dy.raw()) + y0,
-                      nullptr);
-      EPILOG_CUDA_CHECK(cudaGetLastError());
-      EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
-
-      check_poisoned(dy.to(Device::CPU), ref, pc.slab,
-                     std::string(pc.name) + ": " + shape_desc(a) + " then " + shape_desc(b) +
-                         ", activations " + activation_name(act_a) + " and " +
-                         activation_name(act_b) + ", run " + std::to_string(q));
+                      q == 2 ? nullptr : dev(dhb), act_b, out.y, nullptr);
+      out.check(ref, pc.name, a, act_a, act_b, q);
     }
   }
 
