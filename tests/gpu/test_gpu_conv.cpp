@@ -26,6 +26,7 @@
 #include "epilog/kernels/cuda.h"
 #include "epilog/runtime/executor.h"
 #include "epilog/runtime/params.h"
+#include "gpu_util.h"
 
 using namespace epilog;
 
@@ -392,10 +393,7 @@ TEST_CASE("gpu conv: gemm kernel forced on the shape matrix, every built tile",
 // The wgmma tiles alone (also part of the case above): small enough to run under
 // compute-sanitizer. Without warpgroup MMA on this GPU or build there are none, and it says so.
 TEST_CASE("gpu conv: gemm's wgmma tiles on the shape matrix", "[gpu][conv][wgmma]") {
-  if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
-    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
-    return;
-  }
+  if (!test::wgmma_here()) return;
   check_kernel(ConvKernel::Gemm, true);
 }
 
@@ -405,11 +403,8 @@ TEST_CASE("gpu conv: gemm's wgmma tiles on the shape matrix", "[gpu][conv][wgmma
 // under the tile's n; with and without a residual, plain and strided (16-byte aligned slabs).
 TEST_CASE("gpu conv: gemm's persistent halo kernel, several squares a block",
           "[gpu][conv][persistent]") {
+  if (!test::wgmma_here()) return;
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
-  if (!profile.wgmma) {
-    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
-    return;
-  }
   struct Layer {
     const char* name;
     int64_t n, c, h, w, k;
@@ -573,11 +568,8 @@ TEST_CASE("gpu conv: gemm's SiLU and sigmoid element by element, saturating and 
 TEST_CASE("gpu conv: gemm's wgmma direct kernel reading channels through an upsampling",
           "[gpu][conv][wgmma][upsample]") {
   ensure_backend();
+  if (!test::wgmma_here()) return;
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
-  if (!profile.wgmma) {
-    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
-    return;
-  }
   struct UpCase {
     Geometry g;
     int64_t c0, channels, scale_h, scale_w;
@@ -683,10 +675,7 @@ TEST_CASE("gpu conv: gemm's wgmma direct kernel reading channels through an upsa
 // pair of activations, y as a channel slab of a larger batch (check_poisoned).
 TEST_CASE("gpu conv: the conv chain kernel against the two convs on the CPU",
           "[gpu][conv][chain]") {
-  if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
-    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
-    return;
-  }
+  if (!test::wgmma_here()) return;
   ensure_backend();
   struct ChainCase {
     const char* name;
@@ -753,10 +742,7 @@ TEST_CASE("gpu conv: the conv chain kernel against the two convs on the CPU",
 // between, 13 and 24 out), planes under one square and several squares each way, batch 1 to 3,
 // every pair of activations, y as a channel slab of a larger batch (check_poisoned).
 TEST_CASE("gpu conv: the conv pair kernel against the two convs on the CPU", "[gpu][conv][pair]") {
-  if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
-    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
-    return;
-  }
+  if (!test::wgmma_here()) return;
   ensure_backend();
   struct PairCase {
     const char* name;

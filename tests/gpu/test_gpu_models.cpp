@@ -20,6 +20,7 @@
 
 #include "epilog/epilog.h"
 #include "epilog/io/model.h"
+#include "gpu_util.h"
 #include "test_graphs.h"
 #include "yolo_like.h"
 
@@ -248,10 +249,7 @@ TEST_CASE("gpu executor: an upsampling folded into the conv that reads it matche
   // The YOLO neck's join (test::join_graph), the upsampled part first and second, at a size
   // where lowering folds the upsampling into the conv's loads. The folded run must match the CPU,
   // and the run with copy avoidance off (the upsampling and the concat as kernels) bit for bit.
-  if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
-    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
-    return;
-  }
+  if (!test::wgmma_here()) return;
   for (const bool up_first : {true, false}) {
     const Graph g = test::join_graph(up_first);
     const std::string key = up_first ? "join, upsampled first" : "join, upsampled second";
@@ -273,10 +271,7 @@ TEST_CASE("gpu executor: a stem conv folded into the conv that reads it matches 
   // stride 2) with batchnorm and SiLU, then a 1x1 conv, at batch 3 on a plane that no square
   // divides: lowering folds the stem into the second conv (the conv pair kernel). The folded run
   // and the run with copy avoidance off (each conv its own kernel) must both match the CPU.
-  if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
-    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
-    return;
-  }
+  if (!test::wgmma_here()) return;
   Builder b(/*seed=*/8);
   const auto cbs = [&](Val x, const std::string& name, int64_t c, int64_t k, int64_t stride) {
     return b.silu(
@@ -306,10 +301,7 @@ TEST_CASE("gpu executor: a 1x1 conv folded into the conv before it matches the C
   // then a 3x3 conv reading that, each with batchnorm and SiLU, at batch 3 on a plane that no
   // square divides: lowering folds the 1x1 into the first conv (the conv chain). The folded run
   // and the run with copy avoidance off (each conv its own kernel) must both match the CPU.
-  if (!cuda_device_profile().value_or(h200_profile()).wgmma) {
-    WARN("no warpgroup MMA here (needs compute capability 9.0 and an sm_90a build): skipped");
-    return;
-  }
+  if (!test::wgmma_here()) return;
   Builder b(/*seed=*/12);
   const auto cbs = [&](Val x, const std::string& name, int64_t c, int64_t k, int64_t stride) {
     return b.silu(
