@@ -608,65 +608,64 @@ void fold_upsamples(const Graph& g, std::vector<NodePlan>& nodes) {
   }
 }
 
-// A stem conv folded into the 3x3 stride-2 conv that alone reads it (FoldedConv): the pair
-// kernel (conv_pair.cu) computes the first one's outputs where the second would load them. Where
-// the fusion rules would absorb the first (can_absorb), neither has a residual, the pair kernel
-// takes the two shapes (conv_pair_fits) and the device has the wgmma kernels; never under a
-// forced kernel, which tests and benchmarks mean for every conv. Why: the first conv writes the
-// model's largest tensor, which the second reads back (the YOLO-like model's first two layers).
-void fold_conv_pairs(const Graph& g, std::vector<NodePlan>& nodes, const LowerOptions& options) {
+// The conv -> conv folds below: calls fold(i, f) for each fused conv i that reads the output of
+// the fused conv f, where the fusion rules would absorb f into i (can_absorb: i alone reads it,
+// it is no graph output), neither has a residual and f has no fold of its own yet (a conv with
+// one folded into it must run: that one's output is never made). Never under a forced kernel,
+// which tests and benchmarks mean for every conv, nor without the wgmma kernels.
+template <class Fold>
+void for_conv_folds(const Graph& g, const std::vector<NodePlan>& nodes, const LowerOptions& options,
+                    Fold&& fold) {
   if (options.force || !options.profile.wgmma) return;
   const UseIndex uses(g);
   const Pat pattern = op(OpKind::FusedConv2d, {op(OpKind::FusedConv2d, {}, "first")}, "conv");
   for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const Node& conv = g.nodes[i];
-    if (conv.op != OpKind::FusedConv2d || conv.inputs.size() > 4) continue;
+    if (g.nodes[i].op != OpKind::FusedConv2d || g.nodes[i].inputs.size() > 4) continue;
     std::optional<Match> m = match(g, uses, pattern, int(i));
     if (!m) continue;
-    const Node& first = m->node("first");
-    NodePlan& folded = nodes[size_t(m->node_of.at("first"))];
-    // A first conv that has one folded into it must run: its input is never made.
-    if (first.inputs.size() > 4 || !folded.folded_into.empty() || folded.pre ||
+    const size_t f = size_t(m->node_of.at("first"));
+    if (g.nodes[f].inputs.size() > 4 || !nodes[f].folded_into.empty() || nodes[f].pre ||
         !can_absorb(g, uses, *m, OpKind::FusedConv2d, nullptr).empty())
       continue;
-    const ConvShape a = conv_shape(g, first);
-    if (!conv_pair_fits(a, conv_shape(g, conv))) continue;
-    nodes[i].pre = FoldedConv{first.name, a, conv_activation(first)};
-    folded.folded_into = conv.name;
+    fold(i, f);
   }
+}
+
+// A stem conv folded into the 3x3 stride-2 conv that alone reads it (FoldedConv): the pair
+// kernel (conv_pair.cu) computes the first one's outputs where the second would load them, where
+// it takes the two shapes (conv_pair_fits). Why: the first conv writes the model's largest
+// tensor, which the second reads back (the YOLO-like model's first two layers).
+void fold_conv_pairs(const Graph& g, std::vector<NodePlan>& nodes, const LowerOptions& options) {
+  for_conv_folds(g, nodes, options, [&](size_t i, size_t f) {
+    const Node& first = g.nodes[f];
+    const ConvShape a = conv_shape(g, first);
+    if (!conv_pair_fits(a, conv_shape(g, g.nodes[i]))) return;
+    nodes[i].pre = FoldedConv{first.name, a, conv_activation(first)};
+    nodes[f].folded_into = g.nodes[i].name;
+  });
 }
 
 // A 1x1 conv folded into the 3x3 conv whose output it alone reads (NodePlan::post): the first
 // conv's kernel runs the 1x1 on its accumulators (conv_chain_fits) and stores only the 1x1's
-// outputs. Where the fusion rules would absorb the first conv (can_absorb), neither has a
-// residual or another fold, and the 1x1's weight, scale and shift are float32 initializers
-// (packed after the first conv's weights, pack_conv_chain); never under a forced kernel.
+// outputs. Where neither conv has another fold and the 1x1's weight, scale and shift are float32
+// initializers (packed after the first conv's weights, pack_conv_chain).
 void fold_conv_chains(const Graph& g, std::vector<NodePlan>& nodes, const LowerOptions& options) {
-  if (options.force || !options.profile.wgmma) return;
-  const UseIndex uses(g);
-  const Pat pattern = op(OpKind::FusedConv2d, {op(OpKind::FusedConv2d, {}, "first")}, "conv");
   const auto f32_weight = [&](const std::string& name) -> const Tensor* {
     if (!g.is_weight(name)) return nullptr;
     const Tensor& t = g.weights.at(name).data;
     return t.dtype() == DType::F32 ? &t : nullptr;
   };
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const Node& conv = g.nodes[i];
-    if (conv.op != OpKind::FusedConv2d || conv.inputs.size() > 4 || nodes[i].up || nodes[i].pre ||
-        !nodes[i].folded_into.empty())
-      continue;
-    std::optional<Match> m = match(g, uses, pattern, int(i));
-    if (!m) continue;
-    const Node& first = m->node("first");
-    NodePlan& host = nodes[size_t(m->node_of.at("first"))];
-    if (first.inputs.size() > 4 || host.pre || host.up || !host.folded_into.empty() ||
-        !host.packed.defined() || !can_absorb(g, uses, *m, OpKind::FusedConv2d, nullptr).empty())
-      continue;
+  for_conv_folds(g, nodes, options, [&](size_t i, size_t f) {
+    const Node &conv = g.nodes[i], &first = g.nodes[f];
+    NodePlan& host = nodes[f];
+    if (nodes[i].up || nodes[i].pre || !nodes[i].folded_into.empty() || host.up ||
+        !host.packed.defined())
+      return;
     const ConvShape b = conv_shape(g, conv);
-    if (!conv_chain_fits(conv_shape(g, first), host.tiles, b)) continue;
+    if (!conv_chain_fits(conv_shape(g, first), host.tiles, b)) return;
     const Tensor *w = f32_weight(conv.inputs[1]), *scale = f32_weight(conv.inputs[2]),
                  *shift = f32_weight(conv.inputs[3]);
-    if (!w || !scale || !shift) continue;
+    if (!w || !scale || !shift) return;
     const auto host_floats = [](const Tensor* t) {
       Tensor c = t->to(Device::CPU);
       return c.contiguous() ? c : c.clone();
@@ -681,7 +680,7 @@ void fold_conv_chains(const Graph& g, std::vector<NodePlan>& nodes, const LowerO
     host.packed = std::move(packed);
     host.post = FoldedConv{conv.name, b, conv_activation(conv)};
     nodes[i].folded_into = first.name;
-  }
+  });
 }
 
 // SPPF's cascade of max-pools, each pooling the one before with the same "same" window: the
