@@ -706,6 +706,7 @@ TEST_CASE("lowering: SPPF's cascade of max-pools runs as one kernel, up to three
 struct Stem {
   int64_t c = 3, mid = 16, out = 32, stride2 = 2;
   bool mid_is_output = false, second_reader = false;
+  bool first_residual = false, second_residual = false;  // x + conv(...) after either conv
 };
 
 Graph stem_graph(const Stem& st) {
@@ -716,7 +717,11 @@ Graph stem_graph(const Stem& st) {
         name + ".act");
   };
   Val mid = cbs(b.input("images", {16, st.c, 640, 640}), "b0", st.mid, 2);
-  b.output(cbs(mid, "b1", st.out, st.stride2));
+  if (st.first_residual) mid = b.add(mid, b.input("r0", {16, st.mid, 320, 320}), "b0.add");
+  Val y = cbs(mid, "b1", st.out, st.stride2);
+  const int64_t side = 320 / st.stride2;
+  if (st.second_residual) y = b.add(y, b.input("r1", {16, st.out, side, side}), "b1.add");
+  b.output(y);
   if (st.mid_is_output) b.output(mid);
   if (st.second_reader) b.output(b.relu(mid, "other"));
   Graph g = b.build();
@@ -748,10 +753,13 @@ TEST_CASE("lowering: a stem conv is folded into the conv that alone reads it (co
                        Catch::Contains("also computes b0 (3 -> 16 channels)"));
   CHECK_THAT(explain(p), !Catch::Contains("folded") && !Catch::Contains("gemm pair"));
 
-  // Refused: the stem's output read twice or a graph output (can_absorb), 4 input channels, 32
-  // channels between, 64 out, a second conv at stride 1, no wgmma, the CPU, a forced kernel.
-  Stem out, twice, c4, mid32, out64, s1;
+  // Refused: the stem's output read twice or a graph output (can_absorb), a residual after
+  // either conv (the pair's kernel adds none), 4 input channels, 32 channels between, 64 out, a
+  // second conv at stride 1, no wgmma, the CPU, a forced kernel.
+  Stem out, twice, res0, res1, c4, mid32, out64, s1;
   out.mid_is_output = true;
+  res0.first_residual = true;
+  res1.second_residual = true;
   twice.second_reader = true;
   c4.c = 4;
   mid32.mid = 32;
@@ -763,6 +771,8 @@ TEST_CASE("lowering: a stem conv is folded into the conv that alone reads it (co
   for (const auto& [why, g, options] : std::vector<std::tuple<std::string, Graph, LowerOptions>>{
            {"stem output is a graph output", stem_graph(out), cuda},
            {"stem output read twice", stem_graph(twice), cuda},
+           {"stem adds a residual", stem_graph(res0), cuda},
+           {"second conv adds a residual", stem_graph(res1), cuda},
            {"4 input channels", stem_graph(c4), cuda},
            {"32 channels between", stem_graph(mid32), cuda},
            {"64 output channels", stem_graph(out64), cuda},
@@ -806,6 +816,7 @@ TEST_CASE("lowering: a conv with one folded into it is not folded into the next"
 struct Chain {
   int64_t mid = 64, out = 64, k2 = 1, stride = 2;
   bool mid_is_output = false, second_reader = false;
+  bool first_residual = false, second_residual = false;  // x + conv(...) after either conv
 };
 
 Graph chain_graph(const Chain& ch) {
@@ -817,7 +828,10 @@ Graph chain_graph(const Chain& ch) {
   };
   const int64_t hw = ch.stride == 2 ? 160 : 80;
   Val mid = cbs(b.input("x", {16, 32, hw, hw}), "b3", ch.mid, 3, ch.stride);
-  b.output(cbs(mid, "b4", ch.out, ch.k2, 1));
+  if (ch.first_residual) mid = b.add(mid, b.input("r3", {16, ch.mid, 80, 80}), "b3.add");
+  Val y = cbs(mid, "b4", ch.out, ch.k2, 1);
+  if (ch.second_residual) y = b.add(y, b.input("r4", {16, ch.out, 80, 80}), "b4.add");
+  b.output(y);
   if (ch.mid_is_output) b.output(mid);
   if (ch.second_reader) b.output(b.relu(mid, "other"));
   Graph g = b.build();
@@ -858,10 +872,13 @@ TEST_CASE("lowering: a 1x1 conv is folded into the conv whose output it alone re
                        Catch::Contains("also runs b4 (1x1, 64 -> 64 channels)"));
   CHECK_THAT(explain(p), !Catch::Contains("folded") && !Catch::Contains("gemm chain"));
 
-  // Refused: the intermediate read twice or a graph output (can_absorb), 32 or 128 channels
-  // between, 32 out, a 3x3 second conv, no wgmma, the CPU, a forced kernel.
-  Chain out, twice, mid32, mid128, out32, k3;
+  // Refused: the intermediate read twice or a graph output (can_absorb), a residual after
+  // either conv (the chain's kernel adds none), 32 or 128 channels between, 32 out, a 3x3
+  // second conv, no wgmma, the CPU, a forced kernel.
+  Chain out, twice, res3, res4, mid32, mid128, out32, k3;
   out.mid_is_output = true;
+  res3.first_residual = true;
+  res4.second_residual = true;
   twice.second_reader = true;
   mid32.mid = 32;
   mid128.mid = 128;
@@ -874,6 +891,8 @@ TEST_CASE("lowering: a 1x1 conv is folded into the conv whose output it alone re
        std::vector<std::tuple<std::string, Graph, LowerOptions>>{
            {"intermediate is a graph output", chain_graph(out), cuda},
            {"intermediate read twice", chain_graph(twice), cuda},
+           {"first conv adds a residual", chain_graph(res3), cuda},
+           {"second conv adds a residual", chain_graph(res4), cuda},
            {"32 channels between", chain_graph(mid32), cuda},
            {"128 channels between", chain_graph(mid128), cuda},
            {"32 output channels", chain_graph(out32), cuda},
