@@ -7,9 +7,11 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "epilog/graph/passes.h"
 #include "epilog/io/builder.h"
 #include "epilog/io/dump.h"
 #include "epilog/io/init.h"
@@ -204,6 +206,48 @@ TEST_CASE("io: a yolo-like model survives the JSON round trip", "[io]") {
   Builder b(11);
   Graph g = yolo::yolo_like(b, 1, 64);
   require_same(g, parse_json_model(dump_json(g), "yolo.json", ""));
+}
+
+TEST_CASE("io: dump_dot draws every value, node and edge, its names escaped", "[io]") {
+  // Names with a quote and a backslash, which DOT strings must escape.
+  Builder b(5);
+  Val x = b.input("in\"put", {1, 3, 8, 8});
+  Val y = b.silu(b.batchnorm(b.conv2d(x, "conv\\1", ConvOpts(4, 3).padding(1)), "bn"), "act");
+  b.output(b.add(y, b.relu(y, "r\"1"), "sum"));
+  Graph g = b.build();
+  optimize(g);
+  REQUIRE(g.op_counts()[OpKind::FusedConv2d] == 1);
+  const std::string dot = dump_dot(g);
+  INFO(dot);
+  // Every string closes: an even count of the quotes no backslash escapes, line by line.
+  std::istringstream lines(dot);
+  for (std::string line; std::getline(lines, line);) {
+    int quotes = 0;
+    for (size_t i = 0; i < line.size(); ++i) {
+      if (line[i] == '\\')
+        ++i;
+      else if (line[i] == '"')
+        ++quotes;
+    }
+    CHECK(quotes % 2 == 0);
+  }
+  CHECK_THAT(dot, Catch::StartsWith("digraph") && Catch::EndsWith("}\n"));
+  CHECK_THAT(dot, Contains(R"("v:in\"put" [shape=ellipse)"));
+  CHECK_THAT(dot, Contains(R"("n:conv\\1" [shape=box)"));
+  CHECK_THAT(dot, Contains(R"("n:r\"1" [shape=box)"));
+  CHECK_THAT(dot, Contains(R"("n:sum" [shape=box)"));
+  // An edge for each value a node reads (weights are not drawn) and one to each output; the
+  // fused node filled.
+  const auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = dot.find(what); at != std::string::npos; at = dot.find(what, at + 1)) ++n;
+    return n;
+  };
+  size_t reads = g.outputs.size();
+  for (const Node& n : g.nodes)
+    for (const std::string& in : n.inputs) reads += g.is_weight(in) ? 0 : 1;
+  CHECK(count(" -> ") == reads);
+  CHECK(count(R"(fillcolor="#ffcc66")") == 1);
 }
 
 TEST_CASE("io: save_model -> load_model with a safetensors sidecar", "[io]") {
