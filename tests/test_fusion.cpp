@@ -72,6 +72,14 @@ TEST_CASE("pattern: binds nodes and values, matches add/mul operands in either o
   b2.output(b2.mul(x2, b2.sigmoid(y2, "s"), "m"));
   Graph g2 = b2.build();
   CHECK_FALSE(match(g2, UseIndex(g2), p, 1));
+  // Only add and mul swap: a concat's operands match in their order alone.
+  Builder b3;
+  Val x3 = b3.input("x", {1, 4, 3, 3});
+  b3.output(b3.concat({b3.sigmoid(x3, "s"), x3}, 1, "cat"));
+  Graph g3 = b3.build();
+  const UseIndex uses3(g3);
+  CHECK(match(g3, uses3, op(OpKind::Concat, {op(OpKind::Sigmoid, {any("x")}), any("x")}), 1));
+  CHECK_FALSE(match(g3, uses3, op(OpKind::Concat, {any("x"), op(OpKind::Sigmoid, {any("x")})}), 1));
 }
 
 TEST_CASE("fusion: every conv rule fuses into one fused_conv2d with the right activation",

@@ -233,6 +233,9 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            // but 144 in 4 splits of 4 stages (8 would leave 2 each).
            {shape(1, 64, 40, 64, 3), {64, 32, 72, 4, 2, true}},
            {shape(1, 128, 20, 128, 3), {64, 32, 72, 4, 4, true}},
+           // 4 squares, Cout 32: 64x32 in 2 splits makes 8 blocks, too few: the gather kernel.
+           {shape(1, 64, 16, 32, 3),
+            conv_tiles(ConvKernel::Gemm, shape(1, 64, 16, 32, 3), sms(132))},
            // 1 x 3 x 3 squares at 48 channels: 6 stages, too few to split: the gather kernel.
            {shape(1, 48, 20, 128, 3),
             conv_tiles(ConvKernel::Gemm, shape(1, 48, 20, 128, 3), sms(132))},
@@ -267,6 +270,8 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(1, 64, 80, 128, 3, 2), {64, 64, 72, 3, 2, true}},
            {shape(1, 32, 160, 64, 3, 2), {64, 64, 72, 3, 1, true}},
            {shape(1, 64, 80, 64, 3, 2), {64, 32, 72, 4, 2, true}},
+           // 64 squares at Cout 64: 64x64 under half a wave, from 0.375, in 2 splits.
+           {shape(1, 64, 128, 64, 3, 2), {64, 64, 72, 3, 2, true}},
            // Onto a 20x20 plane (no halo kernel), deeper than 256: the wgmma kernel gathering
            // A, 64 x Cout-covering tiles in 4 stages from 0.75 waves (200 and 100 tiles), under
            // one wave split in 2 (36 k tiles); at batch 4 (50 tiles) and on a shallow reduction
@@ -298,6 +303,10 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(16, 192, 80, 64, 1), {64, 64, 32, 3, 1, true}},
            {shape(16, 64, 80, 64, 1), {64, 64, 32, 3, 1, true}},
            {shape(16, 32, 160, 32, 1), {64, 32, 32, 3, 1, true}},
+           // Two n tiles of 128 over 132 x 64 pixels: 264 tiles, two waves, 3 stages; 256
+           // tiles (128 x 64 pixels), under two waves, 4.
+           {shape(33, 256, 16, 256, 1), {64, 128, 32, 3, 1, true}},
+           {shape(32, 256, 16, 256, 1), {64, 128, 32, 4, 1, true}},
            {shape(1, 256, 40, 256, 1),
             conv_tiles(ConvKernel::Gemm, shape(1, 256, 40, 256, 1), sms(132))},
            {shape(16, 64, 80, 16, 1),
@@ -565,6 +574,15 @@ TEST_CASE("lowering: plans every node, honours a forced kernel, explains the cho
   optimize(gr);
   CHECK_THAT(explain(lower(gr, cuda)),
              Catch::Contains("[1,8,10,10] -> [1,8,10,10] + residual") && Catch::Contains("cr"));
+
+  // The persistent halo kernel stages a square's whole reduction: its line shows no stages.
+  Builder bq(4);
+  Val xq = bq.input("x", {16, 32, 80, 80});
+  bq.output(bq.silu(bq.conv2d(xq, "cq", ConvOpts(32, 3).padding(1)), "aq"));
+  Graph gq = bq.build();
+  optimize(gq);
+  CHECK_THAT(explain(lower(gq, cuda)),
+             Catch::Contains("m=64 n=32 k=72 wgmma persistent") && !Catch::Contains("stages="));
 
   cuda.force = ConvKernel::Tiled;
   Plan f = lower(g, cuda);
