@@ -363,6 +363,13 @@ TEST_CASE("io: unknown op", "[io]") {
               {"models/m.json: nodes[0] 'conv'", "unknown op 'conv'", "did you mean conv2d"});
   m["nodes"][0]["op"] = "frobnicate";
   check_error([&] { parse(m); }, {"nodes[0] 'conv'", "unknown op 'frobnicate'", "known ops:"});
+  // Within two edits of an op, though neither name holds the other: two letters swapped, two
+  // left out, two too many.
+  for (const auto& [typo, op] : std::vector<std::pair<std::string, std::string>>{
+           {"cnov2d", "conv2d"}, {"sigmd", "sigmoid"}, {"rrellu", "relu"}}) {
+    m["nodes"][0]["op"] = typo;
+    check_error([&] { parse(m); }, {"unknown op '" + typo + "'", "did you mean " + op});
+  }
 }
 
 TEST_CASE("io: unknown attribute", "[io]") {
