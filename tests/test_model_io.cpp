@@ -233,7 +233,7 @@ TEST_CASE("io: dump_dot draws every value, node and edge, its names escaped", "[
   }
   CHECK_THAT(dot, Catch::StartsWith("digraph") && Catch::EndsWith("}\n"));
   CHECK_THAT(dot, Contains(R"("v:in\"put" [shape=ellipse)"));
-  CHECK_THAT(dot, Contains(R"("n:conv\\1" [shape=box)"));
+  CHECK_THAT(dot, Contains(R"("n:conv\\1" [shape=box, label="conv\\1\nfused_conv2d {k=3x3 p=1)"));
   CHECK_THAT(dot, Contains(R"("n:r\"1" [shape=box)"));
   CHECK_THAT(dot, Contains(R"("n:sum" [shape=box)"));
   // An edge for each value a node reads (weights are not drawn) and one to each output; the
