@@ -445,6 +445,19 @@ TEST_CASE("onnx: Gemm and MatMul + Add become linear", "[onnx]") {
     CHECK(values(g.weights.at(g.nodes[0].inputs[1]).data) == w);
     CHECK(values(run1(g, x)) == want);
   }
+  {  // One value for all features ([1]): spread into the linear's bias, no add.
+    Model m;
+    m.input("x", {2, 3});
+    m.init("B", {2, 3}, w);
+    m.init("C", {1}, {10});
+    set_i(m.node("Gemm", {"x", "B", "C"}, {"y"}), "transB", 1);
+    m.output("y");
+    Graph g = m.load();
+    REQUIRE(g.nodes.size() == 1);
+    REQUIRE(g.nodes[0].inputs.size() == 3);
+    CHECK(values(g.weights.at(g.nodes[0].inputs[2]).data) == std::vector<float>{10, 10});
+    CHECK(values(run1(g, x)) == std::vector<float>{want[0], want[1] - 10, want[2], want[3] - 10});
+  }
   {  // A [M, N] bias is added after.
     Model m;
     m.input("x", {2, 3});
