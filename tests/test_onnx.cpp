@@ -240,6 +240,7 @@ TEST_CASE("onnx: Conv + BatchNormalization + Relu matches the Builder's graph", 
   for (auto& n : *old.g().mutable_node())
     for (auto& a : *n.mutable_attribute()) a.set_type(onnx::AttributeProto::UNDEFINED);
   CHECK(dump_text(old.load()) == text);
+
   PassReport r = optimize(g);
   CHECK(count(g, OpKind::FusedConv2d) == 1);
   CHECK(g.nodes.size() == 1);
