@@ -181,6 +181,8 @@ TEST_CASE("cli: bench reports median, min, max and a per-node breakdown", "[cli]
   CHECK_THAT(r.out, Catch::Contains("median") && Catch::Contains("min") && Catch::Contains("max") &&
                         Catch::Contains("per node"));
   CHECK_THAT(r.out, Catch::Contains("block.conv") && Catch::Contains("%"));
+  CHECK_THAT(r.out, Catch::Contains("over 2 iterations") &&
+                        Catch::Contains("per node (median of 2 profiled runs"));
   // Nodes that run without a kernel say so, as in explain.
   Result yolo = cli("bench models/yolo_like.json --device cpu --iters 1 --warmup 0");
   REQUIRE(yolo.status == 0);

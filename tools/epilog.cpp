@@ -312,7 +312,7 @@ int cmd_bench(const Parsed& p) {
   std::sort(times.begin(), times.end());
   std::printf("%s on %s, %s\n", p.model.c_str(), device_name(device), c.report.summary().c_str());
   std::printf("end to end: median %.3f ms, min %.3f ms, max %.3f ms over %lld iterations\n",
-              times[times.size() / 2], times.front(), times.back(), (long long)iters);
+              times[times.size() / 2], times.front(), times.back(), (long long)times.size());
   if (ex.replaying()) {
     // The model alone: one CUDA-graph launch, no input copy.
     std::vector<double> replays;
