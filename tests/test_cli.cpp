@@ -157,11 +157,7 @@ TEST_CASE("cli: explain shows kernel, rule and tiles without a GPU", "[cli]") {
   CHECK_THAT(r.out, Catch::Contains("gemm") && Catch::Contains("reduction 144 >= 16") &&
                         Catch::Contains("stages="));
   // The 8 splits and 13 concats that the executor runs in place, and none with that off.
-  size_t in_place = 0;
-  for (size_t at = r.out.find(" in place "); at != std::string::npos;
-       at = r.out.find(" in place ", at + 1))
-    ++in_place;
-  CHECK(in_place == 21);
+  CHECK(epilog::test::count_of(r.out, " in place ") == 21);
   Result copies = cli("explain models/yolo_like.json", "EPILOG_DISABLE_IN_PLACE=1");
   CHECK_THAT(copies.out, !Catch::Contains(" in place ") && Catch::Contains("one kernel"));
   Result small = cli("explain models/yolo_like.json --sm-count 8");

@@ -238,16 +238,11 @@ TEST_CASE("io: dump_dot draws every value, node and edge, its names escaped", "[
   CHECK_THAT(dot, Contains(R"("n:sum" [shape=box)"));
   // An edge for each value a node reads (weights are not drawn) and one to each output; the
   // fused node filled.
-  const auto count = [&](const std::string& what) {
-    size_t n = 0;
-    for (size_t at = dot.find(what); at != std::string::npos; at = dot.find(what, at + 1)) ++n;
-    return n;
-  };
   size_t reads = g.outputs.size();
   for (const Node& n : g.nodes)
     for (const std::string& in : n.inputs) reads += g.is_weight(in) ? 0 : 1;
-  CHECK(count(" -> ") == reads);
-  CHECK(count(R"(fillcolor="#ffcc66")") == 1);
+  CHECK(test::count_of(dot, " -> ") == reads);
+  CHECK(test::count_of(dot, R"(fillcolor="#ffcc66")") == 1);
 }
 
 TEST_CASE("io: save_model -> load_model with a safetensors sidecar", "[io]") {

@@ -82,4 +82,11 @@ inline bool bit_equal(const Tensor& a, const Tensor& b) {
                     [](float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; });
 }
 
+// How many times `what` occurs in `text` (overlaps counted).
+inline size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 }  // namespace epilog::test
