@@ -133,6 +133,12 @@ constexpr int64_t kPersistentMinCout = 17;
 // kHaloMinWaves asks: 1x64x40x40 -> 64, 50 blocks (0.38 waves), 7.5 us vs the gather
 // kernel's best 8.2 (32x64 in 4 splits; 2026-12-02). But 1x128x20x20 -> 128, 36 blocks of 64x32
 // (0.27 waves) over twice the reduction: 12.5 vs the gather kernel's 8.8 (split, below, 7.3).
+// Their split form, the last fallback, from as many blocks: six small grids of 64x32 tiles, 50 or
+// 64 blocks in 2 splits (0.38 to 0.48 waves: 16 squares by Cout 64, 8 by Cout 128, 25 by Cout
+// 32), took 7.7 to 10.2 us on the gather kernel (32x32 in 2 splits, as picked under
+// kHaloMinWaves) and 5.4 to 6.0 on these, within 8% of each one's sweep (an H100, 2026-12-05);
+// resnet_like at batch 16, whose layer3.0.conv2 is one of them, 0.066 -> 0.064 ms (two rounds
+// in turns).
 constexpr double kHaloWgmmaMinWaves = 0.375;
 
 // The 1x1 direct kernel on warpgroup MMA (Hopper), from kDirectWgmmaMinCout output channels and one
@@ -385,7 +391,8 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
       }
   }
   const ConvTiles t = split({64, 32, 72, kHaloWgmmaSmallGridStages, 1, true});
-  if (t.splits > 1 && double(halo_blocks(s, 64, 32) * t.splits) >= kHaloMinWaves * device.sm_count)
+  if (t.splits > 1 &&
+      double(halo_blocks(s, 64, 32) * t.splits) >= kHaloWgmmaMinWaves * device.sm_count)
     return t;
   return std::nullopt;
 }

@@ -232,6 +232,8 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            // (0.375 waves), in 2 splits; 9 squares, Cout 128: 64x32 makes 36, too few whole,
            // but 144 in 4 splits of 4 stages (8 would leave 2 each).
            {shape(1, 64, 40, 64, 3), {64, 32, 72, 4, 2, true}},
+           // 16 squares, Cout 64: 64x32 makes 32 blocks, 64 in 2 splits (over 0.375 waves).
+           {shape(1, 64, 32, 64, 3), {64, 32, 72, 4, 2, true}},
            {shape(1, 128, 20, 128, 3), {64, 32, 72, 4, 4, true}},
            // 4 squares, Cout 32: 64x32 in 2 splits makes 8 blocks, too few: the gather kernel.
            {shape(1, 64, 16, 32, 3),
