@@ -119,9 +119,15 @@ TEST_CASE("executor: what cannot be produced in place is copied", "[executor]") 
   std::vector<Val> parts = b.split(whole, 1, {2, 4}, "parts");
   b.output(b.concat({parts[1], parts[0]}, 1, "swapped"));  // the runs in the wrong order
   b.output(b.concat({b.concat({c2, c2}, 1, "inner"), c3}, 1, "of_concat"));
+  // A part of a split's input beside another value: the whole input (6 channels) would overlap
+  // that value's place, though the two places end where the concat's 6 channels do.
+  std::vector<Val> halves =
+      b.split(b.relu(b.conv2d(x, "c5", ConvOpts(6, 1)), "r5"), 1, {2, 4}, "halves");
+  b.output(b.relu(halves[1], "rest"));
+  b.output(b.concat({halves[0], b.relu(b.conv2d(x, "c6", ConvOpts(4, 1)), "r6")}, 1, "overlap"));
   Runs r = run_both(b.build(), /*fuse=*/false);
   check_equal(r);
-  CHECK(r.in_place == std::vector<std::string>{"first", "parts"});
+  CHECK(r.in_place == std::vector<std::string>{"first", "parts", "halves"});
 }
 
 TEST_CASE("executor: explain marks the nodes the executor runs in place, and only those",
