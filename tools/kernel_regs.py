@@ -5,7 +5,8 @@ usage: tools/kernel_regs.py [--build DIR] [FILE.cu ...]   (default: kernels/cuda
 
 Compiles each file with the flags of DIR/compile_commands.json (default: build) plus
 `-Xptxas -v`, into a scratch directory, and prints one line per kernel: registers, spill stores
-and loads, name. Run it before and after a change to a kernel and diff the two: a change meant
+and loads, name, and ptxas's note where it serialized the kernel's wgmmas (C75xx: every wgmma
+then waits for the one before; the build only mentions it as an info line). Run it before and after a change to a kernel and diff the two: a change meant
 to leave the code as it was must leave this list as it was: one that was believed to, and did
 not, once cost the YOLO-like model 1.2% at batch 16 (docs/perf-history.md).
 """
@@ -50,7 +51,12 @@ def main():
 def report(name, log):
     kernel, spills = None, ("0", "0")
     rows = []
+    serialized = {}  # mangled name -> ptxas's note number
     for line in log.splitlines():
+        m = re.search(r"\((C75\d\d)\) Potential Performance Loss: wgmma.mma_async instructions are "
+                      r"serialized.* in the function '(\w+)'", line)
+        if m:
+            serialized[m.group(2)] = m.group(1)
         m = re.search(r"Compiling entry function '(\w+)'", line)
         if m:
             kernel, spills = m.group(1), ("0", "0")
@@ -66,8 +72,9 @@ def report(name, log):
     print(f"== {name}: {len(rows)} kernels (registers, spill stores, spill loads)")
     names = [re.sub(r"^void |epilog::cuda::(\(anonymous namespace\)::|\w+_detail::)?", "", n)
              for n in names]
-    for (_, regs, (st, ld)), n in sorted(zip(rows, names), key=lambda x: x[1]):
-        print(f"{regs:>4} {st:>4} {ld:>4}  {n}")
+    for (k, regs, (st, ld)), n in sorted(zip(rows, names), key=lambda x: x[1]):
+        note = f"  [wgmma serialized, {serialized[k]}]" if k in serialized else ""
+        print(f"{regs:>4} {st:>4} {ld:>4}  {n}{note}")
 
 
 if __name__ == "__main__":
