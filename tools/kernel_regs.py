@@ -6,9 +6,10 @@ usage: tools/kernel_regs.py [--build DIR] [FILE.cu ...]   (default: kernels/cuda
 Compiles each file with the flags of DIR/compile_commands.json (default: build) plus
 `-Xptxas -v`, into a scratch directory, and prints one line per kernel: registers, spill stores
 and loads, name, and ptxas's note where it serialized the kernel's wgmmas (C75xx: every wgmma
-then waits for the one before; the build only mentions it as an info line). Run it before and after a change to a kernel and diff the two: a change meant
-to leave the code as it was must leave this list as it was: one that was believed to, and did
-not, once cost the YOLO-like model 1.2% at batch 16 (docs/perf-history.md).
+then waits for the one before; the build only mentions it as an info line). Run it before and
+after a change to a kernel and diff the two: a change meant to leave the code as it was must
+leave this list as it was: one that was believed to, and did not, once cost the YOLO-like
+model 1.2% at batch 16 (docs/perf-history.md).
 """
 import argparse
 import glob
@@ -54,7 +55,7 @@ def report(name, log):
     serialized = {}  # mangled name -> ptxas's note number
     for line in log.splitlines():
         m = re.search(r"\((C75\d\d)\) Potential Performance Loss: wgmma.mma_async instructions are "
-                      r"serialized.* in the function '(\w+)'", line)
+                      r"serialized.* (?:in|for) the function '(\w+)'", line)
         if m:
             serialized[m.group(2)] = m.group(1)
         m = re.search(r"Compiling entry function '(\w+)'", line)
