@@ -336,8 +336,8 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
                                           const DeviceProfile& device) {
   if (!device.wgmma) return std::nullopt;
   if (!halo_takes(s, s.stride_h == 2 ? kHaloMinUseful : kHaloWgmmaMinUseful)) return std::nullopt;
-  const auto fills = [&](int m, int n, double waves = kHaloMinWaves) {
-    return double(halo_blocks(s, m, n)) >= waves * device.sm_count;
+  const auto fills = [&](int m, int n, double waves = kHaloMinWaves, int splits = 1) {
+    return double(halo_blocks(s, m, n) * splits) >= waves * device.sm_count;
   };
   // Tiles of one square split where their grid is small.
   const auto split = [&](ConvTiles t) {
@@ -391,9 +391,7 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
       }
   }
   const ConvTiles t = split({64, 32, 72, kHaloWgmmaSmallGridStages, 1, true});
-  if (t.splits > 1 &&
-      double(halo_blocks(s, 64, 32) * t.splits) >= kHaloWgmmaMinWaves * device.sm_count)
-    return t;
+  if (t.splits > 1 && fills(64, 32, kHaloWgmmaMinWaves, t.splits)) return t;
   return std::nullopt;
 }
 
