@@ -823,8 +823,9 @@ NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size
 
 std::string explain(const Plan& plan, const std::vector<bool>& in_place) {
   const Graph& g = plan.graph;
-  std::string out = fmt::format("{:<24} {:<16} {:<46} {:<16} {:<40} {}\n", "node", "op",
-                                "input -> output", "kernel", "rule", "tiles");
+  // The rule last: it is free text, and the longest ones would push a column after it askew.
+  std::string out = fmt::format("{:<24} {:<16} {:<46} {:<16} {:<38} {}\n", "node", "op",
+                                "input -> output", "kernel", "tiles", "rule");
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const NodePlan& np = plan.nodes[i];
@@ -845,8 +846,8 @@ std::string explain(const Plan& plan, const std::vector<bool>& in_place) {
       if (np.tiles.wgmma) tiles += " wgmma";
       if (np.tiles.persistent) tiles += " persistent";
     }
-    out += fmt::format("{:<24} {:<16} {:<46} {:<16} {:<40} {}\n", n.name, op_name(n.op), io,
-                       choice.kernel, choice.rule, tiles);
+    out += fmt::format("{:<24} {:<16} {:<46} {:<16} {:<38} {}\n", n.name, op_name(n.op), io,
+                       choice.kernel, tiles, choice.rule);
   }
   return out;
 }
