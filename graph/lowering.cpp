@@ -397,7 +397,8 @@ std::optional<ConvTiles> halo_wgmma_tiles(const ConvShape& s, int cover,
 
 }  // namespace
 
-ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile& device) {
+ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile& device,
+                     bool tensor_copies) {
   const int64_t pixels = s.n * s.ho * s.wo;
   const int sms = device.sm_count;
   ConvTiles t;
@@ -442,9 +443,20 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         const auto fills = [&](int n) {
           return n >= 32 && double(tiles_of(64, n)) >= kDirectWgmmaMinWaves * sms;
         };
-        const int n = fills(cover) ? cover : cover / 2;
+        // Where A comes by tensor copies (conv_gemm_direct_tma), half the covering n wherever those
+        // tiles make a wave, and 3 stages from two waves: a block then issues no copies but one
+        // thread's, and smaller blocks, more of them an SM, hide each other's waits. A sweep of the
+        // YOLO-like model's batch-16 1x1 layers with tensor copies (an H100, 2026-12-05, us; the
+        // rule's tiles vs those picked before): 16x128x40x40 -> 128 64x64 13.1 (the sweep's best)
+        // vs 64x128 in 4 stages 14.6, 16x192x40x40 -> 128 16.0 (best) vs 17.5, 16x256x40x40 ->
+        // 128 18.2 (best) vs 19.5, 16x128x80x80 -> 64 64x32 29.3 (best) vs 64x64 31.5, 16x96x80x80
+        // -> 64 25.5 (best) vs 26.5, b16_c256_256_1x1_40 64x64 29.3 (best) vs 64x128 29.9,
+        // b16_c64_64_1x1_80 64x32 21.3 (best 21.2) vs 64x64 21.4.
+        const bool tma =
+            tensor_copies && conv_gemm_direct_tma(s, ConvTiles{64, cover, 32, 3, 1, true});
+        const int n = fills(cover) && !(tma && fills(cover / 2)) ? cover : cover / 2;
         if (fills(n)) {
-          const bool four = (n >= s.k && (s.c >= kDirectWgmmaDeepInput || n == 128)) ||
+          const bool four = (!tma && n >= s.k && (s.c >= kDirectWgmmaDeepInput || n == 128)) ||
                             double(tiles_of(64, n)) < kGemmWaves * sms;
           t = {64, n, 32, four ? 4 : 3, 1, true};
           break;
@@ -574,13 +586,27 @@ std::string maxpool_rule(const PoolShape& p) {
                      kPoolPlaneFloats);
 }
 
+// A fused conv's weights packed for the wgmma kernels' tiles `t` (pack_wgmma_weights), or an
+// undefined tensor where the weight is not a float32 initializer (known only at run time).
+Tensor packed_weights(const Graph& g, const Node& node, const ConvShape& cs, const ConvTiles& t) {
+  const std::string& w = node.inputs[1];
+  const Tensor* init = g.is_weight(w) ? &g.weights.at(w).data : nullptr;
+  if (!init || init->dtype() != DType::F32) return {};
+  Tensor weight = init->to(Device::CPU);
+  if (!weight.contiguous()) weight = weight.clone();
+  Tensor packed = Tensor::empty({wgmma_packed_floats(cs, t)});
+  pack_wgmma_weights(cs, t, static_cast<const float*>(weight.raw()),
+                     static_cast<float*>(packed.raw()));
+  return packed;
+}
+
 // The upsamplings a fused conv can read through (FoldedUpsample): conv <- concat (on the
 // channels) <- upsample_nearest, the concat and the upsampling absorbed as the fusion rules
 // absorb (can_absorb: one reader each, no graph output), on tiles that take it
 // (conv_gemm_upsample_fits). One a conv: the YOLO neck's C2f blocks read one each. Why: the
 // upsampling writes four times its input, which the conv then reads back; folded, neither
 // happens.
-void fold_upsamples(const Graph& g, std::vector<NodePlan>& nodes) {
+void fold_upsamples(const Graph& g, std::vector<NodePlan>& nodes, const DeviceProfile& profile) {
   const UseIndex uses(g);
   const Pat pattern = op(OpKind::FusedConv2d, {op(OpKind::Concat, {}, "cat")}, "conv");
   for (size_t i = 0; i < g.nodes.size(); ++i) {
@@ -603,9 +629,16 @@ void fold_upsamples(const Graph& g, std::vector<NodePlan>& nodes) {
       const std::vector<int64_t>& scale = up.attrs.ints("scale");
       Match with_up = *m;
       with_up.nodes.push_back(u);
-      if (g.is_weight(up.inputs[0]) || !conv_gemm_upsample_fits(cs, np.tiles, scale[0], scale[1]) ||
+      // Such a conv copies A by cp.async, whose tiles differ from the tensor copies' (conv_tiles).
+      const ConvTiles plain = conv_tiles(np.conv, cs, profile, false);
+      if (g.is_weight(up.inputs[0]) || !np.tiles.wgmma ||
+          !conv_gemm_upsample_fits(cs, plain, scale[0], scale[1]) ||
           !can_absorb(g, uses, with_up, OpKind::FusedConv2d, nullptr).empty())
         continue;
+      if (!(plain == np.tiles)) {
+        np.tiles = plain;
+        np.packed = packed_weights(g, g.nodes[i], cs, plain);
+      }
       np.up = FoldedUpsample{up.name, up.inputs[0], c0 - channels, channels, scale[0], scale[1]};
       nodes[size_t(u)].folded_into = g.nodes[i].name;
       break;
@@ -740,15 +773,8 @@ Plan lower(Graph graph, const LowerOptions& options) {
       if (np.tiles.wgmma) {
         // The wgmma kernels read their weights packed ahead; a weight that is not a float32
         // initializer (known only at run time) keeps the mma.sync kernels.
-        const std::string& w = node.inputs[1];
-        const Tensor* init = graph.is_weight(w) ? &graph.weights.at(w).data : nullptr;
-        if (init && init->dtype() == DType::F32) {
-          Tensor weight = init->to(Device::CPU);
-          if (!weight.contiguous()) weight = weight.clone();
-          np.packed = Tensor::empty({wgmma_packed_floats(cs, np.tiles)});
-          pack_wgmma_weights(cs, np.tiles, static_cast<const float*>(weight.raw()),
-                             static_cast<float*>(np.packed.raw()));
-        } else {
+        np.packed = packed_weights(graph, node, cs, np.tiles);
+        if (!np.packed.defined()) {
           DeviceProfile sync = options.profile;
           sync.wgmma = false;
           np.tiles = conv_tiles(c.kernel, cs, sync);
@@ -765,7 +791,7 @@ Plan lower(Graph graph, const LowerOptions& options) {
     plan.nodes.push_back(std::move(np));
   }
   if (options.device == Device::CUDA) {
-    fold_upsamples(graph, plan.nodes);
+    fold_upsamples(graph, plan.nodes, options.profile);
     fold_conv_pairs(graph, plan.nodes, options);
     fold_conv_chains(graph, plan.nodes, options);
     chain_pools(graph, plan.nodes);
@@ -844,6 +870,8 @@ std::string explain(const Plan& plan, const std::vector<bool>& in_place) {
         tiles += fmt::format(" stages={}", np.tiles.stages);
       if (np.tiles.splits > 1) tiles += fmt::format(" splits={}", np.tiles.splits);
       if (np.tiles.wgmma) tiles += " wgmma";
+      if (!np.up && n.op == OpKind::FusedConv2d && conv_gemm_direct_tma(conv_shape(g, n), np.tiles))
+        tiles += " tma";
       if (np.tiles.persistent) tiles += " persistent";
     }
     out += fmt::format("{:<24} {:<16} {:<46} {:<16} {:<38} {}\n", n.name, op_name(n.op), io,

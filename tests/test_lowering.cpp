@@ -290,25 +290,29 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            {shape(16, 32, 160, 64, 3, 2), {128, 64, 72, 3, 1, true}},
            {shape(1, 7, 640, 16, 3, 2), {128, 32, 32, 2}},  // no halo kernel: no wgmma
            // 1x1, stride 1, from 32 output channels: the direct kernel on wgmma from one wave
-           // of 64 x Cout-covering tiles (400 x 2, 1600, 6400 tiles); 4 stages where one n tile
-           // covers Cout, from 256 input channels or at n = 128 (not at 256 -> 256: 2 n tiles of
-           // 128; not at 192 -> 64). At batch 1 (25 x 2 tiles), or with 16 channels, the mma.sync
-           // kernels;
+           // of 64 x Cout-covering tiles; 4 stages where one n tile covers Cout, from 256 input
+           // channels or at n = 128 (not at 192 -> 64). At batch 1 (25 x 2 tiles), or with 16
+           // channels, the mma.sync kernels;
            // where the covering tiles make under a wave, half as many channels (not a quarter)
-           // if those make one, in 4 stages under two waves.
-           {shape(1, 192, 80, 64, 1), {64, 32, 32, 4, 1, true}},    // 200 tiles
-           {shape(16, 256, 20, 128, 1), {64, 64, 32, 4, 1, true}},  // 64x128: 100 tiles
-           {shape(16, 256, 40, 256, 1), {64, 128, 32, 3, 1, true}},
-           {shape(16, 384, 40, 128, 1), {64, 128, 32, 4, 1, true}},
-           {shape(16, 192, 40, 128, 1), {64, 128, 32, 4, 1, true}},
-           {shape(16, 128, 40, 128, 1), {64, 128, 32, 4, 1, true}},
-           {shape(16, 192, 80, 64, 1), {64, 64, 32, 3, 1, true}},
-           {shape(16, 64, 80, 64, 1), {64, 64, 32, 3, 1, true}},
+           // if those make one, in 4 stages under two waves. Planes of 400 pixels, or 32 input
+           // channels, do not take tensor copies (conv_gemm_direct_tma).
+           {shape(1, 192, 80, 64, 1), {64, 32, 32, 4, 1, true}},     // 200 tiles
+           {shape(16, 256, 20, 128, 1), {64, 64, 32, 4, 1, true}},   // 64x128: 100 tiles
+           {shape(48, 384, 20, 128, 1), {64, 128, 32, 4, 1, true}},  // 300 tiles
+           {shape(48, 192, 20, 64, 1), {64, 64, 32, 3, 1, true}},
            {shape(16, 32, 160, 32, 1), {64, 32, 32, 3, 1, true}},
+           // With tensor copies: half the covering n where that makes a wave, 3 stages from two
+           // waves (1600, 800 and 3200 tiles here).
+           {shape(16, 256, 40, 256, 1), {64, 64, 32, 3, 1, true}},
+           {shape(16, 384, 40, 128, 1), {64, 64, 32, 3, 1, true}},
+           {shape(16, 192, 40, 128, 1), {64, 64, 32, 3, 1, true}},
+           {shape(16, 128, 40, 128, 1), {64, 64, 32, 3, 1, true}},
+           {shape(16, 192, 80, 64, 1), {64, 32, 32, 3, 1, true}},
+           {shape(16, 64, 80, 64, 1), {64, 32, 32, 3, 1, true}},
            // Two n tiles of 128 over 132 x 64 pixels: 264 tiles, two waves, 3 stages; 256
            // tiles (128 x 64 pixels), under two waves, 4.
-           {shape(33, 256, 16, 256, 1), {64, 128, 32, 3, 1, true}},
-           {shape(32, 256, 16, 256, 1), {64, 128, 32, 4, 1, true}},
+           {shape(33, 48, 16, 256, 1), {64, 128, 32, 3, 1, true}},
+           {shape(32, 48, 16, 256, 1), {64, 128, 32, 4, 1, true}},
            {shape(1, 256, 40, 256, 1),
             conv_tiles(ConvKernel::Gemm, shape(1, 256, 40, 256, 1), sms(132))},
            {shape(16, 64, 80, 16, 1),
@@ -453,6 +457,37 @@ TEST_CASE("lowering: the wgmma halo kernel's weights are packed in its layout, r
   CHECK_FALSE(q.nodes[0].tiles.wgmma);
   CHECK(q.nodes[0].tiles.k == 72);
   CHECK_FALSE(q.nodes[0].packed.defined());
+}
+
+TEST_CASE("lowering: the wgmma direct kernel copies its input by tensor copies where it may",
+          "[lowering]") {
+  const ConvTiles t64{64, 128, 32, 3, 1, true}, t128{128, 128, 32, 3, 1, true};
+  struct Row {
+    ConvShape s;
+    ConvTiles t;
+    bool tma;
+  };
+  ConvShape slab = shape(16, 256, 40, 256, 1);
+  slab.x_stride = 258 * 40 * 40;  // channels of a larger batch: still a multiple of 4
+  ConvShape odd_slab = shape(2, 64, 8, 64, 1);
+  odd_slab.x_stride = 64 * 64 + 2;  // images not 16 bytes apart
+  const std::vector<Row> rows = {
+      {shape(16, 256, 40, 256, 1), t64, true},    // 1600 pixels: 25 tiles of 64 an image
+      {shape(16, 256, 40, 256, 1), t128, false},  // 12.5 tiles of 128: one would straddle two
+      {shape(16, 256, 32, 256, 1), t128, true},
+      {shape(16, 64, 80, 64, 1), t64, true},     // two k tiles: kDirectTmaMinDepth
+      {shape(16, 32, 80, 64, 1), t64, false},    // one
+      {shape(16, 256, 20, 256, 1), t64, false},  // 400 pixels
+      {shape(16, 256, 40, 256, 3), t64, false},  // 3x3: the gather kernel
+      {shape(16, 256, 40, 256, 1), {64, 128, 32, 3, 2, true}, false},   // split
+      {shape(16, 256, 40, 256, 1), {64, 128, 32, 3, 1, false}, false},  // mma.sync tiles
+      {slab, t64, true},
+      {odd_slab, t64, false},
+  };
+  for (size_t i = 0; i < rows.size(); ++i) {
+    INFO("row " << i);
+    CHECK(conv_gemm_direct_tma(rows[i].s, rows[i].t) == rows[i].tma);
+  }
 }
 
 TEST_CASE("lowering: the wgmma k = 32 kernel's weights are packed in its layout", "[lowering]") {
@@ -622,8 +657,13 @@ TEST_CASE(
   CHECK(conv.up->channels == 256);
   CHECK(conv.up->scale_h == 2);
   CHECK(conv.up->scale_w == 2);
-  CHECK(conv.tiles.wgmma);
-  CHECK(conv.tiles.k == 32);
+  // It copies A by cp.async: the tiles for that (64x64 in 3 stages with tensor copies), and
+  // its weights packed for them.
+  CHECK(conv.tiles == ConvTiles{64, 128, 32, 4, 1, true});
+  const ConvShape join_shape = conv_shape(p.graph, *p.graph.find_node("join"));
+  CHECK(conv_tiles(ConvKernel::Gemm, join_shape, cuda.profile) ==
+        ConvTiles{64, 64, 32, 3, 1, true});
+  CHECK(conv.packed.numel() == wgmma_packed_floats(join_shape, conv.tiles));
   CHECK(node_plan(p, "up").folded_into == "join");
   // explain says so where the concat runs in place (the executor folds it only then).
   const std::vector<bool> mask = in_place_mask(p);

@@ -30,7 +30,8 @@
 //                  other shape with an even output plane they run it with gathered A tiles
 //                  (Gather), on the rest the mma.sync kernels. With `up` (an upsample_nearest
 //                  folded into the conv, ConvUpsampledInput) the wgmma one reads those
-//                  channels from the upsampling's source (DirectUpA).
+//                  channels from the upsampling's source (DirectUpA); without, where its tiles
+//                  lie within one image, it copies A by tensor copies (conv_gemm_direct_tma).
 //   k = 32  gather everything else.
 //   k = 36  stem   3x3 over at most 4 channels into at most 16, the same stride 1 or 2 both
 //                  ways (conv_gemm_stem_fits): m in {128, 256, 512} (m / 64 output rows
@@ -124,6 +125,8 @@
 #include <string>
 #include <type_traits>
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include "conv_common.cuh"
@@ -203,6 +206,7 @@ struct GemmArgs {
   bool vec_b;   // 16-byte weight copies
   bool vec_y;   // float4 output stores (k = 32 gather kernel)
   bool vec2_y;  // float2 output stores (direct kernel)
+  bool tma;     // the wgmma direct kernel copies A by tensor copies (conv_gemm_direct_tma)
   Activation act;
   // DirectUpA: channels [up_c0, up_c0 + up_c) of x are up_x's, upsampled by up_sh x 2; its
   // plane is up_w wide and up_hw in all, its images up_xs apart.
@@ -286,7 +290,7 @@ struct DirectUpA : DirectA<T> {
 template <class T>
 struct GatherA {
   static constexpr int kPix = T::BM / 32;
-  static constexpr int kRows = kBK / T::kWarps;
+  static constexpr int kRows = kBK / (T::kThreads / 32);
   int base[kPix];  // x offset of (img, 0, ih0, iw0); may be negative, valid once a tap is added
   int ih0[kPix], iw0[kPix];
   int row0, lane;
@@ -696,6 +700,12 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
 // as in the halo kernel on wgmma (conv_gemm_wgmma.cuh says why; b16_c256_256_1x1_40 35.2 ->
 // 33.7 us). Each k tile's wgmmas are waited for before the next one's fragments are loaded
 // (they take the same registers), so copies run stages - 1 ahead, as in conv_direct_kernel.
+// Tma (conv_gemm_direct_tma): A by tensor copies. Thread 0 issues a k tile's BM / 32 boxes of
+// x's tensor map (x_tensor_map: 32 pixels of one image by 32 channels) along with the weights,
+// all on the stage's mbarrier, so no other thread issues a copy. A box lands as 32 rows of 128
+// bytes whose 16-byte chunks the copy swizzles (chunk c of row k at c ^ k % 8): a warp's
+// fragment loads then meet no bank conflict, as with the padded rows. Why: cp.async's copies
+// reach shared memory through L1, and the layers waited on them (shapes.h has the A/B).
 // Gather: the same kernel on any other shape with an even output plane, its A tiles gathered
 // 4 bytes at a time by GatherA (as the mma.sync gather kernel stages them) and the weights packed
 // over the whole reduction (c, i, j). Why: the mma.sync gather kernel's deep 3x3 stride-2 layers
@@ -705,29 +715,47 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
 // cluster, each summing k tiles [split * ktiles / splits, (split + 1) * ktiles / splits); rank 0
 // adds the others' accumulators (cluster_sum) and alone runs the epilogue. For grids of under a
 // wave over deep reductions, whose blocks would each walk a long chain of k tiles.
-template <int BM_, int BN_>
+template <int BM_, int BN_, bool Tma = false>
 struct WgDirectTile {
-  static constexpr int BM = BM_, BN = BN_, kThreads = 2 * BM, kWarps = kThreads / 32, kNI = BN / 8;
-  static constexpr int kLdA = BM + kPadA, kBFloats = kBK * BN;
+  static constexpr int BM = BM_, BN = BN_, kThreads = 2 * BM, kNI = BN / 8;
+  // Tma: A as the tensor copies leave it, boxes of 32 k rows x 32 pixels (128 bytes, swizzled).
+  static constexpr int kLdA = Tma ? BM : BM + kPadA, kBFloats = kBK * BN;
   static constexpr int kStageFloats = kBK * kLdA + kBFloats;
   // Blocks of up to 64 channels are held to the registers of two an SM.
   static constexpr int kMinBlocks = BN <= 64 ? 2 : 1;
+  // Tma's swizzle repeats every 1024 bytes, from a base the kernel aligns so.
+  static constexpr size_t kAlign = Tma ? 1024 : 0;
   // The stages, then one mbarrier a stage (up to 4) for its weights.
   static constexpr size_t smem_bytes(int stages) {
-    return 4 * size_t(stages) * kStageFloats + kWgmmaBarrierBytes;
+    return 4 * size_t(stages) * kStageFloats + kWgmmaBarrierBytes + kAlign;
   }
+  static_assert(!Tma || (4 * kStageFloats) % 1024 == 0, "stages keep the swizzle's alignment");
   static_assert(kNI * 4 * kThreads <= 2 * kStageFloats,
                 "split-K parks the accumulators in the pipeline's space (at least 2 stages)");
 };
 
-template <int BM, int BN, bool Gather, bool Split, bool Up = false>
-__global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<BM, BN>::kMinBlocks)
-    conv_direct_wgmma_kernel(const GemmArgs a) {
+// Tma: thread 0 copies a tile's A as BM / 32 boxes of x's tensor map (x_tensor_map), each 32
+// pixels of one image by 32 channels; tiles never straddle two images (conv_gemm_direct_tma).
+template <class T>
+struct TmaA {
+  int img, p0;
+  __device__ __forceinline__ TmaA(const GemmArgs& a, int m0, int) {
+    const int hw = a.h * a.w;
+    img = m0 / hw;
+    p0 = m0 - img * hw;
+  }
+};
+
+template <int BM, int BN, bool Gather, bool Split, bool Up = false, bool Tma = false>
+__global__ void __launch_bounds__(WgDirectTile<BM, BN, Tma>::kThreads,
+                                  WgDirectTile<BM, BN, Tma>::kMinBlocks)
+    conv_direct_wgmma_kernel(const GemmArgs a, const __grid_constant__ CUtensorMap xmap) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using T = WgDirectTile<BM, BN>;
-  using Loader =
-      std::conditional_t<Gather, GatherA<T>, std::conditional_t<Up, DirectUpA<T>, DirectA<T>>>;
-  extern __shared__ __align__(16) float smem[];
+  using T = WgDirectTile<BM, BN, Tma>;
+  using Loader = std::conditional_t<
+      Tma, TmaA<T>,
+      std::conditional_t<Gather, GatherA<T>, std::conditional_t<Up, DirectUpA<T>, DirectA<T>>>>;
+  extern __shared__ __align__(16) float smem_raw[];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int ktiles = a.ktiles, step = int(gridDim.x);
   // Split: this block's tile and share of its k tiles (never empty: splits <= ktiles).
@@ -736,7 +764,9 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
   const int kt0 = Split ? split * ktiles / a.splits : 0;
   const int total =
       Split ? (split + 1) * ktiles / a.splits - kt0 : DirectCursor<T, Loader>::block_ktiles(a);
-  const uint32_t smem0 = smem_addr(smem);
+  const uint32_t raw0 = smem_addr(smem_raw);
+  const uint32_t smem0 = Tma ? (raw0 + 1023) & ~1023u : raw0;
+  float* smem = smem_raw + (smem0 - raw0) / 4;
   constexpr uint32_t kStageBytes = 4 * T::kStageFloats, kBOffset = 4 * kBK * T::kLdA;
 
   // The packed weights hold each n tile's k tiles one after another, kBFloats each: a stage's
@@ -744,16 +774,33 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
   const uint32_t bars = smem0 + uint32_t(a.stages) * kStageBytes;
   DirectCursor<T, Loader> ld(a, tid, tile0, kt0);
   auto load_next = [&](int stage) {
-    const uint32_t as = smem0 + stage * kStageBytes;
-    ld.a_loader.load(a, as, ld.kt * kBK);
-    if (tid == 0)
-      copy_stage(bars + 8 * stage, as + kBOffset,
-                 a.wp + (size_t(ld.n_tile) * ktiles + ld.kt) * T::kBFloats, 4 * T::kBFloats);
+    const uint32_t as = smem0 + stage * kStageBytes, bar = bars + 8 * stage;
+    const float* wsrc = a.wp + (size_t(ld.n_tile) * ktiles + ld.kt) * T::kBFloats;
+    if constexpr (Tma) {
+      if (tid == 0) {
+        mbar_expect_tx(bar, kStageBytes);
+#pragma unroll
+        for (int j = 0; j < BM / 32; ++j)
+          tensor_copy_3d(bar, as + 4096 * j, &xmap, ld.a_loader.p0 + 32 * j, ld.kt * kBK,
+                         ld.a_loader.img);
+        bulk_copy(bar, as + kBOffset, wsrc, 4 * T::kBFloats);
+      }
+    } else {
+      ld.a_loader.load(a, as, ld.kt * kBK);
+      if (tid == 0) copy_stage(bar, as + kBOffset, wsrc, 4 * T::kBFloats);
+    }
     ld.advance(a, tid);
   };
 
   const int wg = warp / 4, w4 = warp % 4, g = lane / 4, t = lane % 4;
-  const int a_frag = 2 * t * T::kLdA + 64 * wg + 16 * w4 + 2 * g;
+  // A's k rows 8ks + 2t (lo) and 8ks + 2t + 1 (hi) at pixels p, p + 1. Tma: the box of p, its
+  // 128-byte row k holding 16-byte chunk c at c ^ (k % 8), the same for every ks.
+  const int p = 64 * wg + 16 * w4 + 2 * g, q = p % 32;
+  const int a_lo =
+      Tma ? 1024 * (p / 32) + 64 * t + 4 * ((q / 4) ^ (2 * t)) + q % 4 : 2 * t * T::kLdA + p;
+  const int a_hi =
+      Tma ? 1024 * (p / 32) + 64 * t + 32 + 4 * ((q / 4) ^ (2 * t + 1)) + q % 4 : a_lo + T::kLdA;
+  constexpr int kStepA = 8 * (Tma ? 32 : T::kLdA);  // floats between k steps
   float acc[1][T::kNI][4];
   auto clear = [&] {
 #pragma unroll
@@ -767,9 +814,10 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
   init_stage_barriers(bars, stages, tid);
   __syncthreads();
   detail::pdl_begin();
+  if (Tma && tid == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(&xmap) : "memory");
   for (int st = 0; st < stages - 1; ++st) {
     if (st < total) load_next(st);
-    cp_async_commit();
+    if (!Tma) cp_async_commit();
   }
   clear();
   int read_stage = 0, write_stage = stages - 1, tile = tile0, kt = 0;
@@ -781,7 +829,7 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
     });
   };
   for (int it = 0; it < total; ++it) {
-    cp_async_wait_stage(stages);
+    if (!Tma) cp_async_wait_stage(stages);
     mbar_wait(bars + 8 * read_stage, phase);
     // Stage it is visible to all, and every warpgroup's wgmmas are done with the stage the next
     // copy overwrites (each waits for its own below).
@@ -791,8 +839,8 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
     uint32_t af[kBK / 8][4];
 #pragma unroll
     for (int ks = 0; ks < kBK / 8; ++ks) {
-      const float2 lo = *reinterpret_cast<const float2*>(as + a_frag + 8 * ks * T::kLdA);
-      const float2 hi = *reinterpret_cast<const float2*>(as + a_frag + (8 * ks + 1) * T::kLdA);
+      const float2 lo = *reinterpret_cast<const float2*>(as + a_lo + kStepA * ks);
+      const float2 hi = *reinterpret_cast<const float2*>(as + a_hi + kStepA * ks);
       af[ks][0] = to_tf32(lo.x);
       af[ks][1] = to_tf32(lo.y);
       af[ks][2] = to_tf32(hi.x);
@@ -808,7 +856,7 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN>::kThreads, WgDirectTile<B
     // not before the fragments' loads: 16x256x20x20 -> 256 10.4 -> 9.8 us, 16x512x20x20 -> 256
     // 15.1 -> 13.8, b7 41.3 -> 40.0 (A/B of 2026-12-03).
     if (it + stages - 1 < total) load_next(write_stage);
-    cp_async_commit();
+    if (!Tma) cp_async_commit();
     write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
     // The next k tile's fragments go to the same registers, which the wgmmas read until they
     // are done: waiting here is what ptxas would otherwise insert (two register sets in turn
@@ -841,15 +889,41 @@ void check_grid(int64_t blocks) {
 }
 
 // A persistent kernel of tiles T: as many blocks as fit on the device at once, at most one a tile.
-template <class T, auto Kernel>
-void launch_persistent(const GemmArgs& a, int64_t tiles, size_t smem, Stream stream) {
+template <class T, auto Kernel, class... Extra>
+void launch_persistent(const GemmArgs& a, int64_t tiles, size_t smem, Stream stream,
+                       const Extra&... extra) {
   static std::atomic<uint64_t> opted_in{0};
   static detail::ResidentCache resident_cache{};
   detail::opt_in(opted_in, T::smem_bytes(4), Kernel);
   const int64_t resident =
       detail::resident_blocks(resident_cache, a.stages - 2, Kernel, T::kThreads, smem);
   const unsigned blocks = unsigned(tiles < resident ? tiles : resident);
-  detail::launch_pdl(Kernel, blocks, T::kThreads, smem, stream, 1, a);
+  detail::launch_pdl(Kernel, blocks, T::kThreads, smem, stream, 1, a, extra...);
+}
+
+// x as a rank-3 tensor map (pixels, channels, images) of 32 x 32 x 1 boxes, 128-byte swizzled,
+// for the direct wgmma kernel's tensor copies (TmaA).
+CUtensorMap x_tensor_map(const GemmArgs& a) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    EPILOG_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                       cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || !fn)
+      reject("the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  const int hw = a.h * a.w;
+  const cuuint64_t dims[3] = {cuuint64_t(hw), cuuint64_t(a.kg), cuuint64_t(a.m / hw)};
+  const cuuint64_t strides[2] = {4 * cuuint64_t(hw), 4 * cuuint64_t(a.xs)};
+  const cuuint32_t box[3] = {32, 32, 1}, unit[3] = {1, 1, 1};
+  CUtensorMap map;
+  const CUresult r =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(a.x), dims, strides, box,
+             unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) reject("cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+  return map;
 }
 
 template <int BM, int BN>
@@ -878,17 +952,23 @@ void launch_direct_wgmma(const GemmArgs& a, Stream stream) {
   const int64_t tiles = (int64_t(a.m) + BM - 1) / BM * a.n_tiles;
   check_grid(tiles * a.splits);
   const size_t smem = T::smem_bytes(a.stages);
+  const CUtensorMap none{};
   if constexpr (Up) {
     launch_persistent<T, conv_direct_wgmma_kernel<BM, BN, false, false, true>>(a, tiles, smem,
-                                                                               stream);
+                                                                               stream, none);
   } else if (a.splits > 1) {
     auto kernel = conv_direct_wgmma_kernel<BM, BN, Gather, true>;
     static std::atomic<uint64_t> opted_in{0};
     detail::opt_in(opted_in, T::smem_bytes(4), kernel);
     detail::launch_pdl(kernel, unsigned(tiles * a.splits), T::kThreads, smem, stream,
-                       unsigned(a.splits), a);
+                       unsigned(a.splits), a, none);
+  } else if (!Gather && a.tma) {
+    using TT = WgDirectTile<BM, BN, true>;
+    launch_persistent<TT, conv_direct_wgmma_kernel<BM, BN, false, false, false, true>>(
+        a, tiles, TT::smem_bytes(a.stages), stream, x_tensor_map(a));
   } else {
-    launch_persistent<T, conv_direct_wgmma_kernel<BM, BN, Gather, false>>(a, tiles, smem, stream);
+    launch_persistent<T, conv_direct_wgmma_kernel<BM, BN, Gather, false>>(a, tiles, smem, stream,
+                                                                          none);
   }
   check_launch("conv_gemm");
 }
@@ -1208,6 +1288,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   }
   if (t.wgmma) {
     a.wp = packed;
+    a.tma = direct && !up && conv_gemm_direct_tma(s, t);
     if (up) return dispatch_direct_wgmma<false, true>(t, a, stream);
     return direct ? dispatch_direct_wgmma<false>(t, a, stream)
                   : dispatch_direct_wgmma<true>(t, a, stream);

@@ -152,17 +152,37 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
 }
-// One stage's weights: `bytes` (a multiple of 16, both addresses 16-byte aligned) from global
-// to shared memory: the one arrival on the stage's mbarrier `bar`, which then also expects the
-// bytes. One thread issues it.
-__device__ __forceinline__ void copy_stage(uint32_t bar, uint32_t dst, const void* src,
-                                           uint32_t bytes) {
+// The arrival on `bar` of the one thread that issues a stage's copies: the barrier then also
+// expects `bytes`, which the copies below count down as they land.
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                : "memory");
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory,
+// counted on `bar`.
+__device__ __forceinline__ void bulk_copy(uint32_t bar, uint32_t dst, const void* src,
+                                          uint32_t bytes) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
           "r"(dst),
       "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+// One stage's weights: `bytes` from global to shared memory, the one arrival on the stage's
+// mbarrier `bar`. One thread issues it.
+__device__ __forceinline__ void copy_stage(uint32_t bar, uint32_t dst, const void* src,
+                                           uint32_t bytes) {
+  mbar_expect_tx(bar, bytes);
+  bulk_copy(bar, dst, src, bytes);
+}
+// One box of a rank-3 tensor map (a __grid_constant__ kernel parameter) at coordinates
+// (c0, c1, c2), innermost first, counted on `bar`; out-of-bounds elements land as zeros.
+__device__ __forceinline__ void tensor_copy_3d(uint32_t bar, uint32_t dst, const void* map, int c0,
+                                               int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
 // Thread 0 initialises the `stages` mbarriers from `bars` on (one arrival each: copy_stage's)

@@ -560,6 +560,45 @@ TEST_CASE("gpu conv: gemm's SiLU and sigmoid element by element, saturating and 
   CHECK(checked == 3 * 2 * int(conv_built_tiles(ConvKernel::Gemm, profile).size() + 1));
 }
 
+// gemm's wgmma direct kernel copying its input by tensor copies (conv_gemm_direct_tma): every
+// built tile that takes it, at 2 to 4 stages, on a reduction whose last k tile is partial (the
+// copy fills the channels past Cin with zeros), and on a grid of more tiles than fit at once
+// (blocks walk several, the pipeline running on from one into the next); x and y plain and as
+// channel slabs of larger batches, with and without a residual.
+TEST_CASE("gpu conv: gemm's wgmma direct kernel copying its input by tensor copies",
+          "[gpu][conv][wgmma][tma]") {
+  ensure_backend();
+  if (!test::wgmma_here()) return;
+  const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
+  // clang-format off
+  const std::vector<Geometry> geometries = {
+      // name                            n    c   h   w   k  r  s sh sw pt pl pb pr dh dw g
+      {"1x1 16x16 planes, k tail",       3, 100, 16, 16, 80, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+      {"1x1 more tiles than fit",        4,  64, 64, 48, 72, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+  };
+  // clang-format on
+  uint64_t seed = 9500;
+  int r = 0;
+  for (const Geometry& g : geometries) {
+    const ConvShape s = g.shape();
+    std::set<int> tiles_run;  // m * 1000 + n
+    for (ConvTiles t : conv_built_tiles(ConvKernel::Gemm, profile)) {
+      if (!conv_gemm_direct_tma(s, t)) continue;
+      for (int stages : {2, 3, 4}) {
+        t.stages = stages;
+        check({ConvKernel::Gemm, t, s, true, r % 3 != 0, kActivations[r % 4], r % 2 == 1,
+               r / 2 % 2 == 1},
+              seed += 5, std::string(g.name) + " (tensor copies)");
+        ++r;
+      }
+      tiles_run.insert(t.m * 1000 + t.n);
+    }
+    // The direct kernel's six wgmma tiles: m 64 and 128, n 32, 64 and 128.
+    INFO(g.name);
+    CHECK(tiles_run == std::set<int>{64032, 64064, 64128, 128032, 128064, 128128});
+  }
+}
+
 // gemm's wgmma direct kernel reading a run of its input's channels through an upsampling (an
 // upsample_nearest folded into the conv, cuda::ConvUpsampledInput): every built tile that takes
 // it, runs that start and end inside a k tile, scales 2x2 and 3x2, the source as a channel slab

@@ -27,8 +27,11 @@ struct ConvChoice {
 ConvChoice select_conv_kernel(const ConvShape& shape, const DeviceProfile& device);
 
 // Tile sizes for a kernel on a layer: the largest tile whose grid still fills about two waves
-// of the SMs, smaller tiles for small layers. Pure.
-ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& shape, const DeviceProfile& device);
+// of the SMs, smaller tiles for small layers. Pure. tensor_copies false: the tiles for gemm's
+// 1x1 direct kernel copying A by cp.async where it would take tensor copies (a conv that reads
+// channels through an upsampling loads them so).
+ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& shape, const DeviceProfile& device,
+                     bool tensor_copies = true);
 
 // Every tile combination a kernel is compiled for (the headers of conv_tiled.cu and
 // conv_gemm.cu) that can run on `device` (the wgmma tiles only where device.wgmma): what the GPU

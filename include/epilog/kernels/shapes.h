@@ -270,6 +270,20 @@ inline bool conv_gemm_upsample_fits(const ConvShape& s, const ConvTiles& t, int6
          scale_w == 2 && scale_h >= 1 && s.ho % scale_h == 0;
 }
 
+// Whether the wgmma direct kernel, on tiles `t` unsplit, copies A by tensor copies (TMA: one
+// thread issues a k tile's boxes of 32 pixels x 32 channels, landing 128-byte swizzled) rather
+// than by every thread's 16-byte cp.async: where a tile lies within one image (the plane a
+// multiple of t.m pixels) and the reduction is at least kDirectTmaMinDepth deep. A/B of
+// 2026-12-05 on an H100 (us, cp.async -> TMA): b16_c256_256_1x1_40 33.65 -> 30.15,
+// b15_c256_256_1x1_40 28.45 -> 25.2, b16_c128_128_1x1_40 16.4 -> 15.2, b16_c64_64_1x1_80
+// 23.8 -> 21.65; b1_c64_64_1x1_80 (two k tiles) 4.05 -> 4.1, but b1_c32_32_1x1_160 (one k tile,
+// which leaves a tile's copies nothing to run under) 4.75 -> 4.9.
+constexpr int64_t kDirectTmaMinDepth = 64;
+inline bool conv_gemm_direct_tma(const ConvShape& s, const ConvTiles& t) {
+  return conv_gemm_wgmma_kernel(t, s) == WgmmaKernel::Direct && t.splits == 1 && t.m > 0 &&
+         (s.h * s.w) % t.m == 0 && s.c >= kDirectTmaMinDepth && s.x_image() % 4 == 0;
+}
+
 // The weights as the wgmma kernels read them with tiles of t.n output channels, packed once ahead
 // of the runs so that a block's stage is one contiguous run; 0 past Cout or Cin. Each value is
 // rounded to TF32 (to nearest: half a TF32 ulp added to its bits; the tensor core ignores the
