@@ -800,6 +800,20 @@ Plan lower(Graph graph, const LowerOptions& options) {
   return plan;
 }
 
+namespace {
+
+// Whether node i, a fused conv with an upsampling folded in (NodePlan::up), reads through it at
+// run time: the executor folds it only where the concat runs in place.
+bool reads_upsampled(const Plan& plan, const std::vector<bool>& in_place, size_t i) {
+  const NodePlan& np = plan.nodes[i];
+  if (!np.up) return false;
+  const Node* up = plan.graph.find_node(np.up->node);
+  const size_t u = up ? size_t(up - plan.graph.nodes.data()) : in_place.size();
+  return u < in_place.size() && in_place[u];
+}
+
+}  // namespace
+
 NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size_t i) {
   const auto masked = [&](size_t j) { return j < in_place.size() && in_place[j]; };
   const Node& node = plan.graph.nodes[i];
@@ -822,13 +836,10 @@ NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size
   if (!np.chain.empty() && !in_place.empty())
     return {np.kernel, fmt::format("{}; then {}, each pooling the one before", np.rule,
                                    fmt::join(np.chain, ", "))};
-  if (np.up) {
-    const Node* up = plan.graph.find_node(np.up->node);
-    if (up && masked(size_t(up - plan.graph.nodes.data())))
-      return {np.kernel, fmt::format("{}; channels {}..{} read from {} upsampled {}x{}", np.rule,
-                                     np.up->c0, np.up->c0 + np.up->channels - 1, np.up->source,
-                                     np.up->scale_h, np.up->scale_w)};
-  }
+  if (reads_upsampled(plan, in_place, i))
+    return {np.kernel, fmt::format("{}; channels {}..{} read from {} upsampled {}x{}", np.rule,
+                                   np.up->c0, np.up->c0 + np.up->channels - 1, np.up->source,
+                                   np.up->scale_h, np.up->scale_w)};
   if (np.pre) {
     const Node* first = plan.graph.find_node(np.pre->node);
     if (first && masked(size_t(first - plan.graph.nodes.data())))
@@ -870,7 +881,9 @@ std::string explain(const Plan& plan, const std::vector<bool>& in_place) {
         tiles += fmt::format(" stages={}", np.tiles.stages);
       if (np.tiles.splits > 1) tiles += fmt::format(" splits={}", np.tiles.splits);
       if (np.tiles.wgmma) tiles += " wgmma";
-      if (!np.up && n.op == OpKind::FusedConv2d && conv_gemm_direct_tma(conv_shape(g, n), np.tiles))
+      // A conv reading through an upsampling copies A by cp.async.
+      if (n.op == OpKind::FusedConv2d && !reads_upsampled(plan, in_place, i) &&
+          conv_gemm_direct_tma(conv_shape(g, n), np.tiles))
         tiles += " tma";
       if (np.tiles.persistent) tiles += " persistent";
     }

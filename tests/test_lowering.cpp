@@ -672,6 +672,9 @@ TEST_CASE(
                        Catch::Contains("no kernel: join reads its input upsampled") &&
                        Catch::Contains("channels 0..255 read from a.act upsampled 2x2"));
   CHECK_THAT(explain(p), !Catch::Contains("folded") && !Catch::Contains("read from"));
+  // Reading through the upsampling it copies A by cp.async; reading the concat, by tensor copies.
+  CHECK_THAT(text, !Catch::Contains("wgmma tma"));
+  CHECK_THAT(explain(p), Catch::Contains("m=64 n=128 k=32 stages=4 wgmma tma"));
   const InPlacePlan ip = plan_in_place(p);  // nodes a, s, up, cat, join
   CHECK(ip.folded == std::vector<bool>{false, false, true, false, false});
   CHECK(ip.concat == std::vector<bool>{false, false, false, true, false});
