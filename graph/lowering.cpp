@@ -452,8 +452,10 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
         // 128 18.2 (best) vs 19.5, 16x128x80x80 -> 64 64x32 29.3 (best) vs 64x64 31.5, 16x96x80x80
         // -> 64 25.5 (best) vs 26.5, b16_c256_256_1x1_40 64x64 29.3 (best) vs 64x128 29.9,
         // b16_c64_64_1x1_80 64x32 21.3 (best 21.2) vs 64x64 21.4.
-        const bool tma =
-            tensor_copies && conv_gemm_direct_tma(s, ConvTiles{64, cover, 32, 3, 1, true});
+        // That was on planes of whole tiles; on the others (the 20x20 layers of kDirectTmaMaxPad)
+        // tensor copies were measured on the tiles the rule picks for cp.async, which they keep.
+        const bool tma = tensor_copies && (s.h * s.w) % 64 == 0 &&
+                         conv_gemm_direct_tma(s, ConvTiles{64, cover, 32, 3, 1, true});
         const int n = fills(cover) && !(tma && fills(cover / 2)) ? cover : cover / 2;
         if (fills(n)) {
           const bool four = (!tma && n >= s.k && (s.c >= kDirectWgmmaDeepInput || n == 128)) ||

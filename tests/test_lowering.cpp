@@ -472,13 +472,16 @@ TEST_CASE("lowering: the wgmma direct kernel copies its input by tensor copies w
   ConvShape odd_slab = shape(2, 64, 8, 64, 1);
   odd_slab.x_stride = 64 * 64 + 2;  // images not 16 bytes apart
   const std::vector<Row> rows = {
-      {shape(16, 256, 40, 256, 1), t64, true},    // 1600 pixels: 25 tiles of 64 an image
-      {shape(16, 256, 40, 256, 1), t128, false},  // 12.5 tiles of 128: one would straddle two
+      {shape(16, 256, 40, 256, 1), t64, true},   // 1600 pixels: 25 tiles of 64 an image
+      {shape(16, 256, 40, 256, 1), t128, true},  // 13 tiles of 128, 64 rows past the plane
       {shape(16, 256, 32, 256, 1), t128, true},
-      {shape(16, 64, 80, 64, 1), t64, true},     // two k tiles: kDirectTmaMinDepth
-      {shape(16, 32, 80, 64, 1), t64, false},    // one
-      {shape(16, 256, 20, 256, 1), t64, false},  // 400 pixels
-      {shape(16, 256, 40, 256, 3), t64, false},  // 3x3: the gather kernel
+      {shape(16, 64, 80, 64, 1), t64, true},      // two k tiles: kDirectTmaMinDepth
+      {shape(16, 32, 80, 64, 1), t64, false},     // one
+      {shape(16, 256, 20, 256, 1), t64, true},    // 400 pixels in 448: 11% padding
+      {shape(16, 256, 20, 256, 1), t128, false},  // in 512: 22%, over kDirectTmaMaxPad
+      {shape(16, 256, 10, 256, 1), t64, false},   // 100 in 128
+      {shape(2, 64, 30, 64, 1), t128, true},      // 900 in 1024: 12.1%
+      {shape(16, 256, 40, 256, 3), t64, false},   // 3x3: the gather kernel
       {shape(16, 256, 40, 256, 1), {64, 128, 32, 3, 2, true}, false},   // split
       {shape(16, 256, 40, 256, 1), {64, 128, 32, 3, 1, false}, false},  // mma.sync tiles
       {slab, t64, true},

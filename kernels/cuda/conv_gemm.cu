@@ -30,8 +30,9 @@
 //                  other shape with an even output plane they run it with gathered A tiles
 //                  (Gather), on the rest the mma.sync kernels. With `up` (an upsample_nearest
 //                  folded into the conv, ConvUpsampledInput) the wgmma one reads those
-//                  channels from the upsampling's source (DirectUpA); without, where its tiles
-//                  lie within one image, it copies A by tensor copies (conv_gemm_direct_tma).
+//                  channels from the upsampling's source (DirectUpA); without, it copies A
+//                  by tensor copies where conv_gemm_direct_tma admits it (tiles of one image
+//                  each).
 //   k = 32  gather everything else.
 //   k = 36  stem   3x3 over at most 4 channels into at most 16, the same stride 1 or 2 both
 //                  ways (conv_gemm_stem_fits): m in {128, 256, 512} (m / 64 output rows
@@ -207,6 +208,7 @@ struct GemmArgs {
   bool vec_y;   // float4 output stores (k = 32 gather kernel)
   bool vec2_y;  // float2 output stores (direct kernel)
   bool tma;     // the wgmma direct kernel copies A by tensor copies (conv_gemm_direct_tma)
+  int plane;    // tma: an image's pixels in tile space (h*w rounded up to the tile); m = n*plane
   Activation act;
   // DirectUpA: channels [up_c0, up_c0 + up_c) of x are up_x's, upsampled by up_sh x 2; its
   // plane is up_w wide and up_hw in all, its images up_xs apart.
@@ -557,16 +559,24 @@ struct DirectCursor {
 // plane hw = ho*wo is even, so a pair never straddles two images), channel n + 8 ni + 2t + e.
 // The direct kernels pass h*w, which is the same there: with ho*wo ptxas allocated their
 // registers anew (the 1x1 layers up to 2% slower in an A/B call of 2026-12-03).
-template <int MI, int NI, class Act>
+// PerImage (the tensor-copy tiles): m counts pixels of images `plane` apart (hw rounded up to the
+// tile), and the rows past hw, which the copies zero-filled, are not stored.
+template <bool PerImage = false, int MI, int NI, class Act>
 __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[MI][NI][4], int m,
-                                                int n, int t, Act act, int hw) {
+                                                int n, int t, Act act, int hw, int plane = 0) {
   int pix[MI], rpix[MI];  // y's and the residual's offsets (channel 0)
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
     const int mm = m + 16 * mi;
-    const int img = mm / hw;
-    pix[mi] = mm < a.m ? img * a.ys + (mm - img * hw) : -1;
-    rpix[mi] = img * a.r_img + (mm - img * hw);
+    if constexpr (PerImage) {
+      const int img = mm / plane, p = mm - img * plane;
+      pix[mi] = mm < a.m && p < hw ? img * a.ys + p : -1;
+      rpix[mi] = img * a.r_img + p;
+    } else {
+      const int img = mm / hw;
+      pix[mi] = mm < a.m ? img * a.ys + (mm - img * hw) : -1;
+      rpix[mi] = img * a.r_img + (mm - img * hw);
+    }
   }
   // Batchnorm and activation in place, then the residual (its loads fly together, no store
   // between them), then the stores; as in the halo kernel, also the faster order without one.
@@ -702,7 +712,10 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
 // (they take the same registers), so copies run stages - 1 ahead, as in conv_direct_kernel.
 // Tma (conv_gemm_direct_tma): A by tensor copies. Thread 0 issues a k tile's BM / 32 boxes of
 // x's tensor map (x_tensor_map: 32 pixels of one image by 32 channels) along with the weights,
-// all on the stage's mbarrier, so no other thread issues a copy. A box lands as 32 rows of 128
+// all on the stage's mbarrier, so no other thread issues a copy. Tiles lie within one image: on a
+// plane that is not a multiple of BM pixels the last tile of each image has rows past it, which
+// the copies zero-fill (their boxes reach past the tensor map's plane) and the epilogue skips.
+// A box lands as 32 rows of 128
 // bytes whose 16-byte chunks the copy swizzles (chunk c of row k at c ^ k % 8): a warp's
 // fragment loads then meet no bank conflict, as with the padded rows. Why: cp.async's copies
 // reach shared memory through L1, and the layers waited on them (shapes.h has the A/B).
@@ -735,14 +748,13 @@ struct WgDirectTile {
 };
 
 // Tma: thread 0 copies a tile's A as BM / 32 boxes of x's tensor map (x_tensor_map), each 32
-// pixels of one image by 32 channels; tiles never straddle two images (conv_gemm_direct_tma).
+// pixels of one image by 32 channels; a.plane pixels an image in tile space (direct_tma_plane).
 template <class T>
 struct TmaA {
   int img, p0;
   __device__ __forceinline__ TmaA(const GemmArgs& a, int m0, int) {
-    const int hw = a.h * a.w;
-    img = m0 / hw;
-    p0 = m0 - img * hw;
+    img = m0 / a.plane;
+    p0 = m0 - img * a.plane;
   }
 };
 
@@ -824,8 +836,9 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN, Tma>::kThreads,
   uint32_t phase = 0;  // of read_stage's mbarrier: flips each time the stages come round
   const auto epilogue = [&] {
     with_activation(a.act, [&](auto act) {
-      direct_epilogue(a, acc, tile / a.n_tiles * BM + 64 * wg + 16 * w4 + 2 * g,
-                      tile % a.n_tiles * BN, t, act, Gather ? a.ho * a.wo : a.h * a.w);
+      direct_epilogue<Tma>(a, acc, tile / a.n_tiles * BM + 64 * wg + 16 * w4 + 2 * g,
+                           tile % a.n_tiles * BN, t, act, Gather ? a.ho * a.wo : a.h * a.w,
+                           a.plane);
     });
   };
   for (int it = 0; it < total; ++it) {
@@ -914,7 +927,7 @@ CUtensorMap x_tensor_map(const GemmArgs& a) {
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   const int hw = a.h * a.w;
-  const cuuint64_t dims[3] = {cuuint64_t(hw), cuuint64_t(a.kg), cuuint64_t(a.m / hw)};
+  const cuuint64_t dims[3] = {cuuint64_t(hw), cuuint64_t(a.kg), cuuint64_t(a.m / a.plane)};
   const cuuint64_t strides[2] = {4 * cuuint64_t(hw), 4 * cuuint64_t(a.xs)};
   const cuuint32_t box[3] = {32, 32, 1}, unit[3] = {1, 1, 1};
   CUtensorMap map;
@@ -1289,6 +1302,11 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   if (t.wgmma) {
     a.wp = packed;
     a.tma = direct && !up && conv_gemm_direct_tma(s, t);
+    if (a.tma) {
+      // Tiles of one image each: m counts the padded planes.
+      a.plane = int(direct_tma_plane(s, t));
+      a.m = int(s.n) * a.plane;
+    }
     if (up) return dispatch_direct_wgmma<false, true>(t, a, stream);
     return direct ? dispatch_direct_wgmma<false>(t, a, stream)
                   : dispatch_direct_wgmma<true>(t, a, stream);

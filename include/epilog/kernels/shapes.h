@@ -272,16 +272,31 @@ inline bool conv_gemm_upsample_fits(const ConvShape& s, const ConvTiles& t, int6
 
 // Whether the wgmma direct kernel, on tiles `t` unsplit, copies A by tensor copies (TMA: one
 // thread issues a k tile's boxes of 32 pixels x 32 channels, landing 128-byte swizzled) rather
-// than by every thread's 16-byte cp.async: where a tile lies within one image (the plane a
-// multiple of t.m pixels) and the reduction is at least kDirectTmaMinDepth deep. A/B of
-// 2026-12-05 on an H100 (us, cp.async -> TMA): b16_c256_256_1x1_40 33.65 -> 30.15,
-// b15_c256_256_1x1_40 28.45 -> 25.2, b16_c128_128_1x1_40 16.4 -> 15.2, b16_c64_64_1x1_80
-// 23.8 -> 21.65; b1_c64_64_1x1_80 (two k tiles) 4.05 -> 4.1, but b1_c32_32_1x1_160 (one k tile,
-// which leaves a tile's copies nothing to run under) 4.75 -> 4.9.
+// than by every thread's 16-byte cp.async: where the reduction is at least kDirectTmaMinDepth
+// deep and tiles of one image each pad its plane by at most kDirectTmaMaxPad of the padded plane
+// (direct_tma_plane). A/B of 2026-12-05 on an H100 (us, cp.async -> TMA): b16_c256_256_1x1_40
+// 33.65 -> 30.15, b15_c256_256_1x1_40 28.45 -> 25.2, b16_c128_128_1x1_40 16.4 -> 15.2,
+// b16_c64_64_1x1_80 23.8 -> 21.65; b1_c64_64_1x1_80 (two k tiles) 4.05 -> 4.1, but
+// b1_c32_32_1x1_160 (one k tile, which leaves a tile's copies nothing to run under) 4.75 -> 4.9.
 constexpr int64_t kDirectTmaMinDepth = 64;
+// A box cannot straddle two images, so on a plane that is not a multiple of the tile's pixels
+// each image gets its own tiles, the last one's rows past the plane zero-filled by the copies
+// and never stored: wgmmas on nothing, but no bytes. The YOLO-like model's 20x20 layers (400
+// pixels in 7 tiles of 64, 11% padding), A/B on an H200 of 2026-12-05 (us, cp.async -> TMA, the
+// same tiles): 16x256x20x20 -> 256 9.9 -> 9.2, 16x384x20x20 -> 256 12.1 -> 10.9, 16x256x20x20
+// -> 128 7.55 -> 7.2, 16x512x20x20 -> 256 14.2 -> 12.55; at batch 1 even; the model 0.9665 ->
+// 0.961 ms at batch 16. Small grids with more padding measured even (8x256x10x10 -> 256, 22%:
+// 5.9 -> 5.95; 2x128x14x14 -> 128, 23%: 3.0 either way), which is no evidence for large ones, whose
+// wgmmas the padding would slow: they keep cp.async.
+constexpr double kDirectTmaMaxPad = 0.125;
+inline int64_t direct_tma_plane(const ConvShape& s, const ConvTiles& t) {
+  return (s.h * s.w + t.m - 1) / t.m * t.m;
+}
 inline bool conv_gemm_direct_tma(const ConvShape& s, const ConvTiles& t) {
   return conv_gemm_wgmma_kernel(t, s) == WgmmaKernel::Direct && t.splits == 1 && t.m > 0 &&
-         (s.h * s.w) % t.m == 0 && s.c >= kDirectTmaMinDepth && s.x_image() % 4 == 0;
+         double(direct_tma_plane(s, t) - s.h * s.w) <= kDirectTmaMaxPad * direct_tma_plane(s, t) &&
+         s.n * direct_tma_plane(s, t) <= INT32_MAX && s.c >= kDirectTmaMinDepth &&
+         s.x_image() % 4 == 0;
 }
 
 // The weights as the wgmma kernels read them with tiles of t.n output channels, packed once ahead
