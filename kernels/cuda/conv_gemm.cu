@@ -715,10 +715,10 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
 // all on the stage's mbarrier, so no other thread issues a copy. Tiles lie within one image: on a
 // plane that is not a multiple of BM pixels the last tile of each image has rows past it, which
 // the copies zero-fill (their boxes reach past the tensor map's plane) and the epilogue skips.
-// A box lands as 32 rows of 128
-// bytes whose 16-byte chunks the copy swizzles (chunk c of row k at c ^ k % 8): a warp's
-// fragment loads then meet no bank conflict, as with the padded rows. Why: cp.async's copies
-// reach shared memory through L1, and the layers waited on them (shapes.h has the A/B).
+// A box lands as 32 rows of 128 bytes whose 16-byte chunks the copy swizzles (chunk c of row k
+// at c ^ k % 8): a warp's fragment loads then meet no bank conflict, as with the padded rows.
+// Why: cp.async's copies reach shared memory through L1, and the layers waited on them (shapes.h
+// has the A/B).
 // Gather: the same kernel on any other shape with an even output plane, its A tiles gathered
 // 4 bytes at a time by GatherA (as the mma.sync gather kernel stages them) and the weights packed
 // over the whole reduction (c, i, j). Why: the mma.sync gather kernel's deep 3x3 stride-2 layers

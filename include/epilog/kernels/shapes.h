@@ -286,8 +286,8 @@ constexpr int64_t kDirectTmaMinDepth = 64;
 // same tiles): 16x256x20x20 -> 256 9.9 -> 9.2, 16x384x20x20 -> 256 12.1 -> 10.9, 16x256x20x20
 // -> 128 7.55 -> 7.2, 16x512x20x20 -> 256 14.2 -> 12.55; at batch 1 even; the model 0.9665 ->
 // 0.961 ms at batch 16. Small grids with more padding measured even (8x256x10x10 -> 256, 22%:
-// 5.9 -> 5.95; 2x128x14x14 -> 128, 23%: 3.0 either way), which is no evidence for large ones, whose
-// wgmmas the padding would slow: they keep cp.async.
+// 5.9 -> 5.95; 2x128x14x14 -> 128, 23%: 3.0 either way), which is no evidence for large ones,
+// whose wgmmas the padding would slow: they keep cp.async.
 constexpr double kDirectTmaMaxPad = 0.125;
 inline int64_t direct_tma_plane(const ConvShape& s, const ConvTiles& t) {
   return (s.h * s.w + t.m - 1) / t.m * t.m;
