@@ -186,14 +186,23 @@ namespace {
 // scale and shift; its output the 1x1's), each run as the two convs; and a conv reading through
 // a folded upsampling (its inputs, then the upsampling's source: the channels the upsampling
 // would have written into the concat's buffer are not there), run on its input with those
-// channels filled in. So the executor's side of the folds (what it hands, what it makes, what it
-// frees) runs without a GPU.
+// channels filled in; and the first pool of a max-pool chain (SPPF's), handed the chain's
+// outputs, each pooling the one before. So the executor's side of the folds (what it hands, what
+// it makes, what it frees) runs without a GPU.
 class FoldingCpuBackend : public Backend {
  public:
   Device device() const override { return Device::CPU; }
   void run(const Node& node, const NodePlan& plan, const std::vector<Tensor>& in,
            std::vector<Tensor>& out) override {
     ++runs[node.name];
+    if (!plan.chain.empty()) {  // each pool of the chain pools the one before
+      REQUIRE(out.size() == plan.chain.size() + 1);
+      for (size_t q = 0; q < out.size(); ++q) {
+        const Tensor& x = q ? out[q - 1] : in[0];
+        cpu::maxpool2d(pool_shape(node, x, out[q]), x.f32(), out[q].f32());
+      }
+      return;
+    }
     if (in.size() <= node.inputs.size()) return cpu_->run(node, plan, in, out);
     REQUIRE(node.op == OpKind::FusedConv2d);
     const auto conv = [](ConvShape s, const Tensor& x, const Tensor& w, const Tensor& scale,
@@ -319,4 +328,47 @@ TEST_CASE("executor: a folded upsampling's conv gets its source and the concat i
     REQUIRE(p.at("join").up);
     check_fold_runs(g, p, 300, {"up", "cat"}, {"up"});
   }
+}
+
+TEST_CASE("executor: random conv nets give the unfused graph's outputs, folded or not",
+          "[executor][random]") {
+  // test::random_convnet graphs: fused (CPU plan) against unfused, in place against copied, and
+  // lowered for CUDA with its folds (run on FoldingCpuBackend) against the CPU plan. Fusion moves
+  // the batchnorm into the conv's scale and shift (folded in float64, rounded once), so fused and
+  // unfused differ by float32 roundings; the rest run the same kernels on the same numbers.
+  int64_t fused = 0, in_place = 0, folds = 0;
+  for (uint64_t seed = 1; seed <= 400; ++seed) {
+    const Graph g = test::random_convnet(seed);
+    INFO("test::random_convnet(" << seed << "): " << g.nodes.size() << " nodes");
+    const std::map<std::string, Tensor> inputs = test::random_inputs(g, seed);
+    CompileOptions plain;
+    plain.fuse = false;
+    plain.in_place = false;
+    auto cpu = make_cpu_backend();
+    const std::map<std::string, Tensor> want = Executor(compile(g, plain).plan, *cpu).run(inputs);
+
+    const FoldPlans p(g);
+    for (const Node& n : p.cpu.graph.nodes) fused += n.op == OpKind::FusedConv2d;
+    for (const NodePlan& np : p.folds.nodes)
+      folds += bool(np.pre) + bool(np.post) + bool(np.up) + !np.chain.empty();
+    Executor on(p.cpu, *cpu), off(p.cpu, *cpu);
+    off.set_in_place(false);
+    in_place += int64_t(on.in_place_nodes().size());
+    const std::map<std::string, Tensor> got = on.run(inputs), copied = off.run(inputs);
+    FoldingCpuBackend backend;
+    const std::map<std::string, Tensor> folded = Executor(p.folds, backend).run(inputs);
+    REQUIRE(got.size() == want.size());
+    for (const auto& [name, t] : want) {
+      INFO("output " << name);
+      CHECK(test::max_rel_err(got.at(name), t) <= 1e-5);
+      CHECK(test::bit_equal(copied.at(name), got.at(name)));
+      CHECK(test::bit_equal(folded.at(name), got.at(name)));
+    }
+  }
+  // The graphs exercise what the test is for.
+  INFO(fused << " fused convs, " << in_place << " nodes run in place, " << folds
+             << " folds in the CUDA plans");
+  CHECK(fused >= 1000);
+  CHECK(in_place >= 100);
+  CHECK(folds >= 20);
 }

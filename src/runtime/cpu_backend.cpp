@@ -91,6 +91,14 @@ class CpuBackend final : public Backend {
            std::vector<Tensor>& outputs) override {
     CpuKernel k = kernels()[static_cast<size_t>(node.op)];
     if (!k) fail("[{}] has no CPU implementation", op_name(node.op));
+    // Handed more than the node's own inputs or outputs, it is running a fold (a neighbour's
+    // work, which lowering plans only for CUDA): these kernels would leave that work undone.
+    if (inputs.size() > node.inputs.size() || outputs.size() > node.outputs.size())
+      fail(
+          "[{}] node '{}': handed {} inputs and {} outputs for its {} and {}: a fold, which only "
+          "the CUDA backend runs",
+          op_name(node.op), node.name, inputs.size(), outputs.size(), node.inputs.size(),
+          node.outputs.size());
     k(node, inputs, outputs);
   }
 };

@@ -86,9 +86,9 @@ const char* kernel_label(const std::optional<ConvKernel>& k) {
 }
 
 // Runs `g` on the GPU with conv kernel `force` (or as selected, and unfused when `fuse` is
-// false) and compares every output with the CPU reference.
+// false) and compares every output with the CPU reference; `print`: each output's error too.
 void check_model(const std::string& key, const Graph& g, std::optional<ConvKernel> force,
-                 bool fuse = true) {
+                 bool fuse = true, bool print = true) {
   const std::map<std::string, Tensor> inputs = random_inputs(g, 1000);
   const std::map<std::string, Tensor>& ref = reference(key, g, inputs);
   CompileOptions o;
@@ -103,7 +103,9 @@ void check_model(const std::string& key, const Graph& g, std::optional<ConvKerne
     const std::string label = fmt::format("{} [{}{}] {} {}", key, kernel_label(force),
                                           fuse ? "" : ", unfused", name, shape_str(cpu.shape()));
     const double bound = uses_gemm ? 5e-3 : 2e-5;
-    std::cout << fmt::format("{}: max-norm error {:.3g} (bound {:g})\n", label, e.max_norm, bound);
+    if (print)
+      std::cout << fmt::format("{}: max-norm error {:.3g} (bound {:g})\n", label, e.max_norm,
+                               bound);
     INFO(label << ": max-norm error " << e.max_norm);
     REQUIRE(e.max_norm <= bound);
   }
@@ -176,6 +178,31 @@ TEST_CASE("gpu models: every models/*.json with each conv kernel", "[gpu][models
           std::optional<ConvKernel>()}) {
       INFO(file.filename().string() << " with " << kernel_label(force));
       check_model(file.filename().string(), g, force);
+    }
+  }
+}
+
+TEST_CASE("gpu models: random conv nets with each conv kernel, copy avoidance on and off",
+          "[gpu][models][random]") {
+  // test::random_convnet graphs (the CPU suite runs them fused, in place and folded against the
+  // unfused graph): every output with each conv kernel forced and as selected, within the bounds
+  // above, their errors unprinted; as selected with copy avoidance on (folds included) and off,
+  // within the TF32 bound (a folded conv pair or chain rounds apart from its two kernels).
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    const Graph g = test::random_convnet(seed);
+    const std::string key = "test::random_convnet(" + std::to_string(seed) + ")";
+    for (std::optional<ConvKernel> force :
+         {std::optional<ConvKernel>(ConvKernel::Scalar),
+          std::optional<ConvKernel>(ConvKernel::Tiled), std::optional<ConvKernel>(ConvKernel::Gemm),
+          std::optional<ConvKernel>()})
+      check_model(key, g, force, true, /*print=*/false);
+    const std::map<std::string, Tensor> inputs = random_inputs(g, 1000);  // check_model's
+    for (const std::string& output : g.outputs) {
+      INFO(key << ", output " << output);
+      const OnOff r = run_on_off(g, inputs, output);
+      const Tensor& want = reference(key, g, inputs).at(output);
+      CHECK(mismatch(r.on, want).max_norm <= 5e-3);
+      CHECK(mismatch(r.off, want).max_norm <= 5e-3);
     }
   }
 }
