@@ -10,6 +10,7 @@
 #include "epilog/io/builder.h"
 #include "epilog/kernels/cpu.h"
 #include "epilog/runtime/params.h"
+#include "error_matcher.h"
 #include "test_graphs.h"
 #include "test_util.h"
 #include "yolo_like.h"
@@ -328,6 +329,22 @@ TEST_CASE("executor: a folded upsampling's conv gets its source and the concat i
     REQUIRE(p.at("join").up);
     check_fold_runs(g, p, 300, {"up", "cat"}, {"up"});
   }
+}
+
+TEST_CASE("executor: the CPU backend refuses a fold's extra inputs and outputs", "[executor]") {
+  // A max-pool chain's first pool, handed the outputs of the pools after it (as the executor
+  // hands them to the CUDA backend), would make its own and leave those unmade.
+  Builder b(2);
+  b.output(b.maxpool2d(b.input("x", {1, 2, 6, 6}), PoolOpts(5).stride(1).padding(2), "pool"));
+  const Graph g = b.build();
+  auto cpu = make_cpu_backend();
+  const Tensor x = Tensor::randn({1, 2, 6, 6}, 3);
+  std::vector<Tensor> one{Tensor::empty({1, 2, 6, 6})}, two{one[0], Tensor::empty({1, 2, 6, 6})};
+  cpu->run(g.nodes[0], NodePlan{}, {x}, one);
+  CHECK_FALSE(test::bit_equal(one[0], x));  // pooled
+  REQUIRE_ERROR(cpu->run(g.nodes[0], NodePlan{}, {x}, two), "[maxpool2d] node 'pool'",
+                "handed 1 inputs and 2 outputs for its 1 and 1", "only the CUDA backend runs");
+  REQUIRE_ERROR(cpu->run(g.nodes[0], NodePlan{}, {x, x}, one), "handed 2 inputs and 1 outputs");
 }
 
 TEST_CASE("executor: random conv nets give the unfused graph's outputs, folded or not",
