@@ -349,14 +349,17 @@ TEST_CASE("executor: the CPU backend refuses a fold's extra inputs and outputs",
 
 TEST_CASE("executor: random conv nets give the unfused graph's outputs, folded or not",
           "[executor][random]") {
-  // test::random_convnet graphs: fused (CPU plan) against unfused, in place against copied, and
-  // lowered for CUDA with its folds (run on FoldingCpuBackend) against the CPU plan. Fusion moves
-  // the batchnorm into the conv's scale and shift (folded in float64, rounded once), so fused and
-  // unfused differ by float32 roundings; the rest run the same kernels on the same numbers.
-  int64_t fused = 0, in_place = 0, folds = 0;
-  for (uint64_t seed = 1; seed <= 400; ++seed) {
-    const Graph g = test::random_convnet(seed);
-    INFO("test::random_convnet(" << seed << "): " << g.nodes.size() << " nodes");
+  // test::random_convnet graphs, 400 small and 40 large: fused (CPU plan) against unfused, in place
+  // against copied, and lowered for CUDA with its folds (run on FoldingCpuBackend) against the CPU
+  // plan. Fusion moves the batchnorm into the conv's scale and shift (folded in float64, rounded
+  // once), so fused and unfused differ by float32 roundings; the rest run the same kernels on the
+  // same numbers.
+  int64_t fused = 0, in_place = 0, folds = 0, large_folds = 0;
+  for (uint64_t seed = 1; seed <= 440; ++seed) {
+    const bool large = seed > 400;
+    const Graph g = test::random_convnet(seed, large);
+    INFO("test::random_convnet(" << seed << (large ? ", large" : "") << "): " << g.nodes.size()
+                                 << " nodes");
     const std::map<std::string, Tensor> inputs = test::random_inputs(g, seed);
     CompileOptions plain;
     plain.fuse = false;
@@ -366,8 +369,10 @@ TEST_CASE("executor: random conv nets give the unfused graph's outputs, folded o
 
     const FoldPlans p(g);
     for (const Node& n : p.cpu.graph.nodes) fused += n.op == OpKind::FusedConv2d;
-    for (const NodePlan& np : p.folds.nodes)
+    for (const NodePlan& np : p.folds.nodes) {
       folds += bool(np.pre) + bool(np.post) + bool(np.up) + !np.chain.empty();
+      if (large) large_folds += bool(np.post) + bool(np.up);
+    }
     Executor on(p.cpu, *cpu), off(p.cpu, *cpu);
     off.set_in_place(false);
     in_place += int64_t(on.in_place_nodes().size());
@@ -384,8 +389,10 @@ TEST_CASE("executor: random conv nets give the unfused graph's outputs, folded o
   }
   // The graphs exercise what the test is for.
   INFO(fused << " fused convs, " << in_place << " nodes run in place, " << folds
-             << " folds in the CUDA plans");
+             << " folds in the CUDA plans, " << large_folds
+             << " of them conv chains and upsamplings in the large graphs");
   CHECK(fused >= 1000);
   CHECK(in_place >= 100);
   CHECK(folds >= 20);
+  CHECK(large_folds >= 4);
 }

@@ -32,12 +32,16 @@ inline Graph join_graph(bool up_first) {
 // elementwise adds and products, concats, chunks, pools and upsamplings, sometimes a classifier
 // head. Values are read by several nodes, some are never read, and an output may come from the
 // middle of a chain: what fusion must refuse and the executor's copy avoidance must get right.
-inline Graph random_convnet(uint64_t seed) {
+// `large`: batches of 4 to 8 on planes of 32 to 48, where lowering for CUDA also folds conv
+// chains and upsamplings (the small ones have batches of 1 or 2 on planes of 8 to 22).
+inline Graph random_convnet(uint64_t seed, bool large = false) {
   std::mt19937_64 rng(seed);
   const auto pick = [&](size_t n) { return size_t(rng() % n); };
   Builder b(seed);
-  std::vector<Val> pool{b.input("x", {int64_t(1 + pick(2)), int64_t(pick(2) ? 3 : 4 + pick(13)),
-                                      int64_t(8 + 2 * pick(8)), int64_t(8 + 2 * pick(8))})};
+  const int64_t batch = large ? 4 + pick(5) : 1 + pick(2), channels = pick(2) ? 3 : 4 + pick(13);
+  const int64_t height = large ? 32 + 4 * pick(5) : 8 + 2 * pick(8);
+  const int64_t width = large ? 32 + 4 * pick(5) : 8 + 2 * pick(8);
+  std::vector<Val> pool{b.input("x", {batch, channels, height, width})};
   // Mostly one of the last three values, so that chains grow long.
   const auto any = [&] {
     return pick(4) ? pool[pool.size() - 1 - pick(std::min<size_t>(3, pool.size()))]
@@ -126,7 +130,8 @@ inline Graph random_convnet(uint64_t seed) {
         }
         break;
       case 8:
-        if (h * w <= 16 * 16) pool.push_back(b.upsample_nearest(x, 2, id + ".up"));
+        if (h * w <= (large ? 48 * 48 : 16 * 16))
+          pool.push_back(b.upsample_nearest(x, 2, id + ".up"));
         break;
       case 9: {  // what lowering for CUDA folds: a stem pair (at these sizes too), a conv
                  // chain and the neck's join (which fold on larger grids, and fuse here)

@@ -184,13 +184,16 @@ TEST_CASE("gpu models: every models/*.json with each conv kernel", "[gpu][models
 
 TEST_CASE("gpu models: random conv nets with each conv kernel, copy avoidance on and off",
           "[gpu][models][random]") {
-  // test::random_convnet graphs (the CPU suite runs them fused, in place and folded against the
-  // unfused graph): every output with each conv kernel forced and as selected, within the bounds
-  // above, their errors unprinted; as selected with copy avoidance on (folds included) and off,
-  // within the TF32 bound (a folded conv pair or chain rounds apart from its two kernels).
-  for (uint64_t seed = 1; seed <= 40; ++seed) {
-    const Graph g = test::random_convnet(seed);
-    const std::string key = "test::random_convnet(" + std::to_string(seed) + ")";
+  // test::random_convnet graphs, 40 small and 10 large (the CPU suite runs them fused, in place
+  // and folded against the unfused graph): every output with each conv kernel forced and as
+  // selected, within the bounds above, their errors unprinted; as selected with copy avoidance
+  // on (folds included) and off, within the TF32 bound (a folded conv pair or chain rounds apart
+  // from its two kernels).
+  for (uint64_t seed = 1; seed <= 50; ++seed) {
+    const bool large = seed > 40;  // where lowering also folds conv chains and upsamplings
+    const Graph g = test::random_convnet(seed, large);
+    const std::string key =
+        "test::random_convnet(" + std::to_string(seed) + (large ? ", large)" : ")");
     for (std::optional<ConvKernel> force :
          {std::optional<ConvKernel>(ConvKernel::Scalar),
           std::optional<ConvKernel>(ConvKernel::Tiled), std::optional<ConvKernel>(ConvKernel::Gemm),
