@@ -355,6 +355,7 @@ TEST_CASE("executor: random conv nets give the unfused graph's outputs, folded o
   // once), so fused and unfused differ by float32 roundings; the rest run the same kernels on the
   // same numbers.
   int64_t fused = 0, in_place = 0, folds = 0, large_folds = 0;
+  auto cpu = make_cpu_backend();
   for (uint64_t seed = 1; seed <= 440; ++seed) {
     const bool large = seed > 400;
     const Graph g = test::random_convnet(seed, large);
@@ -364,7 +365,6 @@ TEST_CASE("executor: random conv nets give the unfused graph's outputs, folded o
     CompileOptions plain;
     plain.fuse = false;
     plain.in_place = false;
-    auto cpu = make_cpu_backend();
     const std::map<std::string, Tensor> want = Executor(compile(g, plain).plan, *cpu).run(inputs);
 
     const FoldPlans p(g);

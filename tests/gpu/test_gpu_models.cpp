@@ -111,23 +111,23 @@ void check_model(const std::string& key, const Graph& g, std::optional<ConvKerne
   }
 }
 
-// `output` of g on the GPU as selected, with copy avoidance on and off, and the nodes that ran
-// no kernel with it on.
+// g's outputs on the GPU as selected (on the host), with copy avoidance on and off, and the
+// nodes that ran no kernel with it on.
 struct OnOff {
   std::vector<std::string> no_kernel;
-  Tensor on, off;
+  std::map<std::string, Tensor> on, off;
 };
-OnOff run_on_off(const Graph& g, const std::map<std::string, Tensor>& inputs,
-                 const std::string& output) {
+OnOff run_on_off(const Graph& g, const std::map<std::string, Tensor>& inputs) {
   CompileOptions o;
   o.device = Device::CUDA;
   Compiled c = compile(g, o);
   std::unique_ptr<Backend> backend = make_backend(Device::CUDA);
   Executor on(c.plan, *backend), off(c.plan, *backend);
   off.set_in_place(false);
-  OnOff r{on.in_place_nodes(), on.run(inputs).at(output).to(Device::CPU),
-          off.run(inputs).at(output).to(Device::CPU)};
-  REQUIRE(r.on.shape() == r.off.shape());
+  OnOff r{on.in_place_nodes(), on.run(inputs), off.run(inputs)};
+  for (auto* outputs : {&r.on, &r.off})
+    for (auto& [name, t] : *outputs) t = t.to(Device::CPU);
+  for (const auto& [name, t] : r.on) REQUIRE(t.shape() == r.off.at(name).shape());
   return r;
 }
 
@@ -200,12 +200,11 @@ TEST_CASE("gpu models: random conv nets with each conv kernel, copy avoidance on
           std::optional<ConvKernel>()})
       check_model(key, g, force, true, /*print=*/false);
     const std::map<std::string, Tensor> inputs = random_inputs(g, 1000);  // check_model's
-    for (const std::string& output : g.outputs) {
+    const OnOff r = run_on_off(g, inputs);
+    for (const auto& [output, want] : reference(key, g, inputs)) {
       INFO(key << ", output " << output);
-      const OnOff r = run_on_off(g, inputs, output);
-      const Tensor& want = reference(key, g, inputs).at(output);
-      CHECK(mismatch(r.on, want).max_norm <= 5e-3);
-      CHECK(mismatch(r.off, want).max_norm <= 5e-3);
+      CHECK(mismatch(r.on.at(output), want).max_norm <= 5e-3);
+      CHECK(mismatch(r.off.at(output), want).max_norm <= 5e-3);
     }
   }
 }
@@ -286,12 +285,13 @@ TEST_CASE("gpu executor: an upsampling folded into the conv that reads it matche
     INFO(key);
     const std::map<std::string, Tensor> inputs = random_inputs(g, 300);
     const std::map<std::string, Tensor>& ref = reference(key, g, inputs);
-    const OnOff r = run_on_off(g, inputs, "join.act");
+    const OnOff r = run_on_off(g, inputs);
     REQUIRE(std::find(r.no_kernel.begin(), r.no_kernel.end(), "up") != r.no_kernel.end());
-    const Mismatch e = mismatch(r.on, ref.at("join.act"));
+    const Tensor &on = r.on.at("join.act"), &off = r.off.at("join.act");
+    const Mismatch e = mismatch(on, ref.at("join.act"));
     std::cout << fmt::format("{}: max-norm error {:.3g} (bound 5e-3)\n", key, e.max_norm);
     CHECK(e.max_norm <= 5e-3);
-    CHECK(std::memcmp(r.on.raw(), r.off.raw(), r.on.nbytes()) == 0);
+    CHECK(std::memcmp(on.raw(), off.raw(), on.nbytes()) == 0);
   }
 }
 
@@ -313,10 +313,11 @@ TEST_CASE("gpu executor: a stem conv folded into the conv that reads it matches 
   const Graph g = b.build();
   const std::map<std::string, Tensor> inputs = random_inputs(g, 500);
   const std::map<std::string, Tensor>& ref = reference("stem pair", g, inputs);
-  const OnOff r = run_on_off(g, inputs, "head.act");
+  const OnOff r = run_on_off(g, inputs);
   CHECK(r.no_kernel == std::vector<std::string>{"stem"});
-  for (const auto& [label, got] : {std::pair<const char*, const Tensor*>{"folded", &r.on},
-                                   std::pair<const char*, const Tensor*>{"unfolded", &r.off}}) {
+  for (const auto& [label, got] :
+       {std::pair<const char*, const Tensor*>{"folded", &r.on.at("head.act")},
+        std::pair<const char*, const Tensor*>{"unfolded", &r.off.at("head.act")}}) {
     const Mismatch e = mismatch(*got, ref.at("head.act"));
     std::cout << fmt::format("stem pair, {}: max-norm error {:.3g} (bound 5e-3)\n", label,
                              e.max_norm);
@@ -343,10 +344,11 @@ TEST_CASE("gpu executor: a 1x1 conv folded into the conv before it matches the C
   const Graph g = b.build();
   const std::map<std::string, Tensor> inputs = random_inputs(g, 600);
   const std::map<std::string, Tensor>& ref = reference("conv chain", g, inputs);
-  const OnOff r = run_on_off(g, inputs, "head.act");
+  const OnOff r = run_on_off(g, inputs);
   CHECK(r.no_kernel == std::vector<std::string>{"cv1"});
-  for (const auto& [label, got] : {std::pair<const char*, const Tensor*>{"folded", &r.on},
-                                   std::pair<const char*, const Tensor*>{"unfolded", &r.off}}) {
+  for (const auto& [label, got] :
+       {std::pair<const char*, const Tensor*>{"folded", &r.on.at("head.act")},
+        std::pair<const char*, const Tensor*>{"unfolded", &r.off.at("head.act")}}) {
     const Mismatch e = mismatch(*got, ref.at("head.act"));
     std::cout << fmt::format("conv chain, {}: max-norm error {:.3g} (bound 5e-3)\n", label,
                              e.max_norm);
@@ -373,13 +375,13 @@ TEST_CASE("gpu executor: SPPF's cascade of max-pools as one kernel matches the C
     b.output(b.concat({x, p1, p2, p3, p4, p5}, 1, "cat"));
     const Graph g = b.build();
     const std::map<std::string, Tensor> inputs = random_inputs(g, 40);
-    const OnOff got = run_on_off(g, inputs, "cat");
+    const OnOff got = run_on_off(g, inputs);
     const std::vector<std::string>& no_kernel = got.no_kernel;
     INFO("batch " << batch);
     CHECK(std::find(no_kernel.begin(), no_kernel.end(), "p2") != no_kernel.end());
     CHECK(std::find(no_kernel.begin(), no_kernel.end(), "p3") != no_kernel.end());
     CHECK(std::find(no_kernel.begin(), no_kernel.end(), "p4") == no_kernel.end());
-    const Tensor &y_on = got.on, &y_off = got.off;
+    const Tensor &y_on = got.on.at("cat"), &y_off = got.off.at("cat");
     CHECK(std::memcmp(y_on.raw(), y_off.raw(), y_on.nbytes()) == 0);
     // The CPU's pools of the GPU's conv output (channels 0..23 of the concat).
     Builder r(/*seed=*/6);
