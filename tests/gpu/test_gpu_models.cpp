@@ -85,6 +85,10 @@ const char* kernel_label(const std::optional<ConvKernel>& k) {
   return k ? conv_kernel_name(*k) : "selected";
 }
 
+// Each conv kernel forced, then as selected.
+const std::optional<ConvKernel> kEachKernel[] = {ConvKernel::Scalar, ConvKernel::Tiled,
+                                                 ConvKernel::Gemm, std::nullopt};
+
 // Runs `g` on the GPU with conv kernel `force` (or as selected, and unfused when `fuse` is
 // false) and compares every output with the CPU reference; `print`: each output's error too.
 void check_model(const std::string& key, const Graph& g, std::optional<ConvKernel> force,
@@ -172,10 +176,7 @@ TEST_CASE("gpu models: every models/*.json with each conv kernel", "[gpu][models
   if (files.empty()) WARN("no models/*.json in " << dir.string());
   for (const fs::path& file : files) {
     const Graph g = load_model(file.string());
-    for (std::optional<ConvKernel> force :
-         {std::optional<ConvKernel>(ConvKernel::Scalar),
-          std::optional<ConvKernel>(ConvKernel::Tiled), std::optional<ConvKernel>(ConvKernel::Gemm),
-          std::optional<ConvKernel>()}) {
+    for (std::optional<ConvKernel> force : kEachKernel) {
       INFO(file.filename().string() << " with " << kernel_label(force));
       check_model(file.filename().string(), g, force);
     }
@@ -194,10 +195,7 @@ TEST_CASE("gpu models: random conv nets with each conv kernel, copy avoidance on
     const Graph g = test::random_convnet(seed, large);
     const std::string key =
         "test::random_convnet(" + std::to_string(seed) + (large ? ", large)" : ")");
-    for (std::optional<ConvKernel> force :
-         {std::optional<ConvKernel>(ConvKernel::Scalar),
-          std::optional<ConvKernel>(ConvKernel::Tiled), std::optional<ConvKernel>(ConvKernel::Gemm),
-          std::optional<ConvKernel>()})
+    for (std::optional<ConvKernel> force : kEachKernel)
       check_model(key, g, force, true, /*print=*/false);
     const std::map<std::string, Tensor> inputs = random_inputs(g, 1000);  // check_model's
     const OnOff r = run_on_off(g, inputs);
@@ -237,9 +235,7 @@ TEST_CASE("gpu executor: in-place concats and chunks at batch 2 match copying bi
   // give the same bits as the copying run.
   const Graph g = yolo_small();
   const std::map<std::string, Tensor> inputs = random_inputs(g, 77);
-  for (std::optional<ConvKernel> force :
-       {std::optional<ConvKernel>(ConvKernel::Scalar), std::optional<ConvKernel>(ConvKernel::Tiled),
-        std::optional<ConvKernel>(ConvKernel::Gemm), std::optional<ConvKernel>()}) {
+  for (std::optional<ConvKernel> force : kEachKernel) {
     CompileOptions o;
     o.device = Device::CUDA;
     o.force_conv = force;
