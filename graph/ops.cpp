@@ -247,6 +247,7 @@ const std::vector<OpInfo>& table() {
 #define INTS(name, length, fill) attr_ints(name, length, fill)
 #define STRING(name, ...) attr_string(name, __VA_ARGS__)
 #define INT_REQ(name) attr_req(name, AttrType::Int)
+#define FLOAT_REQ(name) attr_req(name, AttrType::Float)
 #define INTS_REQ(name, length) attr_req(name, AttrType::Ints, length)
 #define EPILOG_OP(kind, name, inputs, attrs, infer) \
   make_info(OpKind::kind, name, inputs, attrs, infer),
@@ -261,6 +262,7 @@ const std::vector<OpInfo>& table() {
 #undef INTS
 #undef STRING
 #undef INT_REQ
+#undef FLOAT_REQ
 #undef INTS_REQ
   return ops;
 }
@@ -314,7 +316,7 @@ const std::string& OpInfo::input_name(size_t i) const {
 }
 
 const OpInfo& op_info(OpKind kind) {
-  static_assert(kNumOps == 16, "a new op needs a CPU kernel, a CUDA kernel and a test");
+  static_assert(kNumOps == 32, "a new op needs a CPU kernel, a CUDA kernel and a test");
   const auto& ops = table();
   EPILOG_ASSERT(ops.size() == size_t(kNumOps));
   return ops[static_cast<size_t>(kind)];

@@ -1,6 +1,8 @@
 // Canonicalization and fusion rules, dead-code elimination and the pass pipeline.
 #include "epilog/graph/passes.h"
 
+#include "epilog/graph/activation.h"
+
 #include <cmath>
 #include <set>
 
@@ -17,8 +19,12 @@ std::string unique_weight_name(const Graph& g, const std::string& base) {
 std::string foldable(const Match& m) {
   const Graph& g = *m.graph;
   const Node& conv = m.node("conv");
-  if (conv.inputs.size() > 2 && !g.is_weight(conv.inputs[2]))
+  if (conv.op == OpKind::FusedConv2d) {
+    if (!g.is_weight(conv.inputs[2]) || !g.is_weight(conv.inputs[3]))
+      return fmt::format("the scale or shift of '{}' is computed, not a constant", conv.name);
+  } else if (conv.inputs.size() > 2 && !g.is_weight(conv.inputs[2])) {
     return fmt::format("the bias of '{}' is computed, not a constant", conv.name);
+  }
   const Node* bn = m.find("bn");
   for (size_t i = 1; bn && i < bn->inputs.size(); ++i)
     if (!g.is_weight(bn->inputs[i]))
@@ -27,16 +33,23 @@ std::string foldable(const Match& m) {
   return "";
 }
 
-// scale = gamma / sqrt(var + eps), shift = beta + (bias - mean) * scale, in float64.
-Replacement fuse_conv(const Match& m, const std::string& activation) {
+// A conv2d, or a fused conv without activation or residual, and the batchnorm after it, if any,
+// as one fused_conv2d: with b = gamma / sqrt(var + eps), scale = s * b and shift = beta +
+// (t - mean) * b in float64, where s and t are the conv's own (1 and its bias for a conv2d).
+Replacement fuse_conv(const Match& m, const Act& act) {
   const Graph& g = *m.graph;
   const Node& conv = m.node("conv");
   const Node* bn = m.find("bn");
   const Node& root = g.nodes[m.root];
   const int64_t k = g.value(conv.inputs[1]).shape[0];
   std::vector<double> scale(k, 1.0), shift(k, 0.0);
-  if (conv.inputs.size() > 2) {
-    const float* bias = g.weights.at(conv.inputs[2]).data.f32();
+  const bool fused = conv.op == OpKind::FusedConv2d;
+  if (fused) {
+    const float* s = g.weights.at(conv.inputs[2]).data.f32();
+    for (int64_t c = 0; c < k; ++c) scale[c] = s[c];
+  }
+  if (conv.inputs.size() > (fused ? 3 : 2)) {
+    const float* bias = g.weights.at(conv.inputs[fused ? 3 : 2]).data.f32();
     for (int64_t c = 0; c < k; ++c) shift[c] = bias[c];
   }
   if (bn) {
@@ -44,8 +57,9 @@ Replacement fuse_conv(const Match& m, const std::string& activation) {
     const float *gamma = param(1), *beta = param(2), *mean = param(3), *var = param(4);
     double eps = bn->attrs.f("eps");
     for (int64_t c = 0; c < k; ++c) {
-      scale[c] = double(gamma[c]) / std::sqrt(double(var[c]) + eps);
-      shift[c] = double(beta[c]) + (shift[c] - double(mean[c])) * scale[c];
+      const double b = double(gamma[c]) / std::sqrt(double(var[c]) + eps);
+      scale[c] *= b;
+      shift[c] = double(beta[c]) + (shift[c] - double(mean[c])) * b;
     }
   }
   Replacement r;
@@ -59,13 +73,68 @@ Replacement fuse_conv(const Match& m, const std::string& activation) {
   r.weights[sname] = ts;
   r.weights[bname] = tb;
   Attrs attrs = conv.attrs;
-  attrs.set("activation", activation);
+  set_conv_activation(attrs, act);
+  attrs.set("residual_first", int64_t(0));
   r.nodes.push_back(Node{conv.name,
                          OpKind::FusedConv2d,
                          normalize_attrs(OpKind::FusedConv2d, conv.name, attrs),
                          {conv.inputs[0], conv.inputs[1], sname, bname},
                          {root.outputs[0]}});
   return r;
+}
+
+// A fused conv that still ends in its scale and shift: no activation yet (a residual it adds
+// then comes before whatever activation follows).
+std::string bare_epilogue(const Node& conv) {
+  if (conv.attrs.s("activation") != "none")
+    return fmt::format("'{}' already applies {}", conv.name, conv.attrs.s("activation"));
+  return "";
+}
+
+// The per-channel constant a mul or add applies to a fused conv's output [n, k, h, w]: a weight
+// of k values laid out as [k, 1, 1], [1, k, 1, 1] or a scalar; else the reason it is not one.
+std::string per_channel(const Graph& g, const std::string& value, int64_t k) {
+  if (!g.is_weight(value)) return fmt::format("'{}' is computed, not a constant", value);
+  const Shape& s = g.value(value).shape;
+  int64_t n = shape_numel(s);
+  if (n == 1) return "";
+  // Right-aligned against [n, k, h, w]: the k is third from the back, everything else 1.
+  if (n != k || s.size() < 3 || s[s.size() - 3] != k || s.size() > 4)
+    return fmt::format("'{}' of shape {} is not one value per channel", value, shape_str(s));
+  return "";
+}
+
+// The fused conv's scale and shift, the constant c (per_channel) applied to them: both times c
+// for a mul, the shift plus c for an add.
+Replacement fold_affine(const Match& m, bool mul) {
+  const Graph& g = *m.graph;
+  Node fused = m.node("conv");
+  const int64_t k = g.value(fused.inputs[1]).shape[0];
+  const Tensor& c = g.weights.at(m.value("c")).data;
+  const auto at = [&](int64_t i) { return double(c.f32()[c.numel() == 1 ? 0 : i]); };
+  Tensor ts = g.weights.at(fused.inputs[2]).data.clone(), tb = g.weights.at(fused.inputs[3]).data.clone();
+  for (int64_t i = 0; i < k; ++i) {
+    if (mul) ts.f32()[i] = float(double(ts.f32()[i]) * at(i));
+    tb.f32()[i] = float(mul ? double(tb.f32()[i]) * at(i) : double(tb.f32()[i]) + at(i));
+  }
+  Replacement r;
+  const std::string sname = unique_weight_name(g, fused.name + ".scale");
+  const std::string bname = unique_weight_name(g, fused.name + ".shift");
+  r.weights[sname] = ts;
+  r.weights[bname] = tb;
+  fused.inputs[2] = sname;
+  fused.inputs[3] = bname;
+  fused.outputs = m.node("op").outputs;
+  r.nodes.push_back(fused);
+  return r;
+}
+
+// The unary ops a conv's epilogue takes in (graph/activation.h).
+std::vector<OpKind> activation_ops() {
+  std::vector<OpKind> ops;
+  for (int i = 0; i < kNumOps; ++i)
+    if (is_activation_op(OpKind(i))) ops.push_back(OpKind(i));
+  return ops;
 }
 
 }  // namespace
@@ -83,23 +152,35 @@ std::vector<Rule> canonicalize_rules() {
 std::vector<Rule> fusion_rules() {
   const Pat conv = op(OpKind::Conv2d, {}, "conv");
   const Pat bn = op(OpKind::BatchNorm, {conv}, "bn");
+  const Pat fused = op(OpKind::FusedConv2d, {}, "conv");
   std::vector<Rule> rules;
   // The activation attribute of fused_conv2d is the activation op's own name.
-  for (OpKind kind : {OpKind::Silu, OpKind::Relu, OpKind::Sigmoid}) {
-    std::string name = op_name(kind);
-    auto apply = [name](const Match& m) { return fuse_conv(m, name); };
+  for (OpKind kind : activation_ops()) {
+    const std::string name = op_name(kind);
+    const auto apply = [](const Match& m) { return fuse_conv(m, *node_activation(m.node("act"))); };
     rules.push_back({"conv2d->batchnorm->" + name, op(kind, {bn}, "act"), OpKind::FusedConv2d,
                      foldable, apply});
     rules.push_back(
         {"conv2d->" + name, op(kind, {conv}, "act"), OpKind::FusedConv2d, foldable, apply});
+    // A fused conv without an activation takes one in: a residual it adds comes first then
+    // (ResNet's relu(bn(conv(x)) + x), exported with the batchnorm folded into the conv).
+    rules.push_back({"fused_conv2d->" + name, op(kind, {fused}, "act"), OpKind::FusedConv2d,
+                     [](const Match& m) { return bare_epilogue(m.node("conv")); },
+                     [](const Match& m) {
+                       Node f = m.node("conv");
+                       set_conv_activation(f.attrs, *node_activation(m.node("act")));
+                       if (f.inputs.size() > 4) f.attrs.set("residual_first", int64_t(1));
+                       f.outputs = m.node("act").outputs;
+                       return Replacement{{f}, {}};
+                     }});
   }
   rules.push_back({"conv2d->batchnorm", bn, OpKind::FusedConv2d, foldable,
-                   [](const Match& m) { return fuse_conv(m, "none"); }});
-  // A residual add after the activation (x + block(x)) goes into the same epilogue; it only
-  // matches once the chain before it is fused, which the rewriter's repeat gets to.
+                   [](const Match& m) { return fuse_conv(m, Act()); }});
+  // A residual add goes into the same epilogue: after the activation (x + block(x)), or, where
+  // the conv has none yet, before whatever activation comes next. It only matches once the
+  // chain before it is fused, which the rewriter's repeat gets to.
   rules.push_back({"fused_conv2d->add",
-                   op(OpKind::Add, {op(OpKind::FusedConv2d, {}, "conv"), any("residual")}, "add"),
-                   OpKind::FusedConv2d,
+                   op(OpKind::Add, {fused, any("residual")}, "add"), OpKind::FusedConv2d,
                    [](const Match& m) -> std::string {
                      const Graph& g = *m.graph;
                      const Node& conv = m.node("conv");
@@ -115,9 +196,43 @@ std::vector<Rule> fusion_rules() {
                    [](const Match& m) {
                      Node fused = m.node("conv");
                      fused.inputs.push_back(m.value("residual"));
+                     fused.attrs.set("residual_first", int64_t(bare_epilogue(fused).empty()));
                      fused.outputs = m.node("add").outputs;
                      return Replacement{{fused}, {}};
                    }});
+  // A batchnorm after a conv that was fused alone (its output read elsewhere when it was
+  // first fused, say): what conv2d->batchnorm would have done.
+  rules.push_back({"fused_conv2d->batchnorm", op(OpKind::BatchNorm, {fused}, "bn"),
+                   OpKind::FusedConv2d,
+                   [](const Match& m) {
+                     const Node& conv = m.node("conv");
+                     if (conv.inputs.size() > 4)
+                       return fmt::format("'{}' already adds a residual", conv.name);
+                     std::string why = bare_epilogue(conv);
+                     return why.empty() ? foldable(m) : why;
+                   },
+                   [](const Match& m) { return fuse_conv(m, Act()); }});
+  // A per-channel constant scale or offset after the conv (a batchnorm some exporter spelled as
+  // mul and add, a layer scale) joins its scale and shift.
+  for (OpKind kind : {OpKind::Mul, OpKind::Add}) {
+    const bool mul = kind == OpKind::Mul;
+    rules.push_back({std::string("fused_conv2d->") + (mul ? "mul" : "add") + "(per channel)",
+                     op(kind, {fused, any("c")}, "op"), OpKind::FusedConv2d,
+                     [](const Match& m) -> std::string {
+                       const Node& conv = m.node("conv");
+                       if (conv.inputs.size() > 4)
+                         return fmt::format("'{}' already adds a residual", conv.name);
+                       std::string why = bare_epilogue(conv);
+                       if (why.empty())
+                         why = per_channel(*m.graph, m.value("c"),
+                                           m.graph->value(conv.inputs[1]).shape[0]);
+                       return why.empty() ? foldable(m) : why;
+                     },
+                     [mul](const Match& m) { return fold_affine(m, mul); }});
+  }
+  // Last, every conv left: one conv path, whatever follows it. Its bias is the shift.
+  rules.push_back({"conv2d", conv, OpKind::FusedConv2d, foldable,
+                   [](const Match& m) { return fuse_conv(m, Act()); }});
   return rules;
 }
 

@@ -21,7 +21,9 @@
 
 #include "epilog/kernels/cpu.h"
 #include "epilog/runtime/params.h"
+#include "test_util.h"
 
+using epilog::Act;
 using epilog::Activation;
 using epilog::ConvShape;
 using epilog::PoolShape;
@@ -35,11 +37,15 @@ constexpr double kU = 6e-8;  // float32 unit roundoff 2^-24, rounded up
 // 2^18 elements: at the kernels' threshold for using several threads (kernels/cpu/detail.h), so
 // that cases of this shape run the multi-threaded paths.
 const Shape kThreaded{2, 8, 128, 128};
-constexpr Activation kActs[] = {Activation::None, Activation::Silu, Activation::Relu,
-                                Activation::Sigmoid};
+const std::vector<Act>& kActs = epilog::test::epilogue_acts();
+// And the rest of the pointwise functions, for the elementwise tests.
+const Act kMathActs[] = {Activation::Exp, Activation::Erf, Activation::Sqrt,
+                         Activation::Reciprocal, Act(Activation::Pow, 3.0f),
+                         Act(Activation::Pow, 2.0f)};
 
-double act_ref(Activation a, double v) {
-  switch (a) {
+double act_ref(const Act& a, double v) {
+  const double softplus = v > 30 ? v : std::log1p(std::exp(v));
+  switch (a.kind) {
     case Activation::None:
       return v;
     case Activation::Silu:
@@ -48,6 +54,40 @@ double act_ref(Activation a, double v) {
       return v > 0 ? v : 0.0;
     case Activation::Sigmoid:
       return 1.0 / (1.0 + std::exp(-v));
+    case Activation::Clip:
+      return std::min(std::max(v, double(a.a)), double(a.b));
+    case Activation::LeakyRelu:
+      return v >= 0 ? v : a.a * v;
+    case Activation::HardSigmoid:
+      return std::min(std::max(a.a * v + a.b, 0.0), 1.0);
+    case Activation::HardSwish:
+      return v * std::min(std::max(v + 3, 0.0), 6.0) / 6;
+    case Activation::Tanh:
+      return std::tanh(v);
+    case Activation::Gelu:
+      return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+    case Activation::GeluTanh:
+      return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    case Activation::Mish:
+      return v * std::tanh(softplus);
+    case Activation::Softplus:
+      return softplus;
+    case Activation::Elu:
+      return v > 0 ? v : a.a * std::expm1(v);
+    case Activation::Exp:
+      return std::exp(v);
+    case Activation::Erf:
+      return std::erf(v);
+    case Activation::Sqrt:
+      return std::sqrt(v);
+    case Activation::Reciprocal:
+      return 1 / v;
+    case Activation::Neg:
+      return -v;
+    case Activation::Abs:
+      return std::fabs(v);
+    case Activation::Pow:
+      return std::pow(v, double(a.a));
   }
   return NAN;
 }
@@ -161,7 +201,7 @@ void conv_ref(const ConvShape& cs, const float* x, const float* w, std::vector<d
 }
 
 Tensor run_conv(const ConvShape& cs, const Tensor& x, const Tensor& w, const float* scale,
-                const float* shift, Activation act) {
+                const float* shift, const Act& act) {
   Tensor y = poisoned({cs.n, cs.k, cs.ho, cs.wo});
   cpu::conv2d(cs, x.f32(), w.f32(), scale, shift, act, y.f32());
   return y;
@@ -188,11 +228,11 @@ void check_conv_case(const ConvCase& t, uint64_t seed) {
   for (int epi = 0; epi < 3; ++epi) {
     const float* sc = epi == 2 ? scale.f32() : nullptr;
     const float* sh = epi >= 1 ? shift.f32() : nullptr;
-    for (Activation act : kActs) {
+    for (const Act& act : kActs) {
       INFO("epilogue " << (epi == 0   ? "none"
                            : epi == 1 ? "shift"
                                       : "scale+shift")
-                       << ", " << activation_name(act));
+                       << ", " << activation_name(act.kind));
       Tensor y = run_conv(cs, x, w, sc, sh, act);
       std::vector<double> ref(sum.size()), tol(sum.size());
       for (size_t o = 0; o < sum.size(); ++o) {
@@ -201,7 +241,9 @@ void check_conv_case(const ConvCase& t, uint64_t seed) {
         double v = sum[o] * a + b;
         double m = mag[o] * std::fabs(a) + std::fabs(b);
         ref[o] = act_ref(act, v);
-        tol[o] = 1.1 * (depth + 3) * kU * m + 8 * kU * std::fabs(ref[o]);
+        // The sum's rounding through a slope of up to 1.5, the activation's own (a few ulp of
+        // its result, and of its input where it cancels, as 1 + erf(v) does for GELU).
+        tol[o] = 1.65 * (depth + 3) * kU * m + 8 * kU * (std::fabs(ref[o]) + std::fabs(v));
       }
       expect_close(y.f32(), ref, tol);
     }
@@ -504,15 +546,23 @@ TEST_CASE("cpu kernels: activation worked examples", "[cpu][activation]") {
 
 TEST_CASE("cpu kernels: activation random against float64", "[cpu][activation]") {
   const Shape shapes[] = {{1}, {7, 3}, {2, 3, 5, 7}, {40000}, kThreaded};
+  std::vector<Act> acts = kActs;
+  acts.insert(acts.end(), std::begin(kMathActs), std::end(kMathActs));
   uint64_t seed = 3000;
   for (const Shape& s : shapes)
-    for (Activation act : kActs) {
-      INFO("shape " << epilog::shape_str(s) << " " << activation_name(act));
+    for (const Act& act : acts) {
+      INFO("shape " << epilog::shape_str(s) << " " << activation_name(act.kind) << " " << act.a);
       Tensor x = Tensor::randn(s, ++seed, 4.0f);
+      if (act.kind == Activation::Sqrt)
+        for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = std::fabs(x.f32()[i]);
       std::vector<double> ref(x.numel()), tol(x.numel());
       for (int64_t i = 0; i < x.numel(); ++i) {
-        ref[i] = act_ref(act, x.f32()[i]);
-        tol[i] = 8 * kU * std::fabs(ref[i]);
+        const double v = x.f32()[i];
+        ref[i] = act_ref(act, v);
+        // A few ulp of the result; where the function cancels (1 + erf(v) in GELU) or grows
+        // faster than its input (exp, pow), of its input times its slope there.
+        const double slope = std::fabs(act_ref(act, v * (1 + 1e-6)) - ref[i]) / 1e-6;
+        tol[i] = 8 * kU * (std::fabs(ref[i]) + std::fabs(v) + slope);
       }
       Tensor y = poisoned(s);
       cpu::activation(act, x, y);

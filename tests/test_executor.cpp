@@ -207,7 +207,7 @@ class FoldingCpuBackend : public Backend {
     if (in.size() <= node.inputs.size()) return cpu_->run(node, plan, in, out);
     REQUIRE(node.op == OpKind::FusedConv2d);
     const auto conv = [](ConvShape s, const Tensor& x, const Tensor& w, const Tensor& scale,
-                         const Tensor& shift, Activation act, Tensor& y) {
+                         const Tensor& shift, const Act& act, Tensor& y) {
       s.x_stride = x.item_stride(), s.y_stride = y.item_stride();
       cpu::conv2d(s, x.f32(), w.f32(), scale.f32(), shift.f32(), act, y.f32(), nullptr);
     };

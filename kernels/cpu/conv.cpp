@@ -91,7 +91,7 @@ void conv_depthwise(const ConvShape& cs, const float* x, const float* w, const E
 }
 
 void conv2d_body(const ConvShape& cs, const float* x, const float* w, const float* scale,
-                 const float* shift, Activation act, float* y) {
+                 const float* shift, Act act, float* y) {
   EPILOG_ASSERT(cs.n > 0 && cs.c > 0 && cs.h > 0 && cs.w > 0 && cs.k > 0 && cs.r > 0 && cs.s > 0 &&
                     cs.ho > 0 && cs.wo > 0,
                 "conv2d n {} c {} h {} w {} k {} r {} s {} ho {} wo {}", cs.n, cs.c, cs.h, cs.w,
@@ -131,10 +131,12 @@ void conv2d_body(const ConvShape& cs, const float* x, const float* w, const floa
 }  // namespace
 
 void conv2d(const ConvShape& cs, const float* x, const float* w, const float* scale,
-            const float* shift, Activation act, float* y, const float* residual) {
-  conv2d_body(cs, x, w, scale, shift, act, y);
+            const float* shift, Act act, float* y, const float* residual, bool residual_first) {
+  const ResidualActs acts = split_residual_act(act, residual != nullptr, residual_first);
+  conv2d_body(cs, x, w, scale, shift, acts.pre, y);
   if (!residual) return;
-  // The residual comes after the activation, as the add it replaces: one more rounding.
+  // The residual as the add it replaces, with one more rounding; then the activation where it
+  // comes after the add.
   const int64_t npix = cs.ho * cs.wo;
 #pragma omp parallel for schedule(static) if (detail::worth_threads(cs.n * cs.k * npix))
   for (int64_t plane = 0; plane < cs.n * cs.k; ++plane) {
@@ -142,6 +144,7 @@ void conv2d(const ConvShape& cs, const float* x, const float* w, const float* sc
     float* out = y + b * cs.y_image() + ko * npix;
     const float* r = residual + b * cs.r_image() + ko * npix;
     for (int64_t p = 0; p < npix; ++p) out[p] += r[p];
+    if (acts.post.kind != Activation::None) detail::activate_span(acts.post, out, out, npix);
   }
 }
 

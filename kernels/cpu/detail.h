@@ -22,12 +22,12 @@ inline bool worth_threads(int64_t work) {
 struct Epilogue {
   const float* scale = nullptr;
   const float* shift = nullptr;
-  Activation act = Activation::None;
+  Act act;
 };
 
-// y[j] = act(x[j]) for j < n; x and y may be the same array. The switch sits outside the loop so
-// that each activation gets its own loop (Relu and None vectorize, the others call expf).
-void activate_span(Activation act, const float* x, float* y, int64_t n);
+// y[j] = act(x[j]) for j < n; x and y may be the same array. The common activations get loops of
+// their own (Relu and None vectorize), the rest one loop with the switch inside.
+void activate_span(const Act& act, const float* x, float* y, int64_t n);
 
 // Applies ep to v[0, n), all of which belong to row `row`.
 void finish_row(const Epilogue& ep, int64_t row, float* v, int64_t n);

@@ -123,7 +123,7 @@ void batchnorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const T
   }
 }
 
-void activation(Activation act, const Tensor& x, Tensor& y) {
+void activation(Act act, const Tensor& x, Tensor& y) {
   EPILOG_ASSERT(y.shape() == x.shape(), "activation x {} y {}", shape_str(x.shape()),
                 shape_str(y.shape()));
   const float* xp = x.f32();

@@ -77,10 +77,14 @@ void activate_loop(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = activate(A, x[i]);
 }
 
+void activate_loop(const Act& act, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = activate(act, x[i]);
+}
+
 }  // namespace
 
-void activate_span(Activation act, const float* x, float* y, int64_t n) {
-  switch (act) {
+void activate_span(const Act& act, const float* x, float* y, int64_t n) {
+  switch (act.kind) {
     case Activation::None:
       if (x != y) std::copy(x, x + n, y);
       return;
@@ -88,10 +92,9 @@ void activate_span(Activation act, const float* x, float* y, int64_t n) {
       return activate_loop<Activation::Silu>(x, y, n);
     case Activation::Relu:
       return activate_loop<Activation::Relu>(x, y, n);
-    case Activation::Sigmoid:
-      return activate_loop<Activation::Sigmoid>(x, y, n);
+    default:
+      return activate_loop(act, x, y, n);
   }
-  EPILOG_ASSERT(false, "unknown activation {}", static_cast<int>(act));
 }
 
 void finish_row(const Epilogue& ep, int64_t row, float* v, int64_t n) {

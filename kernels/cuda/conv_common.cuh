@@ -26,19 +26,28 @@ __device__ __forceinline__ ChannelAffine channel_affine(const float* __restrict_
   return {scale ? __ldg(scale + k) : 1.0f, shift ? __ldg(shift + k) : 0.0f};
 }
 
-__device__ __forceinline__ float apply(float acc, ChannelAffine f, Activation act) {
+__device__ __forceinline__ float apply(float acc, ChannelAffine f, Act act) {
   return activate(act, fmaf(acc, f.scale, f.shift));
 }
 
 __device__ __forceinline__ float apply(float acc, const float* __restrict__ scale,
-                                       const float* __restrict__ shift, Activation act, int64_t k) {
+                                       const float* __restrict__ shift, Act act, int64_t k) {
   return apply(acc, channel_affine(scale, shift, k), act);
 }
 
-// v + r[i], the residual of fused_conv2d, after the activation; r == nullptr: no residual (a
+// post(v + r[i]): fused_conv2d's residual, then the activation where that comes after the add
+// (split_residual_act: ResNet's relu(bn(conv) + x); else post is None); r == nullptr: v (a
 // uniform branch). The residual has y's layout, so its reads coalesce as y's stores do.
-__device__ __forceinline__ float add_residual(float v, const float* __restrict__ r, int64_t i) {
-  return r ? v + __ldg(r + i) : v;
+__device__ __forceinline__ float add_residual(float v, const float* __restrict__ r, int64_t i,
+                                              const Act& post) {
+  return r ? activate(post, v + __ldg(r + i)) : v;
+}
+
+// The same for residuals a kernel loaded itself: v[j] = post(v[j] + r[j]) for j < n.
+template <int N>
+__device__ __forceinline__ void add_residuals(float (&v)[N], const float (&r)[N], const Act& post) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) v[j] = activate(post, v[j] + r[j]);
 }
 
 }  // namespace epilog::cuda::detail

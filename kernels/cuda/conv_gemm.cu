@@ -209,7 +209,7 @@ struct GemmArgs {
   bool vec2_y;  // float2 output stores (direct kernel)
   bool tma;     // the wgmma direct kernel copies A by tensor copies (conv_gemm_direct_tma)
   int plane;    // tma: an image's pixels in tile space (h*w rounded up to the tile); m = n*plane
-  Activation act;
+  Act act, res_act;  // res_act: after adding the residual (cuda::ConvResidual)
   // DirectUpA: channels [up_c0, up_c0 + up_c) of x are up_x's, upsampled by up_sh x 2; its
   // plane is up_w wide and up_hw in all, its images up_xs apart.
   const float* up_x;
@@ -477,8 +477,8 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
         for (int mi = 0; mi < T::kMI; ++mi) {
           // Rows g and g + 8 of MMA tile mi are pixels 2g and 2g + 1 of its 16.
           float2 v;
-          v.x = activate(act.value, fmaf(acc[mi][ni][e], sc, sf));
-          v.y = activate(act.value, fmaf(acc[mi][ni][2 + e], sc, sf));
+          v.x = act(fmaf(acc[mi][ni][e], sc, sf));
+          v.y = act(fmaf(acc[mi][ni][2 + e], sc, sf));
           *reinterpret_cast<float2*>(cs + nr * T::kLdC + wm * T::kWM + 16 * mi + 2 * g) = v;
         }
       }
@@ -503,7 +503,10 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
         float4 v = *reinterpret_cast<const float4*>(cs + nr * T::kLdC + col);
         if (rb) {
           const float* r = rb + (n0 + nr) * hwo;
-          v.x += __ldg(r), v.y += __ldg(r + 1), v.z += __ldg(r + 2), v.w += __ldg(r + 3);
+          v.x = activate(a.res_act, v.x + __ldg(r));
+          v.y = activate(a.res_act, v.y + __ldg(r + 1));
+          v.z = activate(a.res_act, v.z + __ldg(r + 2));
+          v.w = activate(a.res_act, v.w + __ldg(r + 3));
         }
         *reinterpret_cast<float4*>(yb + (n0 + nr) * hwo) = v;
       }
@@ -519,7 +522,8 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
 #pragma unroll 4
       for (int nr = nr0; nr < BN; nr += kRowStep) {
         if (n0 + nr >= a.k) break;
-        yb[(n0 + nr) * hwo] = detail::add_residual(cs[nr * T::kLdC + col], rb, (n0 + nr) * hwo);
+        yb[(n0 + nr) * hwo] =
+            detail::add_residual(cs[nr * T::kLdC + col], rb, (n0 + nr) * hwo, a.res_act);
       }
     }
   }
@@ -561,9 +565,9 @@ struct DirectCursor {
 // registers anew (the 1x1 layers up to 2% slower in an A/B call of 2026-12-03).
 // PerImage (the tensor-copy tiles): m counts pixels of images `plane` apart (hw rounded up to the
 // tile), and the rows past hw, which the copies zero-filled, are not stored.
-template <bool PerImage = false, int MI, int NI, class Act>
+template <bool PerImage = false, int MI, int NI, class ActFn>
 __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[MI][NI][4], int m,
-                                                int n, int t, Act act, int hw, int plane = 0) {
+                                                int n, int t, ActFn act, int hw, int plane = 0) {
   int pix[MI], rpix[MI];  // y's and the residual's offsets (channel 0)
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
@@ -593,8 +597,9 @@ __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
           if (pix[mi] < 0) continue;
-          acc[mi][ni][e] += __ldg(a.res + (c * hw + rpix[mi]));
-          acc[mi][ni][2 + e] += __ldg(a.res + (c * hw + rpix[mi] + 1));
+          acc[mi][ni][e] = activate(a.res_act, acc[mi][ni][e] + __ldg(a.res + (c * hw + rpix[mi])));
+          acc[mi][ni][2 + e] =
+              activate(a.res_act, acc[mi][ni][2 + e] + __ldg(a.res + (c * hw + rpix[mi] + 1)));
         }
       }
   }
@@ -1104,8 +1109,8 @@ void dispatch_halo(const ConvTiles& t, const HaloArgs& a, Stream stream) {
 namespace conv_gemm_detail {
 // conv_gemm_stem.cu.
 void launch_stem_mma(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
-                     const float* scale, const float* shift, Activation act, float* y,
-                     const float* residual, Stream stream);
+                     const float* scale, const float* shift, Act act, float* y,
+                     const ConvResidual& residual, Stream stream);
 // conv_halo_persistent.cu: tiles of n in {16, 32} channels, a the wgmma halo kernel's arguments.
 void launch_halo_persistent(const HaloArgs& a, int n, Stream stream);
 }  // namespace conv_gemm_detail
@@ -1133,8 +1138,8 @@ void check_ranges(const ConvShape& s) {
 
 // The halo kernels' arguments for tiles on a shape conv_gemm_halo_fits takes.
 HaloArgs halo_args(const ConvShape& s, const ConvTiles& tiles, const float* x, const float* w,
-                   const float* scale, const float* shift, Activation act, float* y,
-                   const float* residual, const float* packed) {
+                   const float* scale, const float* shift, Act act, float* y,
+                   const ConvResidual& residual, const float* packed) {
   HaloArgs a{};
   a.x = x;
   a.wt = w;
@@ -1152,8 +1157,8 @@ HaloArgs halo_args(const ConvShape& s, const ConvTiles& tiles, const float* x, c
     while (a.splits > a.ctiles) a.splits /= 2;  // every split keeps a stage
   }
   a.vec_b = s.c % 4 == 0 && aligned16(w);
-  a.res = residual, a.r_img = int(s.r_image());
-  a.act = act;
+  a.res = residual.x, a.r_img = int(s.r_image());
+  a.act = act, a.res_act = residual.post;
   return a;
 }
 
@@ -1176,8 +1181,8 @@ bool wgmma_available() {
 }
 
 void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const float* w,
-               const float* scale, const float* shift, Activation act, float* y, Stream stream,
-               const float* residual, const float* packed, const ConvUpsampledInput* up) {
+               const float* scale, const float* shift, Act act, float* y, Stream stream,
+               ConvResidual residual, const float* packed, const ConvUpsampledInput* up) {
   if (s.groups != 1) reject("groups must be 1, got " + std::to_string(s.groups));
   const auto in = [](int v, std::initializer_list<int> set) {
     for (int e : set)
@@ -1283,8 +1288,8 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   a.vec_y = (s.ho * s.wo) % 4 == 0 && aligned16(y);
   a.vec2_y = (s.ho * s.wo) % 2 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0;
   a.xs = int(s.x_image()), a.ys = int(s.y_image());
-  a.res = residual, a.r_img = int(s.r_image());
-  a.act = act;
+  a.res = residual.x, a.r_img = int(s.r_image());
+  a.act = act, a.res_act = residual.post;
 
   if (up) {
     if (!direct) reject("an upsampled input needs a 16-byte aligned x");
@@ -1334,8 +1339,8 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
 }
 
 void conv_chain(const ConvShape& sa, const ConvTiles& t, const ConvShape& sb, const float* x,
-                const float* scale_a, const float* shift_a, Activation act_a, const float* packed,
-                Activation act_b, float* y, Stream stream) {
+                const float* scale_a, const float* shift_a, Act act_a, const float* packed,
+                Act act_b, float* y, Stream stream) {
   if (!conv_chain_fits(sa, t, sb))
     reject("a conv chain takes a 3x3 conv on wgmma halo tiles of 64 or 128 pixels by " +
            std::to_string(kChainC) + " channels, unsplit, into " + std::to_string(kChainC) +

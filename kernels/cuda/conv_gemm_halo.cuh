@@ -36,17 +36,17 @@ struct HaloArgs {
   const float* res;  // residual (y's shape) or null
   int r_img;         // elements between its images
   bool vec_b;        // 16-byte weight copies: c % 4 == 0 and w 16-byte aligned
-  Activation act;
+  Act act, res_act;  // res_act: after adding the residual (cuda::ConvResidual)
   // The wgmma kernel: blocks (one cluster) a tile's stages are split over, 1..8. One byte, in
   // padding: as an int it enlarged the struct, and that moved ptxas's register allocation of
   // every halo kernel (tools/kernel_regs.py).
   uint8_t splits;
   // The conv chain (cuda::conv_chain): the 1x1 conv's activation; its weights, scale and shift
   // follow the packed ones (pack_conv_chain). In padding too.
-  Activation chain_act;
+  Act chain_act;
   const float* wp;  // the wgmma kernel's weights, packed for its n (pack_wgmma_weights)
 };
-static_assert(sizeof(void*) != 8 || sizeof(HaloArgs) == 152,
+static_assert(sizeof(void*) != 8 || sizeof(HaloArgs) == 192,
               "HaloArgs' size moves ptxas's register allocation of every halo kernel");
 
 // The fields of `a` conv shape s fixes: planes, padding, squares and their divisors, image
@@ -293,10 +293,11 @@ __device__ __forceinline__ void halo_epilogue(const HaloArgs& a, float (&acc)[MI
 #pragma unroll
       for (int ni = 0; ni < NI; ++ni)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) acc[mi][ni][q] += pre[mi][ni][q];
+        for (int q = 0; q < 4; ++q) acc[mi][ni][q] = activate(a.res_act, acc[mi][ni][q] + pre[mi][ni][q]);
   } else if (a.res) {
-    for_residual<MI, NI>(a, pix, img, n0, t,
-                         [&](int mi, int ni, int q, float v) { acc[mi][ni][q] += v; });
+    for_residual<MI, NI>(a, pix, img, n0, t, [&](int mi, int ni, int q, float v) {
+      acc[mi][ni][q] = activate(a.res_act, acc[mi][ni][q] + v);
+    });
   }
   // 32-bit offsets: y and the residual span under 2^31 elements (conv_gemm checks).
   const int hwo = a.ho * a.wo;

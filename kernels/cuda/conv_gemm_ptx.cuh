@@ -113,11 +113,11 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4],
 // The loads of up to 8 ni go out together, then their math: loaded next to their math instead,
 // one at a time, each waited for, the layers took up to 40% longer (A/B of 2026-12-03); all 16
 // ni of n = 128 at once spilled the 256x128 wgmma halo tiles (held to 128 registers).
-template <int MI, int NI, class Act>
+template <int MI, int NI, class ActFn>
 __device__ __forceinline__ void scale_shift_act(float (&acc)[MI][NI][4],
                                                 const float* __restrict__ scale,
                                                 const float* __restrict__ shift, int k, int n0,
-                                                int t, Act act) {
+                                                int t, ActFn act) {
   const bool pairs =
       scale && shift &&
       ((reinterpret_cast<uintptr_t>(scale) | reinterpret_cast<uintptr_t>(shift)) & 7) == 0 &&
@@ -149,10 +149,10 @@ __device__ __forceinline__ void scale_shift_act(float (&acc)[MI][NI][4],
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         float(&d)[4] = acc[mi][n1 + i];
-        d[0] = activate(act.value, fmaf(d[0], sc[i].x, sf[i].x));
-        d[1] = activate(act.value, fmaf(d[1], sc[i].y, sf[i].y));
-        d[2] = activate(act.value, fmaf(d[2], sc[i].x, sf[i].x));
-        d[3] = activate(act.value, fmaf(d[3], sc[i].y, sf[i].y));
+        d[0] = act(fmaf(d[0], sc[i].x, sf[i].x));
+        d[1] = act(fmaf(d[1], sc[i].y, sf[i].y));
+        d[2] = act(fmaf(d[2], sc[i].x, sf[i].x));
+        d[3] = act(fmaf(d[3], sc[i].y, sf[i].y));
       }
   }
 }

@@ -85,7 +85,7 @@ struct StemMmaArgs {
   FastDiv div_cols, div_rows;
   int xs, ys, rs;  // elements between images of x, y and the residual
   bool vec_in;     // 16-byte copies
-  Activation act;
+  Act act, res_act;  // res_act: after adding the residual (cuda::ConvResidual)
 };
 
 // A 4-byte shared load at a shared-space address, rounded to TF32 (to_tf32).
@@ -244,8 +244,8 @@ __global__ void __launch_bounds__(kThreads, kGemmStemBlocksPerSm)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
               if (!ok[hh]) continue;
-              float v = activate(act.value, fmaf(acc[nt][e + 2 * hh], sc[nt][e], sh[nt][e]));
-              if (ri) v += __ldg(ri + off + 8 * hh);
+              float v = act(fmaf(acc[nt][e + 2 * hh], sc[nt][e], sh[nt][e]));
+              if (ri) v = activate(a.res_act, v + __ldg(ri + off + 8 * hh));
               yi[off + 8 * hh] = v;
             }
           }
@@ -259,15 +259,15 @@ __global__ void __launch_bounds__(kThreads, kGemmStemBlocksPerSm)
 }  // namespace
 
 void launch_stem_mma(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
-                     const float* scale, const float* shift, Activation act, float* y,
-                     const float* residual, Stream stream) {
+                     const float* scale, const float* shift, Act act, float* y,
+                     const ConvResidual& residual, Stream stream) {
   StemMmaArgs a{};
   a.x = x;
   a.wt = w;
   a.scale = scale;
   a.shift = shift;
   a.y = y;
-  a.res = residual;
+  a.res = residual.x, a.res_act = residual.post;
   a.h = int(s.h), a.w = int(s.w);
   a.k = int(s.k), a.ho = int(s.ho), a.wo = int(s.wo);
   a.pt = int(s.pad_t), a.pl = int(s.pad_l);

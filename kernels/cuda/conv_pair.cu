@@ -86,7 +86,7 @@ struct PairArgs {
   int xs;           // floats between images of x
   int phase;        // a staged row's first column's place in its float4
   bool vec;         // 16-byte copies: w % 4 == 0, xs % 4 == 0, x 16-byte aligned
-  Activation act_a;
+  Act act_a;
 };
 
 // A 4-byte shared load at a shared-space address, raw.
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 4) conv_pair_kernel(const PairArgs a
           for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float v = activate(act.value, fmaf(acc[nt][e + 2 * h], sc[nt][e], sh[nt][e]));
+              const float v = act(fmaf(acc[nt][e + 2 * h], sc[nt][e], sh[nt][e]));
               pu[(8 * nt + 2 * t + e) * Tb::kCS + m] = to_tf32(in ? v : 0.0f);
             }
         }
@@ -299,10 +299,10 @@ __global__ void __launch_bounds__(kThreads, 4) conv_pair_kernel(const PairArgs a
           const float2 f = *reinterpret_cast<const float2*>(aff_b + 8 * ni + 2 * t);
           const float2 d = *reinterpret_cast<const float2*>(aff_b + kPairMaxCout + 8 * ni + 2 * t);
           float(&v)[4] = acc[0][ni];
-          v[0] = activate(act_b.value, fmaf(v[0], f.x, d.x));
-          v[1] = activate(act_b.value, fmaf(v[1], f.y, d.y));
-          v[2] = activate(act_b.value, fmaf(v[2], f.x, d.x));
-          v[3] = activate(act_b.value, fmaf(v[3], f.y, d.y));
+          v[0] = act_b(fmaf(v[0], f.x, d.x));
+          v[1] = act_b(fmaf(v[1], f.y, d.y));
+          v[2] = act_b(fmaf(v[2], f.x, d.x));
+          v[3] = act_b(fmaf(v[3], f.y, d.y));
         }
       });
       // for_outputs' stores, from one pointer a pixel.
@@ -335,8 +335,8 @@ __global__ void __launch_bounds__(kThreads, 4) conv_pair_kernel(const PairArgs a
 }  // namespace
 
 void conv_pair(const ConvShape& sa, const ConvShape& sb, const float* x, const float* wa,
-               const float* scale_a, const float* shift_a, Activation act_a, const float* wb,
-               const float* scale_b, const float* shift_b, Activation act_b, float* y,
+               const float* scale_a, const float* shift_a, Act act_a, const float* wb,
+               const float* scale_b, const float* shift_b, Act act_b, float* y,
                Stream stream) {
   if (!conv_pair_fits(sa, sb))
     reject(

@@ -111,7 +111,7 @@ struct ScalarArgs {
   int64_t xs, ys;    // elements between images of x and of y
   const float* res;  // residual (y's shape) or null
   int64_t rs;        // elements between its images
-  Activation act;
+  Act act, res_act;  // res_act: after adding the residual (cuda::ConvResidual)
 };
 
 // Weights of the block's output channel staged per chunk of input channels (templated windows).
@@ -217,7 +217,7 @@ __device__ __forceinline__ void conv_scalar_block(const ScalarArgs& a, int k, in
   // -- batchnorm + activation epilogue --
   a.y[int64_t(img) * a.ys + int64_t(k) * npix + p] =
       detail::add_residual(detail::apply(acc, a.scale, a.shift, a.act, k), a.res,
-                           int64_t(img) * a.rs + int64_t(k) * npix + p);
+                           int64_t(img) * a.rs + int64_t(k) * npix + p, a.res_act);
 }
 
 // Grid (K, pixel blocks, n), channel fastest. y and z stride by the grid when the launcher had
@@ -266,7 +266,7 @@ struct DwArgs {
   int64_t rs;                             // elements between its images
   bool vec_in;                            // 16-byte copies: w % 4 == 0, x aligned
   bool vec_out;  // float4 stores and residual loads: wo % 4 == 0, y and res aligned
-  Activation act;
+  Act act, res_act;
 };
 
 // Asynchronous global -> shared copies; !valid writes zeros and reads nothing, though src must
@@ -416,14 +416,16 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
 #pragma unroll
           for (int o = 0; o < kDwV; ++o) acc[o] = detail::apply(acc[o], f, a.act);
           if (rk) {  // one uniform branch for the item, not one per output
+            float r[kDwV] = {};
             if (a.vec_out && nv >= kDwV) {
-              const float4 r = __ldg(reinterpret_cast<const float4*>(rk + off));
-              acc[0] += r.x, acc[1] += r.y, acc[2] += r.z, acc[3] += r.w;
+              const float4 r4 = __ldg(reinterpret_cast<const float4*>(rk + off));
+              r[0] = r4.x, r[1] = r4.y, r[2] = r4.z, r[3] = r4.w;
             } else {
 #pragma unroll
               for (int o = 0; o < kDwV; ++o)
-                if (o < nv) acc[o] += __ldg(rk + off + o);
+                if (o < nv) r[o] = __ldg(rk + off + o);
             }
+            detail::add_residuals(acc, r, a.res_act);
           }
           if (a.vec_out && nv >= kDwV) {
             *reinterpret_cast<float4*>(out) = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -459,7 +461,8 @@ __global__ void __launch_bounds__(kDwMaxThreads, (dw_min_blocks<R>()))
           const int nv = tw - cg * kDwV;
 #pragma unroll
           for (int o = 0; o < kDwV; ++o)
-            if (o < nv) out[o] = detail::add_residual(detail::apply(acc[o], f, a.act), rk, off + o);
+            if (o < nv)
+              out[o] = detail::add_residual(detail::apply(acc[o], f, a.act), rk, off + o, a.res_act);
           cg += dc;
           ohl += dr;
           if (cg >= ncg) cg -= ncg, ++ohl;
@@ -494,7 +497,7 @@ int first_tap_phase(const ConvShape& s) {
 // Tiles, staging geometry and launch of the depthwise path; false when one tile row's staging
 // does not fit kDwMaxSmem or the grid reaches 2^31 blocks (the caller then runs the general path).
 bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const float* scale,
-                      const float* shift, Activation act, float* y, const float* res,
+                      const float* shift, Act act, float* y, const ConvResidual& res,
                       Stream stream) {
   // Unrolled instantiation, if any: its float4 window reads set the staged width.
   const bool unit = s.dil_w == 1 && (s.stride_w == 1 || s.stride_w == 2) && s.r == s.s &&
@@ -515,12 +518,12 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   a.pt = int(s.pad_t), a.pl = int(s.pad_l);
   a.dh = int(s.dil_h), a.dw = int(s.dil_w);
   a.xs = s.x_image(), a.ys = s.y_image();
-  a.res = res, a.rs = s.r_image();
-  a.act = act;
+  a.res = res.x, a.rs = s.r_image();
+  a.act = act, a.res_act = res.post;
 
   a.vec_in = s.w % 4 == 0 && detail::aligned16(x);
   // float4 stores, and residual loads: the residual's image stride is a multiple of the plane.
-  a.vec_out = s.wo % 4 == 0 && detail::aligned16(y) && (!res || detail::aligned16(res));
+  a.vec_out = s.wo % 4 == 0 && detail::aligned16(y) && (!res.x || detail::aligned16(res.x));
   a.sh4 = a.vec_in ? first_tap_phase(s) : 0;
 
   // Columns: ncg items of 4 outputs across a tile row, column tiles balanced.
@@ -623,7 +626,7 @@ struct StemArgs {
   FastDiv div_cg, div_ho;
   int64_t xs, ys, rs;  // elements between images of x, y and the residual
   bool vec_out;        // float4 stores and residual loads: wo % 4 == 0, y and res aligned
-  Activation act;
+  Act act, res_act;
 };
 
 template <int SW, bool VecIn, int SH4>
@@ -726,11 +729,12 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
         float o[kStemV];
 #pragma unroll
         for (int v = 0; v < kStemV; ++v)
-          o[v] = activate(act.value, fmaf(acc[k][v], affine[k], affine[kStemK + k]));
+          o[v] = act(fmaf(acc[k][v], affine[k], affine[kStemK + k]));
         if (a.vec_out) {
           if (a.res) {
-            const float4 r = __ldg(reinterpret_cast<const float4*>(a.res + ro + int64_t(k) * npix));
-            o[0] += r.x, o[1] += r.y, o[2] += r.z, o[3] += r.w;
+            const float4 r4 = __ldg(reinterpret_cast<const float4*>(a.res + ro + int64_t(k) * npix));
+            const float r[kStemV] = {r4.x, r4.y, r4.z, r4.w};
+            detail::add_residuals(o, r, a.res_act);
           }
           *reinterpret_cast<float4*>(a.y + yo + int64_t(k) * npix) =
               make_float4(o[0], o[1], o[2], o[3]);
@@ -738,7 +742,7 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
 #pragma unroll
           for (int v = 0; v < kStemV; ++v) {
             if (ow0 + v >= a.wo) break;
-            if (a.res) o[v] += __ldg(a.res + ro + int64_t(k) * npix + v);
+            o[v] = detail::add_residual(o[v], a.res, ro + int64_t(k) * npix + v, a.res_act);
             a.y[yo + int64_t(k) * npix + v] = o[v];
           }
         }
@@ -749,7 +753,7 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
 
 // The stem path where conv_scalar_stem_fits; false otherwise (or past its int32 item count).
 bool launch_stem(const ConvShape& s, const float* x, const float* w, const float* scale,
-                 const float* shift, Activation act, float* y, const float* residual,
+                 const float* shift, Act act, float* y, const ConvResidual& residual,
                  Stream stream) {
   if (!conv_scalar_stem_fits(s)) return false;
   const int64_t cgroups = detail::ceil_div(s.wo, kStemV), items = conv_scalar_stem_items(s);
@@ -760,7 +764,7 @@ bool launch_stem(const ConvShape& s, const float* x, const float* w, const float
   a.scale = scale;
   a.shift = shift;
   a.y = y;
-  a.res = residual;
+  a.res = residual.x;
   a.c = int(s.c), a.h = int(s.h), a.w = int(s.w);
   a.k = int(s.k), a.ho = int(s.ho), a.wo = int(s.wo);
   a.sh = int(s.stride_h), a.pt = int(s.pad_t), a.pl = int(s.pad_l);
@@ -772,8 +776,8 @@ bool launch_stem(const ConvShape& s, const float* x, const float* w, const float
   // Images and planes of x, y and the residual start 16-byte aligned when their rows do.
   const bool vec_in = s.w % 4 == 0 && s.x_image() % 4 == 0 && detail::aligned16(x);
   a.vec_out = s.wo % 4 == 0 && s.y_image() % 4 == 0 && s.r_image() % 4 == 0 &&
-              detail::aligned16(y) && (!residual || detail::aligned16(residual));
-  a.act = act;
+              detail::aligned16(y) && (!residual.x || detail::aligned16(residual.x));
+  a.act = act, a.res_act = residual.post;
   const int blocks = detail::grid_for(items, kThreads);
   const auto launch = [&](auto kernel) {
     detail::launch_pdl(kernel, blocks, kThreads, 0, stream, 1, a);
@@ -805,8 +809,8 @@ bool launch_stem(const ConvShape& s, const float* x, const float* w, const float
 }  // namespace
 
 void conv_scalar(const ConvShape& s, const float* x, const float* w, const float* scale,
-                 const float* shift, Activation act, float* y, Stream stream,
-                 const float* residual) {
+                 const float* shift, Act act, float* y, Stream stream,
+                 ConvResidual residual) {
   EPILOG_ASSERT(s.n > 0 && s.c > 0 && s.k > 0 && s.ho > 0 && s.wo > 0 && s.r > 0 && s.s > 0);
   EPILOG_ASSERT(s.groups > 0 && s.c % s.groups == 0 && s.k % s.groups == 0,
                 "conv_scalar groups {} for {} -> {} channels", s.groups, s.c, s.k);
@@ -836,8 +840,8 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
   a.n = int(s.n);
   a.pix_blocks = int(pix_blocks);
   a.xs = s.x_image(), a.ys = s.y_image();
-  a.res = residual, a.rs = s.r_image();
-  a.act = act;
+  a.res = residual.x, a.rs = s.r_image();
+  a.act = act, a.res_act = residual.post;
 
   constexpr int64_t kMaxGridYZ = 65535;
   const dim3 grid(static_cast<unsigned>(s.k),

@@ -62,7 +62,7 @@ struct TiledArgs {
   const float* res;  // residual (y's shape) or null
   int64_t rs;        // elements between its images
   bool vec_store;    // ho * wo % 4 == 0 and y 16-byte aligned: a thread's 4 pixels are a float4
-  Activation act;
+  Act act, res_act;  // res_act: after adding the residual (cuda::ConvResidual)
 };
 
 // Thread layout of a TM x TN tile. The register tile is 4 pixels x PN channels with PN as large
@@ -280,7 +280,8 @@ __global__ void __launch_bounds__(TiledConfig<TM, TN>::kThreads, TiledConfig<TM,
 #pragma unroll
       for (int pm = 0; pm < 4; ++pm)
         if (k < a.k && p0 + pm < a.npix)
-          acc[pm][pn] += __ldg(a.res + img[pm] * a.rs + int64_t(k) * howo + q[pm]);
+          acc[pm][pn] = activate(a.res_act,
+                                 acc[pm][pn] + __ldg(a.res + img[pm] * a.rs + int64_t(k) * howo + q[pm]));
     }
   }
 #pragma unroll
@@ -321,8 +322,8 @@ constexpr Variant kVariants[] = {
 }  // namespace
 
 void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
-                const float* scale, const float* shift, Activation act, float* y, Stream stream,
-                const float* residual) {
+                const float* scale, const float* shift, Act act, float* y, Stream stream,
+                ConvResidual residual) {
   EPILOG_ASSERT(s.groups == 1, "conv_tiled runs groups == 1 only, got {}", s.groups);
   EPILOG_ASSERT(s.n > 0 && s.c > 0 && s.k > 0 && s.ho > 0 && s.wo > 0 && s.r > 0 && s.s > 0);
   EPILOG_ASSERT(s.stride_h > 0 && s.stride_w > 0 && s.dil_h > 0 && s.dil_w > 0 && s.pad_t >= 0 &&
@@ -348,8 +349,8 @@ void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const fl
   a.k_tiles = int(detail::ceil_div(s.k, t.n > 0 ? t.n : 1));
   a.vec_store = (s.ho * s.wo) % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
   a.xs = s.x_image(), a.ys = s.y_image();
-  a.res = residual, a.rs = s.r_image();
-  a.act = act;
+  a.res = residual.x, a.rs = s.r_image();
+  a.act = act, a.res_act = residual.post;
 
   for (const Variant& v : kVariants) {
     if (v.m == t.m && v.n == t.n) {

@@ -155,12 +155,13 @@ struct BatchnormOp {
 
 // -- activation --
 
-template <Activation A>
+template <class ActFn>
 struct ActivationOp {
+  ActFn act;
   template <class I, int V>
   __device__ void operator()(I, Vec<V>& v) const {
 #pragma unroll
-    for (int j = 0; j < V; ++j) v.v[j] = activate(A, v.v[j]);
+    for (int j = 0; j < V; ++j) v.v[j] = act(v.v[j]);
   }
 };
 
@@ -302,9 +303,9 @@ void batchnorm(int64_t outer, int64_t channels, int64_t inner, const float* x, c
   launch_map("batchnorm", op, outer * channels * inner, inner % 4 == 0, x, y, stream);
 }
 
-void activation(Activation act, int64_t n, const float* x, float* y, Stream stream) {
+void activation(Act act, int64_t n, const float* x, float* y, Stream stream) {
   with_activation(act, [&](auto a) {
-    launch_map("activation", ActivationOp<decltype(a)::value>{}, n, true, x, y, stream);
+    launch_map("activation", ActivationOp<decltype(a)>{a}, n, true, x, y, stream);
   });
 }
 

@@ -14,7 +14,7 @@ namespace {
 
 __global__ void scale_shift_act_vec4(int64_t rows, int64_t channels, int64_t inner4,
                                      const float4* __restrict__ x, const float* __restrict__ scale,
-                                     const float* __restrict__ shift, Activation act,
+                                     const float* __restrict__ shift, Act act,
                                      float4* __restrict__ y) {
   const int64_t total = rows * inner4;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
@@ -32,7 +32,7 @@ __global__ void scale_shift_act_vec4(int64_t rows, int64_t channels, int64_t inn
 
 __global__ void scale_shift_act_scalar(int64_t rows, int64_t channels, int64_t inner,
                                        const float* __restrict__ x, const float* __restrict__ scale,
-                                       const float* __restrict__ shift, Activation act,
+                                       const float* __restrict__ shift, Act act,
                                        float* __restrict__ y) {
   const int64_t total = rows * inner;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
@@ -45,7 +45,7 @@ __global__ void scale_shift_act_scalar(int64_t rows, int64_t channels, int64_t i
 }  // namespace
 
 void scale_shift_act(int64_t outer, int64_t channels, int64_t inner, const float* x,
-                     const float* scale, const float* shift, Activation act, float* y,
+                     const float* scale, const float* shift, Act act, float* y,
                      Stream stream) {
   const int64_t rows = outer * channels;
   if (rows * inner == 0) return;

@@ -175,21 +175,38 @@ void dispatch(bool vec, bool small, F&& f) {
     f(One{}, int64_t{});
 }
 
-// Calls f(std::integral_constant<Activation, A>{}) for the run-time activation `act`, so that
-// an epilogue is compiled once per activation with its branch folded away. Host and device: f is
-// a host lambda on the host side (the pragma lets nvcc instantiate that without a warning).
+// An activation whose kind is known at compile time (K), or, for K == kAnyActivation, only at run
+// time (value.kind). Applied as act(v): for a fixed K, activate()'s switch folds away.
+constexpr Activation kAnyActivation = Activation(255);
+template <Activation K>
+struct ActOf {
+  Act value;
+  __host__ __device__ explicit ActOf(const Act& act) : value(act) {}
+  __device__ __forceinline__ float operator()(float v) const {
+    if constexpr (K == kAnyActivation)
+      return activate(value, v);
+    else
+      return activate(Act(K, value.a, value.b), v);
+  }
+};
+
+// Calls f(ActOf<K>) for the run-time activation `act`: the common ones (none, relu, silu) get an
+// epilogue compiled for them alone, every other activation shares one with a switch inside (a
+// uniform branch, cheap next to the epilogue's loads and stores), so that the number of kernels
+// does not grow with the number of activations. Host and device: f is a host lambda on the host
+// side (the pragma lets nvcc instantiate that without a warning).
 #pragma nv_exec_check_disable
 template <class F>
-__host__ __device__ __forceinline__ void with_activation(Activation act, F&& f) {
-  switch (act) {
-    case Activation::Silu:
-      return f(std::integral_constant<Activation, Activation::Silu>{});
-    case Activation::Relu:
-      return f(std::integral_constant<Activation, Activation::Relu>{});
-    case Activation::Sigmoid:
-      return f(std::integral_constant<Activation, Activation::Sigmoid>{});
+__host__ __device__ __forceinline__ void with_activation(const Act& act, F&& f) {
+  switch (act.kind) {
     case Activation::None:
-      return f(std::integral_constant<Activation, Activation::None>{});
+      return f(ActOf<Activation::None>(act));
+    case Activation::Silu:
+      return f(ActOf<Activation::Silu>(act));
+    case Activation::Relu:
+      return f(ActOf<Activation::Relu>(act));
+    default:
+      return f(ActOf<kAnyActivation>(act));
   }
 }
 

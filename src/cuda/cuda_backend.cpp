@@ -231,7 +231,10 @@ void conv(const Ctx& c, In in, Out out) {
   if (c.plan.post && in.size() > c.node.inputs.size()) return conv_chain(c, in, out);
   const ConvShape cs = conv_shape(c.node, in, out[0]);
   const Tensor* residual = conv_residual(c.node, in);
-  const float* res = residual ? dev(*residual) : nullptr;
+  const bool residual_first = fused_residual_first(c.node);
+  const ResidualActs acts =
+      split_residual_act(conv_activation(c.node), residual != nullptr, residual_first);
+  const cuda::ConvResidual res(residual ? dev(*residual) : nullptr, acts.post);
   const ConvKernel k = c.plan.conv;
   if (!conv_supports(k, cs))
     fail("[{}] node '{}': the {} kernel cannot run {}", op_name(c.node.op), c.node.name,
@@ -239,7 +242,7 @@ void conv(const Ctx& c, In in, Out out) {
   const bool fused = c.node.op == OpKind::FusedConv2d;
   const float* scale = fused ? dev(in[2]) : nullptr;
   const float* shift = fused ? dev(in[3]) : opt(in, 2);
-  const Activation act = conv_activation(c.node);
+  const Act act = acts.pre;
   const float *x = dev(in[0]), *w = dev(in[1]);
   float* y = dev(out[0]);
   if (k != ConvKernel::Scalar && (c.plan.tiles.m <= 0 || c.plan.tiles.n <= 0))
@@ -270,9 +273,8 @@ void conv(const Ctx& c, In in, Out out) {
   }
 }
 
-template <Activation A>
-void act(const Ctx& c, In in, Out out) {
-  cuda::activation(A, in[0].numel(), dev(in[0]), dev(out[0]), c.stream);
+void activation(const Ctx& c, In in, Out out) {
+  cuda::activation(*node_activation(c.node), in[0].numel(), dev(in[0]), dev(out[0]), c.stream);
 }
 
 template <cuda::Binary Op>
@@ -355,9 +357,8 @@ const std::array<CudaKernel, kNumOps>& kernels() {
       cuda::batchnorm(outer, channels, inner, dev(x), dev(in[1]), dev(in[2]), dev(in[3]),
                       dev(in[4]), static_cast<float>(c.node.attrs.f("eps")), dev(out[0]), c.stream);
     };
-    at(OpKind::Silu) = act<Activation::Silu>;
-    at(OpKind::Relu) = act<Activation::Relu>;
-    at(OpKind::Sigmoid) = act<Activation::Sigmoid>;
+    for (int op = 0; op < kNumOps; ++op)
+      if (is_activation_op(OpKind(op))) t[size_t(op)] = activation;
     at(OpKind::Add) = binary<cuda::Binary::Add>;
     at(OpKind::Mul) = binary<cuda::Binary::Mul>;
     at(OpKind::Concat) = concat;

@@ -179,6 +179,10 @@ Val Builder::relu(Val x, const std::string& name) {
 Val Builder::sigmoid(Val x, const std::string& name) {
   return single(OpKind::Sigmoid, {x}, {}, name);
 }
+Val Builder::activation(Val x, const Act& act, const std::string& name) {
+  const auto [op, attrs] = activation_op(act);
+  return single(op, {x}, attrs, name);
+}
 Val Builder::add(Val a, Val b, const std::string& name) {
   return single(OpKind::Add, {a, b}, {}, name);
 }

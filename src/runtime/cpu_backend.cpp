@@ -23,7 +23,8 @@ void conv(const Node& n, In in, Out out) {
     cpu::conv2d(cs, in[0].f32(), in[1].f32(), nullptr, opt(in, 2), Activation::None, out[0].f32());
   else
     cpu::conv2d(cs, in[0].f32(), in[1].f32(), in[2].f32(), in[3].f32(), conv_activation(n),
-                out[0].f32(), residual ? residual->f32() : nullptr);
+                out[0].f32(), residual ? residual->f32() : nullptr,
+                fused_residual_first(n));
 }
 
 const std::array<CpuKernel, kNumOps>& kernels() {
@@ -35,15 +36,11 @@ const std::array<CpuKernel, kNumOps>& kernels() {
     at(OpKind::BatchNorm) = [](const Node& n, In in, Out out) {
       cpu::batchnorm(in[0], in[1], in[2], in[3], in[4], n.attrs.f("eps"), out[0]);
     };
-    at(OpKind::Silu) = [](const Node&, In in, Out out) {
-      cpu::activation(Activation::Silu, in[0], out[0]);
-    };
-    at(OpKind::Relu) = [](const Node&, In in, Out out) {
-      cpu::activation(Activation::Relu, in[0], out[0]);
-    };
-    at(OpKind::Sigmoid) = [](const Node&, In in, Out out) {
-      cpu::activation(Activation::Sigmoid, in[0], out[0]);
-    };
+    for (int op = 0; op < kNumOps; ++op)
+      if (is_activation_op(OpKind(op)))
+        t[size_t(op)] = [](const Node& n, In in, Out out) {
+          cpu::activation(*node_activation(n), in[0], out[0]);
+        };
     at(OpKind::Add) = [](const Node&, In in, Out out) {
       cpu::binary(cpu::Binary::Add, in[0], in[1], out[0]);
     };

@@ -29,31 +29,6 @@ const Tensor* conv_residual(const Node& node, const std::vector<Tensor>& in) {
                                                                                    : nullptr;
 }
 
-Activation parse_activation(const std::string& name) {
-  for (Activation a : {Activation::None, Activation::Silu, Activation::Relu, Activation::Sigmoid})
-    if (name == activation_name(a)) return a;
-  fail("unknown activation '{}'", name);
-}
-
-const char* activation_name(Activation act) {
-  switch (act) {
-    case Activation::None:
-      return "none";
-    case Activation::Silu:
-      return "silu";
-    case Activation::Relu:
-      return "relu";
-    case Activation::Sigmoid:
-      return "sigmoid";
-  }
-  return "?";
-}
-
-Activation conv_activation(const Node& node) {
-  return node.op == OpKind::FusedConv2d ? parse_activation(node.attrs.s("activation"))
-                                        : Activation::None;
-}
-
 PoolShape pool_shape(const Node& node, const Shape& x, const Shape& y) {
   EPILOG_ASSERT(node.op == OpKind::MaxPool2d || node.op == OpKind::AvgPool2d);
   const auto& k = node.attrs.ints("kernel");

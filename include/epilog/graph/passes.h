@@ -13,9 +13,12 @@ namespace epilog {
 // mul(x, sigmoid(x)) -> silu(x), in either operand order (PyTorch's ONNX export of SiLU).
 std::vector<Rule> canonicalize_rules();
 
-// conv2d [-> batchnorm] [-> silu | relu | sigmoid] -> fused_conv2d, the batchnorm folded into
-// a per-channel scale and shift (float64, rounded once); the conv weights stay untouched.
-// Then fused_conv2d -> add(., residual) of equal shapes -> fused_conv2d with the residual.
+// Every conv becomes one fused_conv2d: conv2d [-> batchnorm] [-> activation], the batchnorm
+// folded into a per-channel scale and shift (float64, rounded once; the conv weights stay
+// untouched); then, on a fused conv, a residual add of equal shape (after its activation, or
+// before the next one where it has none yet), an activation, and per-channel constant muls and
+// adds folded into the scale and shift. A conv nothing follows is fused alone (its bias the
+// shift), so that every conv runs on the same kernels.
 std::vector<Rule> fusion_rules();
 
 // Removes nodes whose outputs nobody reads and weights no node uses. Returns what it removed.

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "epilog/graph/activation.h"
 #include "epilog/graph/graph.h"
 
 namespace epilog {
@@ -92,6 +93,8 @@ class Builder {
   Val silu(Val x, const std::string& name = "");
   Val relu(Val x, const std::string& name = "");
   Val sigmoid(Val x, const std::string& name = "");
+  // Any pointwise activation op with its parameters: clip(-1, 1), leaky_relu(0.1), gelu, ...
+  Val activation(Val x, const Act& act, const std::string& name = "");
   Val add(Val a, Val b, const std::string& name = "");
   Val mul(Val a, Val b, const std::string& name = "");
   Val concat(const std::vector<Val>& xs, int64_t axis, const std::string& name = "");

@@ -18,13 +18,14 @@ void sgemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const f
 // nullptr means 1, shift == nullptr means 0. conv2d with bias is (scale = nullptr, shift = bias,
 // None); fused_conv2d passes all three, and its residual.
 void conv2d(const ConvShape& cs, const float* x, const float* w, const float* scale,
-            const float* shift, Activation act, float* y, const float* residual = nullptr);
+            const float* shift, Act act, float* y, const float* residual = nullptr,
+            bool residual_first = false);
 
 // Inference batchnorm over axis 1: y = (x - mean) / sqrt(var + eps) * gamma + beta.
 void batchnorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& mean,
                const Tensor& var, double eps, Tensor& y);
 
-void activation(Activation act, const Tensor& x, Tensor& y);
+void activation(Act act, const Tensor& x, Tensor& y);
 
 enum class Binary : uint8_t { Add, Mul };
 // NumPy broadcasting; y has the broadcast shape.

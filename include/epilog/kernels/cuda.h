@@ -20,17 +20,24 @@ void check(int status, const char* call, const char* file, int line);
 // After a launch: reports configuration errors at once.
 void check_launch(const char* kernel);
 
-// -- fused_conv2d: y = act(conv(x, w) * scale[k] + shift[k]) (+ residual) --
+// -- fused_conv2d: y = post(act(conv(x, w) * scale[k] + shift[k]) + residual) --
 // scale == nullptr means 1 and shift == nullptr means 0, so conv2d with a bias is
-// (nullptr, bias, None); residual (y's shape, images s.r_image() apart) may be null. Each
-// kernel's restrictions are in its file's header comment; conv_supports (shapes.h) says
-// whether a kernel can run a shape at all.
+// (nullptr, bias, None). Each kernel's restrictions are in its file's header comment;
+// conv_supports (shapes.h) says whether a kernel can run a shape at all.
+
+// The residual (y's shape, images s.r_image() apart; null: none) and the activation applied
+// after adding it (split_residual_act: the conv's own where the residual comes first, else None).
+struct ConvResidual {
+  const float* x;
+  Act post;
+  ConvResidual(const float* r = nullptr, Act after = {}) : x(r), post(after) {}  // NOLINT
+};
 void conv_scalar(const ConvShape& s, const float* x, const float* w, const float* scale,
-                 const float* shift, Activation act, float* y, Stream stream,
-                 const float* residual = nullptr);
+                 const float* shift, Act act, float* y, Stream stream,
+                 ConvResidual residual = {});
 void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
-                const float* scale, const float* shift, Activation act, float* y, Stream stream,
-                const float* residual = nullptr);
+                const float* scale, const float* shift, Act act, float* y, Stream stream,
+                ConvResidual residual = {});
 // A run of x's channels read from another tensor, upsampled (nearest) as they load:
 // x[img, c0 + c, i, j] = x[img, c, i / scale_h, j / scale_w] of `x` here, c < channels, its
 // plane [ho / scale_h, wo / scale_w], its images `image` floats apart. The rest of x is never read
@@ -45,23 +52,23 @@ struct ConvUpsampledInput {
 // on the device as pack_wgmma_weights (shapes.h) lays it out for tiles t. `up`, where given,
 // needs tiles and scales that take it (conv_gemm_upsample_fits: 2 across); else it throws.
 void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
-               const float* scale, const float* shift, Activation act, float* y, Stream stream,
-               const float* residual = nullptr, const float* packed = nullptr,
+               const float* scale, const float* shift, Act act, float* y, Stream stream,
+               ConvResidual residual = {}, const float* packed = nullptr,
                const ConvUpsampledInput* up = nullptr);
 // Two fused convs in a row as one kernel (conv_pair_fits): y = B(A(x)), A's output never
 // stored. a and b are their shapes (b's input is A's output), the weights as stored. Needs what
 // the wgmma kernels need (wgmma_available); else, or on other shapes, it throws.
 void conv_pair(const ConvShape& a, const ConvShape& b, const float* x, const float* wa,
-               const float* scale_a, const float* shift_a, Activation act_a, const float* wb,
-               const float* scale_b, const float* shift_b, Activation act_b, float* y,
+               const float* scale_a, const float* shift_a, Act act_a, const float* wb,
+               const float* scale_b, const float* shift_b, Act act_b, float* y,
                Stream stream);
 // A 3x3 conv and the 1x1 conv that alone reads its output as one kernel (conv_chain_fits): y =
 // B(A(x)), A's output never stored; A on tiles t, b's input is A's output. `packed`: A's weights
 // packed for t (pack_wgmma_weights), then B's weights, scale and shift (pack_conv_chain). Needs
 // what the wgmma kernels need (wgmma_available); else, or on other shapes, it throws.
 void conv_chain(const ConvShape& a, const ConvTiles& t, const ConvShape& b, const float* x,
-                const float* scale_a, const float* shift_a, Activation act_a, const float* packed,
-                Activation act_b, float* y, Stream stream);
+                const float* scale_a, const float* shift_a, Act act_a, const float* packed,
+                Act act_b, float* y, Stream stream);
 // Whether conv_gemm can run ConvTiles::wgmma on the current device: a compute capability 9.0
 // GPU, and this build has sm_90a code (EPILOG_CUDA_ARCH=90a, the default).
 bool wgmma_available();
@@ -70,7 +77,7 @@ bool wgmma_available();
 // y = act(x * scale[c] + shift[c]). Another library's convolution followed by this is the
 // anchor of the conv bench.
 void scale_shift_act(int64_t outer, int64_t channels, int64_t inner, const float* x,
-                     const float* scale, const float* shift, Activation act, float* y,
+                     const float* scale, const float* shift, Act act, float* y,
                      Stream stream);
 
 // -- elementwise --
@@ -78,7 +85,7 @@ void scale_shift_act(int64_t outer, int64_t channels, int64_t inner, const float
 void batchnorm(int64_t outer, int64_t channels, int64_t inner, const float* x, const float* gamma,
                const float* beta, const float* mean, const float* var, float eps, float* y,
                Stream stream);
-void activation(Activation act, int64_t n, const float* x, float* y, Stream stream);
+void activation(Act act, int64_t n, const float* x, float* y, Stream stream);
 
 // NumPy broadcasting, up to kMaxRank dims; shapes are right-aligned and padded with 1s by the
 // caller to `rank` dims.

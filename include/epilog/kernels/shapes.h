@@ -14,7 +14,48 @@
 
 namespace epilog {
 
-enum class Activation : uint8_t { None, Silu, Relu, Sigmoid };
+// The pointwise functions an epilogue (and the unary elementwise ops) can apply. An activation
+// is a value: a kind and its parameters (Act), applied by one activate() that the CPU kernels and
+// every CUDA epilogue share, so that adding one touches this file and the op table only.
+enum class Activation : uint8_t {
+  None,
+  Silu,
+  Relu,
+  Sigmoid,
+  Clip,         // min(max(x, a), b); relu6 is clip(0, 6)
+  LeakyRelu,    // x >= 0 ? x : a * x
+  HardSigmoid,  // clip(a * x + b, 0, 1)
+  HardSwish,    // x * relu6(x + 3) / 6
+  Tanh,
+  Gelu,      // x * Phi(x), with erf
+  GeluTanh,  // GELU's tanh approximation
+  Mish,      // x * tanh(softplus(x))
+  Softplus,  // log(1 + e^x)
+  Elu,       // x > 0 ? x : a * (e^x - 1)
+  Exp,
+  Erf,
+  Sqrt,
+  Reciprocal,
+  Neg,
+  Abs,
+  Pow,  // x^a, a constant exponent
+};
+constexpr int kNumActivations = int(Activation::Pow) + 1;
+
+struct Act {
+  Activation kind;
+  float a, b;  // parameters: Clip min, max; LeakyRelu, Elu alpha; HardSigmoid alpha, beta; Pow
+               // the exponent
+  // Implicit from a kind: an activation without parameters reads as its kind.
+  constexpr EPILOG_HD Act(Activation k = Activation::None, float pa = 0.0f, float pb = 0.0f)
+      : kind(k), a(pa), b(pb) {}
+};
+inline bool operator==(const Act& x, const Act& y) {
+  return x.kind == y.kind && x.a == y.a && x.b == y.b;
+}
+inline bool operator!=(const Act& x, const Act& y) {
+  return !(x == y);
+}
 
 // q = n / d for 0 <= n < 2^31 and 0 < d < 2^31 as a multiply-high and a shift
 // (Granlund-Montgomery): for the index decodes a kernel runs per item or tile, where a real
@@ -58,20 +99,65 @@ EPILOG_HD inline float logistic_ratio(float num, float v) {
 #endif
 }
 
-EPILOG_HD inline float activate(Activation act, float v) {
-  switch (act) {
+EPILOG_HD inline float activate(const Act& act, float v) {
+  switch (act.kind) {
+    case Activation::None:
+      break;
     case Activation::Silu:
       return logistic_ratio(v, v);
     case Activation::Relu:
       return v > 0.0f ? v : 0.0f;
     case Activation::Sigmoid:
       return logistic_ratio(1.0f, v);
-    case Activation::None:
-      break;
+    case Activation::Clip:
+      return fminf(fmaxf(v, act.a), act.b);
+    case Activation::LeakyRelu:
+      return v >= 0.0f ? v : act.a * v;
+    case Activation::HardSigmoid:
+      return fminf(fmaxf(act.a * v + act.b, 0.0f), 1.0f);
+    case Activation::HardSwish:
+      return v * fminf(fmaxf(v + 3.0f, 0.0f), 6.0f) * (1.0f / 6.0f);
+    case Activation::Tanh:
+      return tanhf(v);
+    case Activation::Gelu:
+      return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    case Activation::GeluTanh:
+      return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    case Activation::Mish:
+      // softplus without overflow: for large v, log1p(e^v) == v in float.
+      return v * tanhf(v > 20.0f ? v : log1pf(expf(v)));
+    case Activation::Softplus:
+      return v > 20.0f ? v : log1pf(expf(v));
+    case Activation::Elu:
+      return v > 0.0f ? v : act.a * expm1f(v);
+    case Activation::Exp:
+      return expf(v);
+    case Activation::Erf:
+      return erff(v);
+    case Activation::Sqrt:
+      return sqrtf(v);
+    case Activation::Reciprocal:
+      return 1.0f / v;
+    case Activation::Neg:
+      return -v;
+    case Activation::Abs:
+      return fabsf(v);
+    case Activation::Pow:
+      return act.a == 2.0f ? v * v : powf(v, act.a);
   }
   return v;
 }
 
+// fused_conv2d's epilogue around its residual r: y = act(v + r) where the residual comes before
+// the activation (ResNet's relu(bn(conv) + x)), else act(v) + r (C2f's x + silu(bn(conv))). A
+// kernel applies `pre` where it finishes an accumulator and `post` where it adds the residual.
+struct ResidualActs {
+  Act pre, post;
+};
+inline ResidualActs split_residual_act(const Act& act, bool has_residual, bool residual_first) {
+  if (has_residual && residual_first) return {Act{}, act};
+  return {act, Act{}};
+}
 // NCHW input [n, c, h, w], weight [k, c / groups, r, s], output [n, k, ho, wo].
 // Output (oh, ow) reads input rows oh * stride_h - pad_t + i * dil_h, i in [0, r).
 struct ConvShape {

@@ -1,6 +1,7 @@
 // Kernel geometry read off graph nodes, shared by the backends and the kernel selector.
 #pragma once
 
+#include "epilog/graph/activation.h"
 #include "epilog/graph/graph.h"
 #include "epilog/kernels/shapes.h"
 
@@ -14,9 +15,6 @@ ConvShape conv_shape(const Graph& graph, const Node& node);
 ConvShape conv_shape(const Node& node, const std::vector<Tensor>& in, const Tensor& y);
 // fused_conv2d's residual input, or null.
 const Tensor* conv_residual(const Node& node, const std::vector<Tensor>& in);
-Activation conv_activation(const Node& node);  // None for conv2d
-Activation parse_activation(const std::string& name);
-const char* activation_name(Activation act);
 
 // For maxpool2d and avgpool2d nodes.
 PoolShape pool_shape(const Node& node, const Shape& x, const Shape& y);

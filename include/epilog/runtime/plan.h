@@ -43,7 +43,7 @@ struct FoldedUpsample {
 struct FoldedConv {
   std::string node;  // the other conv: the first of a pair, the second of a chain
   ConvShape shape;   // its shape
-  Activation act = Activation::None;
+  Act act;
 };
 
 struct NodePlan {
