@@ -8,7 +8,7 @@ Runs `ncu` on one iteration of `epilog bench MODEL --device cuda` (each kernel t
 caches flushed between kernels, clocks not locked) or reads the CSV such a run wrote (--csv), and
 matches the kernels in launch order to the nodes `epilog explain` lists that launch one (not the
 in-place ones). Prints a line per node - time, DRAM bytes, floor, grid, registers, kernel - and
-the totals by kind of node, the table "Where the time goes" of docs/perf.md.
+the totals by kind of node (docs/perf.md, "Where the model's time goes").
 
 Floor of a node, as for the conv suite: max(bytes / copy rate, flops / TF32 rate), bytes = its
 inputs and output once (a residual included), flops = 2 x outputs x reduction for a conv, 0

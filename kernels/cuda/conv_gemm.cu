@@ -562,7 +562,7 @@ struct DirectCursor {
 // acc[mi][ni][e] and acc[mi][ni][2 + e]: pixels m + 16 mi and m + 16 mi + 1 (m even; the output
 // plane hw = ho*wo is even, so a pair never straddles two images), channel n + 8 ni + 2t + e.
 // The direct kernels pass h*w, which is the same there: with ho*wo ptxas allocated their
-// registers anew (the 1x1 layers up to 2% slower in an A/B call of 2026-12-03).
+// registers anew and the 1x1 layers got up to 2% slower.
 // PerImage (the tensor-copy tiles): m counts pixels of images `plane` apart (hw rounded up to the
 // tile), and the rows past hw, which the copies zero-filled, are not stored.
 template <bool PerImage = false, int MI, int NI, class ActFn>
@@ -871,8 +871,7 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN, Tma>::kThreads,
       wgmma_tf32_rs<T::kNI>(acc[0], af[ks], wgmma_desc(b_addr + 16 * 2 * BN * ks, 16 * BN, 128));
     wgmma_commit();
     // The next copies (into a stage whose wgmmas are done) issue while the tensor cores work,
-    // not before the fragments' loads: 16x256x20x20 -> 256 10.4 -> 9.8 us, 16x512x20x20 -> 256
-    // 15.1 -> 13.8, b7 41.3 -> 40.0 (A/B of 2026-12-03).
+    // not before the fragments' loads (perf-history: "copies under the wgmmas").
     if (it + stages - 1 < total) load_next(write_stage);
     if (!Tma) cp_async_commit();
     write_stage = write_stage + 1 == stages ? 0 : write_stage + 1;
@@ -1012,10 +1011,8 @@ void launch_halo_wgmma(HaloArgs a, Stream stream) {
   detail::opt_in(opted_in, W::smem_bytes(W::kMaxStages), kernel);
   a.stages = a.stages < 3 ? 3 : a.stages > W::kMaxStages ? W::kMaxStages : a.stages;
   // A reduction of fewer stages gets as many buffers, all filled at once (the kernel's `ahead`),
-  // not idle ones that cost blocks: the second layer (16 -> 32 channels at stride 2, 128x32, two
-  // stages) went from 2 to 3 blocks an SM, 75.6 -> 67.8 us (Nsight Compute), and the YOLO-like
-  // model 1.116, 1.113 -> 1.113, 1.103 ms at batch 16 (A/B of 2026-12-04). Split-K keeps 3: it
-  // parks its sums in the pipeline's space.
+  // not idle ones that cost blocks (perf-history: "halo stage buffers for the reduction only").
+  // Split-K keeps 3: it parks its sums in the pipeline's space.
   if (!Split && a.ctiles < a.stages) a.stages = a.ctiles;
   const int64_t blocks =
       (int64_t(a.squares) + W::kSquares - 1) / W::kSquares * a.n_tiles * a.splits;

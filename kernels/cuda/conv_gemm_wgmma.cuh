@@ -30,11 +30,10 @@
 // wait for the previous kernel, which does not write them). The tensor cores read the weights
 // through the async proxy that wrote them: 16-byte cp.async copies of them needed a
 // fence.proxy.async before every stage's wgmmas, which orders all of the thread's copies still
-// in flight, the next stages' too (A/B of 2026-12-03, us: b16_c64_64_3x3_80 54.4 -> 52.2,
-// b16_c128_128_3x3_40 43.4 -> 41.9).
+// in flight, the next stages' too (perf-history: "bulk-copied weights").
 // A, two ways (halo_wgmma_reg_a in shapes.h picks one):
-//   From registers: all tiles but n = 32 with a residual (n = 16 fetches one ahead here: the
-//     model 1.275 -> 1.260 ms at batch 16 against shared-memory A). Each lane loads its pixels'
+//   From registers: all tiles but n = 32 with a residual (n = 16 fetches one ahead here;
+//     perf-history: "16-wide halo tiles"). Each lane loads its pixels'
 //     values straight from the staged patch (as mma's A fragment: rows g and g + 8, channels t and
 //     t + 4; the S + 3 patch rows under a warp's two output rows serve all three taps of a
 //     column), rounded to TF32. The wgmmas reading them are waited for before their registers
@@ -42,13 +41,10 @@
 //     leave no room for every column's fragments, each column's three, the next column's loads
 //     running under them. Copies then run stages - 1 ahead. This reads a third fewer bytes of
 //     shared memory than the rewrite below (Nsight Compute had the shared-memory pipe the
-//     busiest, 62% on b16_c128_128_3x3_40). A/B calls of 2026-12-01 (us): b16_c64_64_3x3_80
-//     61.9 -> 56.4, b1_c64_64_3x3_80 10.7 -> 9.0, 16 channels at 160x160, batch 16, n = 32
-//     53.7 -> 47.5; b16_c128_128_3x3_40 (256x128) 45.2 -> 43.6, 16x64x80x80 -> 128 at stride
-//     2 (128x128) 40.7 -> 40.1. But 128x128 on a 16x128x20x20 -> 128 layer 24.6 -> 26.7: two
-//     warpgroups a block, alone on their SM, wait out each column (lowering takes 64x64 there).
-//     An earlier form at n = 128, every column's fragments at once, spilled (256x128: 45.4 ->
-//     45.9).
+//     busiest, 62% on b16_c128_128_3x3_40; perf-history: "register A"). But 128x128 tiles,
+//     two warpgroups a block alone on their SM, wait out each column and lose on small grids
+//     (lowering takes 64x64 there). An earlier form at n = 128, every column's fragments at
+//     once, spilled.
 //   From shared memory: n = 32 with a residual, whose tiles fetch the residual ahead and are
 //     held to 80 registers for 3 blocks an SM (register A there: the C2f bottleneck's second
 //     conv 72 -> 89 us in a per-node profile). Each warpgroup rewrites its square's patch into
@@ -76,10 +72,9 @@ struct HaloWgTile {
   static constexpr int kSquares = T::kSquares, kThreads = 128 * kSquares, kNI = BN / 8;
   // n = 32 tiles keep 768 threads an SM (85 registers a thread): their layers wait on memory,
   // and the residual they fetch ahead (conv_halo_wgmma_kernel) would otherwise cost a block.
-  // n = 16 at stride 1 keeps 896 (7 blocks of 64x16, 72 registers): the 16-channel C2f layers
-  // at 160x160 (6400 blocks) 38.4 -> 36.5 and 42.8 -> 40.9 us (Nsight Compute, 2026-12-04), the
-  // model 1.097 to 1.111 -> 1.090 to 1.094 ms at batch 16. 1024 threads (64 registers) spilled
-  // and lost (39.6, 43.1), as did 1024 for the n = 32 ones (4 blocks of 128x32: 23.2 -> 24.6).
+  // n = 16 at stride 1 keeps 896 (7 blocks of 64x16, 72 registers): the 16-channel C2f layers'
+  // short blocks hide each other's fill (perf-history: "seven 64x16 blocks an SM"). 1024
+  // threads (64 registers) spilled and lost, at n = 16 and n = 32 alike.
   static constexpr int kMinBlocks = kNI <= 2 && S == 1           ? 896 / kThreads
                                     : kNI <= 4 && kThreads < 768 ? 768 / kThreads
                                                                  : 1;
@@ -333,13 +328,10 @@ __device__ __forceinline__ void store_tf32x4(float* dst, float v0, float v1, flo
 // aligned (w, the image stride and x multiples of 4 floats: conv_gemm takes these kernels only
 // then), so a chunk lies wholly inside its row or wholly outside (zero fill, as rows outside the
 // image and channels past c).
-// Why: a microbenchmark of the 64x64 stage loop on a 16x128x20x20 -> 128 layer (H200,
-// 2026-12-04) had a stage at 1566 clocks with HaloPatchLoader's 4-byte copies, 1091 without
-// patch copies and 1329 with these, at three blocks an SM; a TMA box of the same 20 columns
-// took 1810 (alone on its SM 705 against 908: the copy engine is what several blocks wait on),
-// one of 16 columns from the same boundary, whose planes of 160 floats put 4-way bank conflicts
-// on the fragment loads, 1713; a 12-column box from column ox0 - pl stopped the kernel with
-// "illegal instruction".
+// Why: HaloPatchLoader's 4-byte copies are a third of a stage at three blocks an SM, these a
+// sixth (perf-history: "wide patch rows"). A TMA box of the same rows was faster alone on an SM
+// and slower at three, the copy engine being what several blocks wait on; a box from column
+// ox0 - pl (not 16-byte aligned) stopped the kernel with "illegal instruction".
 struct HaloWideLoader {
   static constexpr int kItems = 4, kChunks = 8 * 10 * 5;  // a square's chunks, 128 threads
   static_assert(kItems * 128 >= kChunks && 10 * kHaloWideRow == 4 * 50, "chunk i at slot 4i");
@@ -533,11 +525,9 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA, Wide>::kThreads,
   };
   // ResAhead: a residual is fetched now, its loads under the mainloop's. Read in the epilogue,
   // the residual of a one-wave grid is loaded by all blocks at once after their mainloops:
-  // Nsight Compute (2026-12-03) had 37% of the stall samples of a 16x64x40x40 -> 64 bottleneck
-  // (128x64 tiles, 200 blocks) on its adds, 24.2 us against 16.6 for its twin without one.
-  // Costs registers: n = 16, 8 a thread (76 at 64x16, register A: at n = 16 that beat
-  // shared-memory A with it ahead, A/B of 2026-12-02: the YOLO-like model 1.275 -> 1.260 ms at
-  // batch 16); n = 32, 16 (with A in shared memory: the launcher takes register A at n = 32 only
+  // Nsight Compute had 37% of the stall samples of a 40x40 bottleneck's second conv on its adds
+  // (perf-history: "n = 64 residual ahead"). Costs registers: n = 16, 8 a thread (76 at 64x16,
+  // register A: at n = 16 that beat shared-memory A with it ahead); n = 32, 16 (with A in shared memory: the launcher takes register A at n = 32 only
   // without a residual); n = 64, 32 (a kernel of its own, halo_wgmma_res_ahead).
   float res[1][ResAhead ? W::kNI : 1][4] = {};
   if constexpr (ResAhead) {
@@ -577,9 +567,9 @@ __global__ void __launch_bounds__(HaloWgTile<BM, BN, S, RegA, Wide>::kThreads,
     };
     // One-square n = 64 tiles issue them under this stage's wgmmas (below): the 20x20 layers'
     // 64x64 blocks, one warpgroup each, wait on a chain of 16 stages, and there the copies'
-    // instructions (a sixth of a warp's) overlapped the tensor cores' work (16x128x20x20 -> 128
-    // 20.6 -> 19.1 us, A/B of 2026-12-03). Elsewhere they cost registers and lost: 128x64 tiles
-    // 94 -> 106, with a residual fetched ahead 126 -> 138 (a block an SM fewer), n <= 32 spills.
+    // instructions (a sixth of a warp's) overlapped the tensor cores' work (perf-history: "copies
+    // under the wgmmas"). Elsewhere they cost registers and lost: 128x64 tiles 94 -> 106, with a
+    // residual fetched ahead 126 -> 138 (a block an SM fewer), n <= 32 spills.
     constexpr bool kCopiesUnder = W::kRegA && W::kSquares == 1 && W::kNI == 8;
     if constexpr (!kCopiesUnder) copy_ahead();
     const float* p = smem + read_stage * W::kStageFloats + wg * W::kPatch;

@@ -5,11 +5,13 @@
 // dilation 2 (and 2x3), groups 1, 2 and depthwise, Cout that no tile divides, odd H and W,
 // batch 1 and 3, scale/shift absent or given, every activation.
 //
-// Error: max |gpu - cpu| / max |cpu| over the output, <= 1e-5 for the SIMT kernels (scalar,
-// tiled), <= 2e-3 for gemm (TF32). Outputs are poisoned with NaN (bytes 0xFF) before each run
-// and any NaN fails, so an element a kernel does not write cannot pass. Inputs are fresh
-// random numbers per case; weights have stddev 1/sqrt(fan-in), as trained convs do, so the
-// sigmoid and SiLU epilogues see pre-activations of order 1 rather than saturating.
+// Error, element by element (test::check_close): |gpu - cpu| <= atol * magnitude + rtol * |cpu|,
+// the magnitude being |scale| * sum |x| |w| over the element's window (test::conv_magnitude);
+// atol 1e-5 for the SIMT kernels (scalar, tiled), 2.5e-3 for gemm (TF32; gpu_util.h says why).
+// Outputs are poisoned with NaN (bytes 0xFF) before each run and any NaN fails, so an element a
+// kernel does not write cannot pass. Inputs are fresh random numbers per case; weights have
+// stddev 1/sqrt(fan-in), as trained convs do, so the sigmoid and SiLU epilogues see
+// pre-activations of order 1 rather than saturating.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -18,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,9 +34,6 @@
 using namespace epilog;
 
 namespace {
-
-constexpr double kTolSimt = 1e-5;
-constexpr double kTolTf32 = 2e-3;
 
 struct Geometry {
   const char* name;
@@ -128,8 +128,8 @@ std::string shape_desc(const ConvShape& s) {
          "]";
 }
 
-double tolerance(ConvKernel kernel) {
-  return kernel == ConvKernel::Gemm ? kTolTf32 : kTolSimt;
+test::Tolerance tolerance(ConvKernel kernel) {
+  return kernel == ConvKernel::Gemm ? test::kTf32Conv : test::kSimtConv;
 }
 
 void ensure_backend() {
@@ -139,11 +139,8 @@ void ensure_backend() {
 }
 
 struct Outcome {
-  double rel = 0.0;    // max |gpu - cpu| / max |cpu|
-  int64_t nans = 0;    // NaN outputs (unwritten, or computed)
+  Tensor y, ref, mag;  // the kernel's output, the CPU's, the outputs' magnitudes
   int64_t stray = 0;   // writes outside y's channel slab (strided cases)
-  int64_t worst = -1;  // flat index of the largest difference
-  float gpu = 0, cpu = 0;
 };
 
 struct Case {
@@ -199,10 +196,12 @@ Outcome run(const Case& cc, uint64_t seed) {
   const Tensor rs = Tensor::randn({s.n, cr, s.ho, s.wo}, seed + 4);
   const Tensor res = rs.part(r0, out_shape).clone();
 
-  Tensor ref = Tensor::empty(out_shape);
+  Outcome o;
+  o.ref = Tensor::empty(out_shape);
   cpu::conv2d(s, x.f32(), w.f32(), cc.scale ? scale.f32() + a0 : nullptr,
-              cc.shift ? shift.f32() + a0 : nullptr, cc.act, ref.f32(),
+              cc.shift ? shift.f32() + a0 : nullptr, cc.act, o.ref.f32(),
               cc.residual ? res.f32() : nullptr);
+  o.mag = test::conv_magnitude(s, x, w, cc.scale ? scale.f32() + a0 : nullptr);
 
   const Tensor dx = xs.to(Device::CUDA), dw = w.to(Device::CUDA);
   const Tensor dscale = scale.to(Device::CUDA), dshift = shift.to(Device::CUDA);
@@ -234,45 +233,25 @@ Outcome run(const Case& cc, uint64_t seed) {
   EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
 
   const Tensor ys = dy.to(Device::CPU);
-  const Tensor y = ys.part(y0, out_shape).clone();
-  Outcome o;
+  o.y = ys.part(y0, out_shape).clone();
   const int64_t k0 = cc.strided ? 1 : 0;  // y's first channel in the batch
   for (int64_t i = 0; i < ys.numel(); ++i) {
     const int64_t ch = i / (s.ho * s.wo) % cy;
     if ((ch < k0 || ch >= k0 + s.k) && !std::isnan(ys.f32()[i])) ++o.stray;
   }
-  const float *g = y.f32(), *c = ref.f32();
-  double max_diff = 0.0, max_ref = 0.0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    if (std::isnan(g[i])) {
-      ++o.nans;
-      continue;
-    }
-    const double d = std::abs(double(g[i]) - double(c[i]));
-    if (d > max_diff || o.worst < 0) {
-      max_diff = d;
-      o.worst = i;
-      o.gpu = g[i];
-      o.cpu = c[i];
-    }
-    max_ref = std::max(max_ref, std::abs(double(c[i])));
-  }
-  o.rel = max_ref > 0.0 ? max_diff / max_ref : max_diff;
   return o;
 }
 
 void check(const Case& cc, uint64_t seed, const std::string& what) {
   const Outcome o = run(cc, seed);
-  INFO(conv_kernel_name(cc.kernel)
-       << " " << what << ": " << shape_desc(cc.shape) << ", tiles " << tiles_str(cc.tiles)
-       << ", scale " << cc.scale << " shift " << cc.shift << " act " << activation_name(cc.act)
-       << "; max rel error " << o.rel << " (element " << o.worst << ": gpu " << o.gpu << " cpu "
-       << o.cpu << "), " << o.nans << " NaN" << (cc.strided ? ", strided" : "")
-       << (cc.residual ? ", residual" : "") << (cc.odd_affine ? ", scale/shift 4-byte aligned" : "")
-       << ", " << o.stray << " stray writes");
-  CHECK(o.nans == 0);
+  std::ostringstream desc;
+  desc << conv_kernel_name(cc.kernel) << " " << what << ": " << shape_desc(cc.shape) << ", tiles "
+       << tiles_str(cc.tiles) << ", scale " << cc.scale << " shift " << cc.shift << " act "
+       << activation_name(cc.act) << (cc.strided ? ", strided" : "")
+       << (cc.residual ? ", residual" : "") << (cc.odd_affine ? ", scale/shift 4-byte aligned" : "");
+  test::check_close(o.y, o.ref, tolerance(cc.kernel), desc.str(), &o.mag);
+  INFO(desc.str() << ": " << o.stray << " stray writes");
   CHECK(o.stray == 0);
-  CHECK(o.rel <= tolerance(cc.kernel));
 }
 
 // Runs `kernel` on every geometry it supports: the tiles lowering picks with every activation,
@@ -305,14 +284,26 @@ void check_kernel(ConvKernel kernel, bool wgmma_only = false) {
   }
 }
 
+// The magnitude of B's outputs where B reads A's (pair, chain): B's over |z| plus the bound on
+// z's own error (kTf32Conv of A's magnitude, through an activation of slope under 1.1), so
+// that A's rounding carried through B stays within kTf32Conv of it.
+Tensor two_conv_magnitude(const ConvShape& a, const Tensor& x, const Tensor& wa, const float* sa,
+                          const Tensor& z, const ConvShape& b, const Tensor& wb, const float* sb) {
+  const Tensor mag_a = test::conv_magnitude(a, x, wa, sa);
+  Tensor zz = z.clone();
+  for (int64_t i = 0; i < zz.numel(); ++i)
+    zz.f32()[i] = std::abs(zz.f32()[i]) + 1.1f * mag_a.f32()[i];
+  return test::conv_magnitude(b, zz, wb, sb);
+}
+
 // The outputs of a two-conv kernel (pair, chain) stored into NaN-poisoned y against `ref`
-// ([n, k, ho, wo]): y is ref's shape, or with `slab` k + 2 channels an image, the layer's from
-// channel 1 on, where the others must stay NaN. Two TF32 convs in a row: the bound is TF32's,
-// which one conv stays well inside.
-void check_poisoned(const Tensor& ys, const Tensor& ref, bool slab, const std::string& what) {
+// ([n, k, ho, wo]), `mag` their magnitudes: y is ref's shape, or with `slab` k + 2 channels an
+// image, the layer's from channel 1 on, where the others must stay NaN.
+void check_poisoned(const Tensor& ys, const Tensor& ref, const Tensor& mag, bool slab,
+                    const std::string& what) {
   const int64_t k = ref.shape()[1], hw = ref.shape()[2] * ref.shape()[3], cy = slab ? k + 2 : k;
-  int64_t nans = 0, stray = 0;
-  double max_diff = 0.0, max_ref = 0.0;
+  int64_t stray = 0;
+  Tensor y = Tensor::empty(ref.shape());
   for (int64_t i = 0; i < ys.numel(); ++i) {
     const int64_t img = i / (cy * hw), ch = i / hw % cy, c = ch - (slab ? 1 : 0), p = i % hw;
     const float g = ys.f32()[i];
@@ -320,19 +311,11 @@ void check_poisoned(const Tensor& ys, const Tensor& ref, bool slab, const std::s
       if (!std::isnan(g)) ++stray;
       continue;
     }
-    const float want = ref.f32()[(img * k + c) * hw + p];
-    if (std::isnan(g)) {
-      ++nans;
-      continue;
-    }
-    max_diff = std::max(max_diff, std::abs(double(g) - double(want)));
-    max_ref = std::max(max_ref, std::abs(double(want)));
+    y.f32()[(img * k + c) * hw + p] = g;
   }
-  INFO(what << "; " << nans << " NaN, " << stray << " stray writes, max rel error "
-            << max_diff / max_ref);
-  CHECK(nans == 0);
+  test::check_close(y, ref, test::kTf32Conv, what, &mag);
+  INFO(what << "; " << stray << " stray writes");
   CHECK(stray == 0);
-  CHECK(max_diff / max_ref <= kTolTf32);
 }
 
 // A two-conv kernel's output on the GPU, all NaN before the launch: B's outputs, or with `slab`
@@ -351,12 +334,12 @@ struct PoisonedOutput {
     if (slab) b.y_stride = (b.k + 2) * b.ho * b.wo;
     y = static_cast<float*>(dy.raw()) + (slab ? b.ho * b.wo : 0);
   }
-  // After the launch of A then B (run q): check_poisoned against `ref`.
-  void check(const Tensor& ref, const char* name, const ConvShape& a, Activation act_a,
-             Activation act_b, int q) const {
+  // After the launch of A then B (run q): check_poisoned against `ref`, of magnitudes `mag`.
+  void check(const Tensor& ref, const Tensor& mag, const char* name, const ConvShape& a,
+             Activation act_a, Activation act_b, int q) const {
     EPILOG_CUDA_CHECK(cudaGetLastError());
     EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
-    check_poisoned(dy.to(Device::CPU), ref, slab,
+    check_poisoned(dy.to(Device::CPU), ref, mag, slab,
                    std::string(name) + ": " + shape_desc(a) + " then " + shape_desc(b) +
                        ", activations " + activation_name(act_a) + " and " +
                        activation_name(act_b) + ", run " + std::to_string(q));
@@ -391,9 +374,8 @@ TEST_CASE("gpu conv: gemm kernel forced on the shape matrix, every built tile",
 }
 
 // The wgmma tiles alone (also part of the case above): small enough to run under
-// compute-sanitizer. Without warpgroup MMA on this GPU or build there are none, and it says so.
-TEST_CASE("gpu conv: gemm's wgmma tiles on the shape matrix", "[gpu][conv][wgmma]") {
-  if (!test::wgmma_here()) return;
+// compute-sanitizer. It needs warpgroup MMA ([sm90a]: skipped where the GPU or build lacks it).
+TEST_CASE("gpu conv: gemm's wgmma tiles on the shape matrix", "[gpu][conv][wgmma][sm90a]") {
   check_kernel(ConvKernel::Gemm, true);
 }
 
@@ -402,8 +384,7 @@ TEST_CASE("gpu conv: gemm's wgmma tiles on the shape matrix", "[gpu][conv][wgmma
 // several squares through the ring of stage buffers; 1 to 4 stages, the last one partial, Cout
 // under the tile's n; with and without a residual, plain and strided (16-byte aligned slabs).
 TEST_CASE("gpu conv: gemm's persistent halo kernel, several squares a block",
-          "[gpu][conv][persistent]") {
-  if (!test::wgmma_here()) return;
+          "[gpu][conv][persistent][sm90a]") {
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
   struct Layer {
     const char* name;
@@ -499,12 +480,13 @@ TEST_CASE("gpu conv: suite layers at full size, every kernel", "[gpu][conv][suit
 // most 10 significant bits, which TF32 keeps), so every pre-activation is a chosen value: a
 // ramp over [-64, 64) with saturating values at every 7th pixel, down to -1e4. Each output must
 // be within 1e-5 of the CPU's, or 1e-30 where the CPU's is below that (the reciprocal unit reads
-// 0 for 1 + e^-v past 2^126, v < -87.3). Then one pixel of the 1x1 layer's input is NaN: its
-// outputs must be NaN and every other pixel's right.
+// 0 for 1 + e^-v past 2^126, v < -87.3): kPassThrough. Then one pixel of the 1x1 layer's input
+// is NaN: its outputs must be NaN and every other pixel's right.
 TEST_CASE("gpu conv: gemm's SiLU and sigmoid element by element, saturating and NaN inputs",
           "[gpu][conv][epilogue]") {
   ensure_backend();
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
+  const test::Tolerance kPassThrough{1e-30, 1e-5, "exact pass-through, the activation's own error"};
   const float kSaturating[] = {-1e4f,  -200.0f, -88.5f, -87.0f, -50.0f,
                                -20.5f, 20.5f,   40.0f,  100.0f, 1e4f};
   const Geometry pass1x1{"1x1 identity", 1, 8, 8, 16, 8, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1};
@@ -536,21 +518,12 @@ TEST_CASE("gpu conv: gemm's SiLU and sigmoid element by element, saturating and 
           run_gemm(s, t, w, static_cast<const float*>(dx.raw()),
                    static_cast<const float*>(dw.raw()), nullptr, nullptr, act,
                    static_cast<float*>(dy.raw()), nullptr);
-          const Tensor y = dy.to(Device::CPU);
-          int64_t bad = 0, first = -1;
-          for (int64_t i = 0; i < y.numel(); ++i) {
-            const float got = y.f32()[i], want = ref.f32()[i];
-            const bool ok =
-                nan && i % plane == nan_pixel
-                    ? std::isnan(got)
-                    : std::abs(double(got) - want) <= 1e-5 * std::abs(double(want)) + 1e-30;
-            if (!ok && bad++ == 0) first = i;
-          }
-          INFO(g.name << (nan ? " with a NaN pixel" : "") << ", tiles " << tiles_str(t) << ", act "
-                      << activation_name(act) << ": " << bad << " wrong, the first element "
-                      << first << " (gpu " << (first >= 0 ? y.f32()[first] : 0.0f) << " cpu "
-                      << (first >= 0 ? ref.f32()[first] : 0.0f) << ")");
-          CHECK(bad == 0);
+          // The NaN pixel's outputs NaN on the CPU too, so the GPU's must be.
+          if (nan) CHECK(std::isnan(ref.f32()[nan_pixel]));
+          std::ostringstream desc;
+          desc << g.name << (nan ? " with a NaN pixel" : "") << ", tiles " << tiles_str(t)
+               << ", act " << activation_name(act);
+          test::check_close(dy, ref, kPassThrough, desc.str());
           ++checked;
         }
       }
@@ -568,9 +541,8 @@ TEST_CASE("gpu conv: gemm's SiLU and sigmoid element by element, saturating and 
 // whole box on 20x20); x and y plain and as channel slabs of larger batches, with and without a
 // residual.
 TEST_CASE("gpu conv: gemm's wgmma direct kernel copying its input by tensor copies",
-          "[gpu][conv][wgmma][tma]") {
+          "[gpu][conv][wgmma][tma][sm90a]") {
   ensure_backend();
-  if (!test::wgmma_here()) return;
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
   struct TmaCase {
     Geometry g;
@@ -613,9 +585,8 @@ TEST_CASE("gpu conv: gemm's wgmma direct kernel copying its input by tensor copi
 // of a larger batch. x's channels in the run are NaN on the GPU, so reading them fails; the CPU
 // computes the conv on x with the run upsampled in.
 TEST_CASE("gpu conv: gemm's wgmma direct kernel reading channels through an upsampling",
-          "[gpu][conv][wgmma][upsample]") {
+          "[gpu][conv][wgmma][upsample][sm90a]") {
   ensure_backend();
-  if (!test::wgmma_here()) return;
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
   struct UpCase {
     Geometry g;
@@ -655,6 +626,7 @@ TEST_CASE("gpu conv: gemm's wgmma direct kernel reading channels through an upsa
     Tensor ref = Tensor::empty({s.n, s.k, s.ho, s.wo});
     cpu::conv2d(s, x.f32(), w.f32(), scale.f32(), shift.f32(), Activation::Silu, ref.f32(),
                 nullptr);
+    const Tensor mag = test::conv_magnitude(s, x, w, scale.f32());
     const Tensor dsrc = src.to(Device::CUDA), dx = x_gpu.to(Device::CUDA), dw = w.to(Device::CUDA);
     const Tensor dscale = scale.to(Device::CUDA), dshift = shift.to(Device::CUDA);
     cuda::ConvUpsampledInput up;
@@ -675,20 +647,11 @@ TEST_CASE("gpu conv: gemm's wgmma direct kernel reading channels through an upsa
                       static_cast<float*>(dy.raw()), nullptr, nullptr,
                       static_cast<const float*>(dpacked.raw()), &up);
       EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
-      const Tensor y = dy.to(Device::CPU);
-      double max_diff = 0, max_ref = 0;
-      int64_t nans = 0;
-      for (int64_t i = 0; i < y.numel(); ++i) {
-        if (std::isnan(y.f32()[i])) ++nans;
-        max_diff = std::max(max_diff, std::abs(double(y.f32()[i]) - ref.f32()[i]));
-        max_ref = std::max(max_ref, std::abs(double(ref.f32()[i])));
-      }
-      INFO(uc.g.name << ", channels " << uc.c0 << " + " << uc.channels << " upsampled "
-                     << uc.scale_h << "x" << uc.scale_w << (uc.strided_source ? ", strided" : "")
-                     << ", tiles " << tiles_str(t) << ": " << nans << " NaN, max rel error "
-                     << max_diff / max_ref);
-      CHECK(nans == 0);
-      CHECK(max_diff / max_ref <= kTolTf32);
+      std::ostringstream desc;
+      desc << uc.g.name << ", channels " << uc.c0 << " + " << uc.channels << " upsampled "
+           << uc.scale_h << "x" << uc.scale_w << (uc.strided_source ? ", strided" : "")
+           << ", tiles " << tiles_str(t);
+      test::check_close(dy, ref, test::kTf32Conv, desc.str(), &mag);
       tiles_run.insert(t.m * 1000 + t.n);
     }
     // The direct kernel's six wgmma tiles: m 64 and 128, n 32, 64 and 128.
@@ -721,8 +684,7 @@ TEST_CASE("gpu conv: gemm's wgmma direct kernel reading channels through an upsa
 // (the last partial), planes under one square and with partial squares, batch 1 to 3, every
 // pair of activations, y as a channel slab of a larger batch (check_poisoned).
 TEST_CASE("gpu conv: the conv chain kernel against the two convs on the CPU",
-          "[gpu][conv][chain]") {
-  if (!test::wgmma_here()) return;
+          "[gpu][conv][chain][sm90a]") {
   ensure_backend();
   struct ChainCase {
     const char* name;
@@ -770,7 +732,8 @@ TEST_CASE("gpu conv: the conv chain kernel against the two convs on the CPU",
       const auto dev = [](const Tensor& u) { return static_cast<const float*>(u.raw()); };
       cuda::conv_chain(a, t, out.b, dev(dx), q == 1 ? nullptr : dev(dsa),
                        q == 1 ? nullptr : dev(dha), act_a, dev(dp), act_b, out.y, nullptr);
-      out.check(ref, cc.name, a, act_a, act_b, q);
+      out.check(ref, two_conv_magnitude(a, x, wa, psa, z, b, wb, sb.f32()), cc.name, a, act_a,
+                act_b, q);
     }
   }
 
@@ -788,8 +751,8 @@ TEST_CASE("gpu conv: the conv chain kernel against the two convs on the CPU",
 // and odd ones, padding 1, 0 and uneven, fewer channels than its tiles (1 and 2 in, 8 and 12
 // between, 13 and 24 out), planes under one square and several squares each way, batch 1 to 3,
 // every pair of activations, y as a channel slab of a larger batch (check_poisoned).
-TEST_CASE("gpu conv: the conv pair kernel against the two convs on the CPU", "[gpu][conv][pair]") {
-  if (!test::wgmma_here()) return;
+TEST_CASE("gpu conv: the conv pair kernel against the two convs on the CPU",
+          "[gpu][conv][pair][sm90a]") {
   ensure_backend();
   struct PairCase {
     const char* name;
@@ -843,7 +806,8 @@ TEST_CASE("gpu conv: the conv pair kernel against the two convs on the CPU", "[g
       cuda::conv_pair(a, out.b, dev(dx), dev(dwa), q == 1 ? nullptr : dev(dsa),
                       q == 1 ? nullptr : dev(dha), act_a, dev(dwb), q == 2 ? nullptr : dev(dsb),
                       q == 2 ? nullptr : dev(dhb), act_b, out.y, nullptr);
-      out.check(ref, pc.name, a, act_a, act_b, q);
+      out.check(ref, two_conv_magnitude(a, x, wa, psa, z, b, wb, psb), pc.name, a, act_a, act_b,
+                q);
     }
   }
 

@@ -1,10 +1,10 @@
 // Every op's CUDA kernel against the CPU reference on one-node graphs, the conv dispatch of
 // the backend, the caching device allocator and host/device copies.
 //
-// Error measure, per element: |gpu - cpu| / max(1, |cpu|) (relative for large values, absolute
-// below 1), NaN on one side only counts as infinite, NaN on both as equal. Exact-math ops must
-// stay within 1e-5; conv kernels within 1e-4 (SIMT fp32) or, on max-norm, 5e-3 (gemm, TF32).
-// Device outputs start as NaN, so any element a kernel does not write fails the comparison.
+// Error, per element (test::check_close): |gpu - cpu| <= atol + rtol * |cpu|, NaN on one side
+// only fails, NaN on both passes. Exact-math ops: test::kFloat32Op (1e-5 and 1e-5); conv
+// kernels against their outputs' magnitudes (test::conv_magnitude): kSimtConv, or kTf32Conv for
+// gemm. Device outputs start as NaN, so any element a kernel does not write fails.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -17,6 +17,7 @@
 #include "epilog/kernels/cuda.h"
 #include "epilog/runtime/executor.h"
 #include "epilog/runtime/params.h"
+#include "gpu_util.h"
 
 using namespace epilog;
 
@@ -24,33 +25,10 @@ namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-struct Diff {
-  double worst = 0.0;  // max over elements of |gpu - cpu| / max(1, |cpu|)
-  int64_t at = -1;
-  float gpu = 0, cpu = 0;
-};
-
-Diff compare(const Tensor& gpu_device, const Tensor& cpu) {
-  REQUIRE(gpu_device.shape() == cpu.shape());
-  const Tensor gpu = gpu_device.to(Device::CPU);
-  const float *g = gpu.f32(), *c = cpu.f32();
-  Diff d;
-  for (int64_t i = 0; i < cpu.numel(); ++i) {
-    double e;
-    if (std::isnan(g[i]) || std::isnan(c[i]))
-      e = std::isnan(g[i]) && std::isnan(c[i]) ? 0.0 : std::numeric_limits<double>::infinity();
-    else
-      e = std::abs(double(g[i]) - double(c[i])) / std::max(1.0, std::abs(double(c[i])));
-    if (e > d.worst || d.at < 0) d = {std::max(e, d.worst), i, g[i], c[i]};
-  }
-  return d;
-}
-
-void require_close(const Tensor& gpu, const Tensor& cpu, double tol, const std::string& what) {
-  const Diff d = compare(gpu, cpu);
-  INFO(what << " " << shape_str(cpu.shape()) << ": worst error " << d.worst << " at element "
-            << d.at << " (gpu " << d.gpu << ", cpu " << d.cpu << ")");
-  REQUIRE(d.worst <= tol);
+// test::check_close as a requirement: the test case stops at the first output out of bounds.
+void require_close(const Tensor& gpu, const Tensor& cpu, const std::string& what,
+                   const test::Tolerance& tol = test::kFloat32Op, const Tensor* mag = nullptr) {
+  REQUIRE(test::check_close(gpu, cpu, tol, what + " " + shape_str(cpu.shape()), mag).failed == 0);
 }
 
 Backend& cuda_backend() {
@@ -64,6 +42,7 @@ Backend& cuda_backend() {
 // overrides the device copy of an input (views at odd offsets). Returns cpu and gpu outputs.
 struct Outputs {
   std::vector<Tensor> cpu, gpu;
+  std::vector<Tensor> inputs;  // the node's host inputs, in order
 };
 Outputs run_node(const Graph& g, std::map<std::string, Tensor> feeds = {},
                  const std::map<std::string, Tensor>& device_inputs = {},
@@ -81,6 +60,7 @@ Outputs run_node(const Graph& g, std::map<std::string, Tensor> feeds = {},
     gpu_in.push_back(d != device_inputs.end() ? d->second : host.to(Device::CUDA));
   }
   Outputs o;
+  o.inputs = cpu_in;
   for (const std::string& out : node.outputs) {
     const Shape& s = g.value(out).shape;
     o.cpu.push_back(Tensor::empty(s));
@@ -93,11 +73,11 @@ Outputs run_node(const Graph& g, std::map<std::string, Tensor> feeds = {},
   return o;
 }
 
-// Runs and compares every output at tolerance `tol`.
-void check(const Graph& g, double tol = 1e-5, std::map<std::string, Tensor> feeds = {}) {
-  const Outputs o = run_node(g, std::move(feeds));
+// Runs and compares every output (test::kFloat32Op).
+void check(const Graph& g) {
+  const Outputs o = run_node(g);
   for (size_t i = 0; i < o.cpu.size(); ++i)
-    require_close(o.gpu[i], o.cpu[i], tol, g.nodes[0].name + " output " + std::to_string(i));
+    require_close(o.gpu[i], o.cpu[i], g.nodes[0].name + " output " + std::to_string(i));
 }
 
 Attrs pool_attrs(std::vector<int64_t> kernel, std::vector<int64_t> stride,
@@ -139,7 +119,7 @@ TEST_CASE("gpu ops: activations of views at unaligned offsets", "[gpu][ops]") {
   const Tensor host = Tensor::randn({3, 6}, 5);
   const Tensor view = host.slice(1, 3);
   const Outputs o = run_node(g, {{"x", view.clone()}}, {{"x", host.to(Device::CUDA).slice(1, 3)}});
-  require_close(o.gpu[0], o.cpu[0], 1e-5, "silu of a view");
+  require_close(o.gpu[0], o.cpu[0], "silu of a view");
 }
 
 TEST_CASE("gpu ops: batchnorm matches the CPU", "[gpu][ops]") {
@@ -324,7 +304,7 @@ TEST_CASE("gpu ops: maxpool2d propagates NaN", "[gpu][ops]") {
     const Outputs o = run_node(b.build(), {{"x", in}});
     INFO(same);
     REQUIRE(std::isnan(o.cpu[0].f32()[0]));
-    require_close(o.gpu[0], o.cpu[0], 1e-5, "maxpool with a NaN");
+    require_close(o.gpu[0], o.cpu[0], "maxpool with a NaN");
   }
 }
 
@@ -431,19 +411,11 @@ TEST_CASE("gpu ops: conv2d and fused_conv2d dispatch to each conv kernel", "[gpu
           continue;
         }
         const Outputs o = run_node(g, {}, {}, plan);
-        if (kernel == ConvKernel::Gemm) {  // TF32: relative to the largest output
-          const Tensor gpu = o.gpu[0].to(Device::CPU);
-          double diff = 0, norm = 0;
-          for (int64_t i = 0; i < gpu.numel(); ++i) {
-            diff = std::max(diff, double(std::abs(gpu.f32()[i] - o.cpu[0].f32()[i])));
-            norm = std::max(norm, double(std::abs(o.cpu[0].f32()[i])));
-            if (std::isnan(gpu.f32()[i])) diff = std::numeric_limits<double>::infinity();
-          }
-          INFO("max |gpu - cpu| " << diff << ", max |cpu| " << norm);
-          REQUIRE(diff <= 5e-3 * norm);
-        } else {
-          require_close(o.gpu[0], o.cpu[0], 1e-4, "conv");
-        }
+        // conv2d's bias and fused_conv2d's shift add no products; the fused scale multiplies them.
+        const Tensor mag = test::conv_magnitude(cs, o.inputs[0], o.inputs[1],
+                                                variant == 2 ? o.inputs[2].f32() : nullptr);
+        require_close(o.gpu[0], o.cpu[0], "conv",
+                      kernel == ConvKernel::Gemm ? test::kTf32Conv : test::kSimtConv, &mag);
       }
 }
 

@@ -297,10 +297,9 @@ constexpr bool halo_wgmma_reg_a(int n, bool residual) {
 // kHaloWideRow floats wide from the 16-byte boundary at or before its first column, copied in
 // 16-byte chunks (five a row), a channel's 10 rows one plane of 200 floats (8 mod 32:
 // conflict-free fragment loads), where the narrow rows take 4-byte copies, 25 a channel plane
-// against 10. A/B of 2026-12-04 (us): 16x128x20x20 -> 128 on 64x64 18.8 -> 17.85, batch 8
-// 15.45 -> 14.55, b1_c64_64_3x3_80 7.7 -> 7.15. Wider tiles read twice the columns their squares
-// share and lost: b16_c128_128_3x3_40 (256x128) 40.7 -> 43.5, 16x64x40x40 -> 64 (128x64) 14.45
-// -> 14.65; n = 16's seven 64x16 blocks an SM would not fit.
+// against 10 (perf-history: "wide patch rows"). Wider tiles read twice the columns their squares
+// share and lost (tried: "wide rows on every tile"); n = 16's seven 64x16 blocks an SM would
+// not fit.
 constexpr int kHaloWideRow = 20;
 constexpr bool halo_wgmma_wide(int m, int n, int stride, bool reg_a) {
   return reg_a && stride == 1 && m == 64 && n >= 32;
@@ -360,20 +359,15 @@ inline bool conv_gemm_upsample_fits(const ConvShape& s, const ConvTiles& t, int6
 // thread issues a k tile's boxes of 32 pixels x 32 channels, landing 128-byte swizzled) rather
 // than by every thread's 16-byte cp.async: where the reduction is at least kDirectTmaMinDepth
 // deep and tiles of one image each pad its plane by at most kDirectTmaMaxPad of the padded plane
-// (direct_tma_plane). A/B of 2026-12-05 on an H100 (us, cp.async -> TMA): b16_c256_256_1x1_40
-// 33.65 -> 30.15, b15_c256_256_1x1_40 28.45 -> 25.2, b16_c128_128_1x1_40 16.4 -> 15.2,
-// b16_c64_64_1x1_80 23.8 -> 21.65; b1_c64_64_1x1_80 (two k tiles) 4.05 -> 4.1, but
-// b1_c32_32_1x1_160 (one k tile, which leaves a tile's copies nothing to run under) 4.75 -> 4.9.
+// (direct_tma_plane). Not under two k tiles: one leaves a tile's copies nothing to run under,
+// and such layers got slower. perf-history: "tensor copies for the 1x1".
 constexpr int64_t kDirectTmaMinDepth = 64;
 // A box cannot straddle two images, so on a plane that is not a multiple of the tile's pixels
 // each image gets its own tiles, the last one's rows past the plane zero-filled by the copies
-// and never stored: wgmmas on nothing, but no bytes. The YOLO-like model's 20x20 layers (400
-// pixels in 7 tiles of 64, 11% padding), A/B on an H200 of 2026-12-05 (us, cp.async -> TMA, the
-// same tiles): 16x256x20x20 -> 256 9.9 -> 9.2, 16x384x20x20 -> 256 12.1 -> 10.9, 16x256x20x20
-// -> 128 7.55 -> 7.2, 16x512x20x20 -> 256 14.2 -> 12.55; at batch 1 even; the model 0.9665 ->
-// 0.961 ms at batch 16. Small grids with more padding measured even (8x256x10x10 -> 256, 22%:
-// 5.9 -> 5.95; 2x128x14x14 -> 128, 23%: 3.0 either way), which is no evidence for large ones,
-// whose wgmmas the padding would slow: they keep cp.async.
+// and never stored: wgmmas on nothing, but no bytes. Up to an eighth of padding: the YOLO-like
+// model's 20x20 layers (400 pixels in 7 tiles of 64, 11%) got faster; more was measured only on
+// small grids (even), which is no evidence for large ones, whose wgmmas the padding would slow:
+// they keep cp.async. perf-history: "tensor copies on padded planes".
 constexpr double kDirectTmaMaxPad = 0.125;
 inline int64_t direct_tma_plane(const ConvShape& s, const ConvTiles& t) {
   return (s.h * s.w + t.m - 1) / t.m * t.m;
