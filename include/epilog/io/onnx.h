@@ -7,7 +7,7 @@
 // initializers (raw_data or typed fields; float32, float16 and bfloat16 converted to float32;
 // external data files next to the model). Shape arithmetic on constants (Shape, Gather, Div,
 // Unsqueeze, Concat, Reshape, Cast, ...) is folded at import, so the graph is static: only
-// float32 tensors flow at run time. The op mapping is the table at the top of src/io/onnx.cpp.
+// float32 tensors flow at run time. The op mapping is the table at the top of src/io/onnx_ops.cpp.
 //
 // Names: a value keeps its ONNX name and a node its ONNX node name (one derived from the op
 // type and the first output when the model has none), so dumps read like the model.
