@@ -107,9 +107,9 @@ void Importer::read_opset(const onnx::ModelProto& model) {
   if (opset_ < 0) fail("{}: the model has no opset_import (is this an ONNX model?)", source_);
   if (opset_ < kMinOpset || opset_ > kMaxOpset)
     throw OnnxUnsupported(
-        fmt::format("{}: opset {} is not supported (epilog imports opsets {} "
-                    "to {}; re-export with opset_version=17)",
-                    source_, opset_, kMinOpset, kMaxOpset));
+        fmt::format("{}: opset {} is not supported (epilog imports opsets {} to {}; "
+                    "re-export with opset_version={})",
+                    source_, opset_, kMinOpset, kMaxOpset, kMaxOpset));
 }
 
 void Importer::read_inputs(const onnx::GraphProto& g) {

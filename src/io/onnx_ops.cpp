@@ -126,6 +126,12 @@ std::optional<std::vector<int64_t> > axes_arg(Importer& im) {
   return std::nullopt;
 }
 
+// Output 0 is input 0: a constant stays one, a run-time tensor is named again.
+void pass_through(Importer& im) {
+  if (const Const* c = im.const_in(0)) return im.set_const(0, *c);
+  im.set_alias(0, im.dyn(0));
+}
+
 // -- handlers: elementwise --
 
 void unary(Importer& im, OpKind kind) {
@@ -291,7 +297,8 @@ void pool(Importer& im, bool max) {
     im.allow(
         {"auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order", "strides"});
   else
-    im.allow({"auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads", "strides"});
+    im.allow({"auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads",
+              "strides"});
   im.arity(1, 1, max ? 2 : 1);
   if (im.has_out(1))
     im.unsupported("output 1 ('{}', the indices of the maxima) is not supported",
@@ -378,8 +385,15 @@ void upsample(Importer& im, const std::string& x, const std::vector<double>& sca
 }
 
 void op_resize(Importer& im) {
-  im.allow({"coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
-            "extrapolation_value", "mode", "nearest_mode"});
+  // Opset 18 adds 'axes' (scales or sizes for these axes only), 'keep_aspect_ratio_policy' (with
+  // sizes) and 'antialias' (for linear and cubic downscaling only, so nothing here).
+  if (im.opset() < 18)
+    im.allow({"coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
+              "extrapolation_value", "mode", "nearest_mode"});
+  else
+    im.allow({"antialias", "axes", "coordinate_transformation_mode", "cubic_coeff_a",
+              "exclude_outside", "extrapolation_value", "keep_aspect_ratio_policy", "mode",
+              "nearest_mode"});
   im.arity(im.opset() < 11 ? 2 : 1, im.opset() < 11 ? 2 : 4);
   const std::string mode = im.attr_string("mode", "nearest");
   if (mode != "nearest")
@@ -393,12 +407,14 @@ void op_resize(Importer& im) {
   // With an integer scale s, output x = q*s + r (0 <= r < s) must read input q:
   //   asymmetric: x/s = q + r/s, floored -> q.
   //   half_pixel: (x + 0.5)/s - 0.5 = q + (r + 0.5)/s - 0.5 lies strictly within q +- 0.5, so
-  //   either rounding gives q (pytorch_half_pixel is the same for outputs longer than 1).
+  //   either rounding gives q (pytorch_half_pixel is the same for outputs longer than 1, and
+  //   half_pixel_symmetric where the output is exactly s times the input, as here).
   //   tf_half_pixel_for_nn: (x + 0.5)/s = q + (r + 0.5)/s < q + 1, floored -> q.
   const bool rounds = nearest == "round_prefer_floor" || nearest == "round_prefer_ceil";
   const bool floors = nearest == "floor";
-  const bool ok = (ctm == "asymmetric" && floors) ||
-                  ((ctm == "half_pixel" || ctm == "pytorch_half_pixel") && rounds) ||
+  const bool half_pixel =
+      ctm == "half_pixel" || ctm == "pytorch_half_pixel" || ctm == "half_pixel_symmetric";
+  const bool ok = (ctm == "asymmetric" && floors) || (half_pixel && rounds) ||
                   (ctm == "tf_half_pixel_for_nn" && floors);
   if (!ok)
     im.unsupported(
@@ -407,27 +423,61 @@ void op_resize(Importer& im) {
         "floor, or half_pixel with rounding)",
         ctm, nearest);
   std::string x = im.dyn(0);
+  const Shape& s = im.value_shape(x);
+  // The axes that scales or sizes list, in their order.
+  std::vector<int64_t> axes;
+  if (auto a = im.attr_ints("axes")) {
+    std::vector<bool> seen(s.size(), false);
+    for (int64_t v : *a) {
+      int64_t k = axis_of(v, s.size(), "axes value");
+      if (seen[size_t(k)]) im.bad_attr("axes", "lists axis {} twice", v);
+      seen[size_t(k)] = true;
+      axes.push_back(k);
+    }
+  } else {
+    for (size_t d = 0; d < s.size(); ++d) axes.push_back(int64_t(d));
+  }
+  std::vector<double> factors(s.size(), 1.0);
   const int scales_at = im.opset() < 11 ? 1 : 2;
   const Const* scales = im.has_in(scales_at) ? &im.cst(scales_at, "scales") : nullptr;
   if (scales && scales->numel() == 0) scales = nullptr;
   if (im.has_in(3)) {
     if (scales) im.bad("has both scales and sizes; give one");
     std::vector<int64_t> sizes = im.ints_in(3, "sizes");
-    const Shape& s = im.value_shape(x);
-    if (sizes.size() != s.size())
-      im.bad("sizes has {} values for the {}-D input", sizes.size(), s.size());
-    std::vector<double> factors;
-    for (size_t d = 0; d < s.size(); ++d) {
-      if (sizes[d] < 1 || sizes[d] % s[d] != 0)
+    if (sizes.size() != axes.size())
+      im.bad("sizes has {} values for {} axes of the {}-D input", sizes.size(), axes.size(),
+             s.size());
+    // keep_aspect_ratio_policy scales every listed axis alike, by the smallest (not_larger)
+    // or largest (not_smaller) ratio of sizes to the input.
+    const std::string policy = im.attr_string("keep_aspect_ratio_policy", "stretch");
+    if (policy != "stretch" && policy != "not_larger" && policy != "not_smaller")
+      im.bad_attr("keep_aspect_ratio_policy",
+                  "is '{}', expected stretch, not_larger or "
+                  "not_smaller",
+                  policy);
+    for (size_t k = 0; k < axes.size(); ++k) {
+      const int64_t in = s[size_t(axes[k])];
+      if (sizes[k] < 1 || sizes[k] % in != 0)
         im.unsupported("sizes {} are not integer multiples of the input {}", shape_str(sizes),
                        shape_str(s));
-      factors.push_back(double(sizes[d] / s[d]));
+      factors[size_t(axes[k])] = double(sizes[k] / in);
+    }
+    if (policy != "stretch") {
+      double f = factors[size_t(axes[0])];
+      for (int64_t a : axes)
+        f = policy == "not_larger" ? std::min(f, factors[size_t(a)])
+                                   : std::max(f, factors[size_t(a)]);
+      for (int64_t a : axes) factors[size_t(a)] = f;
     }
     return upsample(im, x, factors, "sizes");
   }
   if (!scales) im.bad("has neither scales nor sizes");
   if (!scales->is_float()) im.bad("scales are {}, expected float", dtype_str(scales->dtype));
-  upsample(im, x, std::vector<double>(scales->f.begin(), scales->f.end()), "scales");
+  if (scales->f.size() != axes.size())
+    im.bad("scales has {} values for {} axes of the {}-D input", scales->f.size(), axes.size(),
+           s.size());
+  for (size_t k = 0; k < axes.size(); ++k) factors[size_t(axes[k])] = scales->f[k];
+  upsample(im, x, factors, "scales");
 }
 
 void op_upsample(Importer& im) {
@@ -450,6 +500,63 @@ void op_upsample(Importer& im) {
     scales.assign(c.f.begin(), c.f.end());
   }
   upsample(im, im.dyn(0), scales, "scales");
+}
+
+// -- handlers: reductions --
+
+// The axes of a Reduce* node, sorted and within [0, rank), and keepdims. The axes are an
+// attribute before opset `input_from` (13 for ReduceSum, 18 for the others) and input 1 from
+// then on. No axes reduce every axis, unless noop_with_empty_axes (from `input_from`) makes
+// the node an identity.
+struct ReduceArgs {
+  std::vector<int64_t> axes;
+  bool keepdims = true;
+  bool noop = false;
+};
+
+ReduceArgs reduce_args(Importer& im, int64_t input_from) {
+  const bool as_input = im.opset() >= input_from;
+  if (as_input)
+    im.allow({"keepdims", "noop_with_empty_axes"});
+  else
+    im.allow({"axes", "keepdims"});
+  im.arity(1, as_input ? 2 : 1);
+  const size_t rank = im.shape_in(0).size();
+  std::vector<int64_t> given;
+  if (!as_input) {
+    if (auto a = im.attr_ints("axes")) given = *a;
+  } else if (im.has_in(1)) {
+    given = im.ints_in(1, "axes");
+  }
+  ReduceArgs r;
+  r.keepdims = im.attr_int("keepdims", 1) != 0;
+  r.noop = given.empty() && as_input && im.attr_int("noop_with_empty_axes", 0) != 0;
+  std::vector<bool> reduced(rank, given.empty() && !r.noop);
+  for (int64_t a : given) {
+    const int64_t k = axis_of(a, rank, "axes value");
+    if (reduced[size_t(k)]) im.bad("axis {} is given twice", a);
+    reduced[size_t(k)] = true;
+  }
+  for (size_t d = 0; d < rank; ++d)
+    if (reduced[d]) r.axes.push_back(int64_t(d));
+  return r;
+}
+
+// The mean over H and W of an NCHW tensor is global_avgpool (then a flatten without keepdims).
+void op_reduce_mean(Importer& im) {
+  const ReduceArgs r = reduce_args(im, 18);
+  if (r.noop) return pass_through(im);
+  const std::string x = im.dyn(0);
+  const Shape& s = im.value_shape(x);
+  if (s.size() != 4 || r.axes != std::vector<int64_t>{2, 3})
+    im.unsupported(
+        "the mean over axes {} of the {}-D tensor '{}' is not supported (epilog imports the "
+        "mean over H and W of an NCHW tensor, as global_avgpool)",
+        shape_str(r.axes), s.size(), im.in_name(0));
+  if (r.keepdims) return im.emit(OpKind::GlobalAvgPool, {x}, {}, {im.out(0)});
+  const std::string pooled = im.fresh_value(im.node().output(0) + ".pool");
+  im.emit(OpKind::GlobalAvgPool, {x}, {}, {pooled});
+  im.emit(OpKind::Flatten, {pooled}, im.attrs({{"axis", int64_t(1)}}), {im.out(0)}, "flatten");
 }
 
 // -- handlers: linear layers --
@@ -571,8 +678,14 @@ void op_concat(Importer& im) {
 }
 
 void op_split(Importer& im) {
-  im.allow(im.opset() < 13 ? std::initializer_list<const char*>{"axis", "split"}
-                           : std::initializer_list<const char*>{"axis"});
+  // The sizes: an attribute before opset 13, an input from then on; or, from opset 18, a
+  // number of outputs of ceil(dim / n) each, the last one smaller.
+  if (im.opset() < 13)
+    im.allow({"axis", "split"});
+  else if (im.opset() < 18)
+    im.allow({"axis"});
+  else
+    im.allow({"axis", "num_outputs"});
   im.arity(1, im.opset() < 13 ? 1 : 2, INT_MAX);
   const Shape s = im.shape_in(0);
   const int64_t axis = axis_of(im.attr_int("axis", 0), s.size());
@@ -581,7 +694,18 @@ void op_split(Importer& im) {
   if (im.opset() < 13) {
     if (auto v = im.attr_ints("split")) sizes = *v;
   } else if (im.has_in(1)) {
+    if (im.has_attr("num_outputs"))
+      im.bad("has both the 'split' input and 'num_outputs'; give one");
     sizes = im.ints_in(1, "split");
+  }
+  if (im.has_attr("num_outputs") && !im.has_in(1)) {
+    const int64_t n = im.attr_int("num_outputs", 0);
+    if (n < 1 || n != im.n_out()) im.bad_attr("num_outputs", "is {} for {} outputs", n, im.n_out());
+    const int64_t chunk = dim / n + (dim % n != 0);
+    if (chunk * (n - 1) >= dim && dim > 0)
+      im.bad_attr("num_outputs", "{} parts of {} elements leave the last one empty", n, dim);
+    sizes.assign(size_t(n), chunk);
+    sizes.back() = dim - chunk * (n - 1);
   }
   if (sizes.empty()) {
     int64_t parts = im.n_out();
@@ -788,8 +912,34 @@ void op_transpose(Importer& im) {
 void op_identity(Importer& im) {
   im.allow({});
   im.arity(1, 1);
-  if (const Const* c = im.const_in(0)) return im.set_const(0, *c);
-  im.set_alias(0, im.dyn(0));
+  pass_through(im);
+}
+
+// Dropout at inference is its input; so is training with ratio 0. The mask output is refused.
+void op_dropout(Importer& im) {
+  if (im.opset() < 7)
+    im.allow({"consumed_inputs", "is_test", "ratio"});
+  else if (im.opset() < 12)
+    im.allow({"ratio"});
+  else
+    im.allow({"seed"});
+  // From opset 12 the ratio and training_mode are inputs.
+  im.arity(1, im.opset() < 12 ? 1 : 3, 2);
+  bool training = im.opset() < 7 && im.attr_int("is_test", 0) == 0;
+  float ratio = im.attr_float("ratio", 0.5f);
+  auto scalar = [&](int k, const char* role) {
+    const Const& c = im.cst(k, role);
+    if (c.numel() != 1) im.bad("{} '{}' has {} values, expected 1", role, im.in_name(k), c.numel());
+    return c.is_float() ? double(c.f[0]) : double(c.i[0]);
+  };
+  if (im.has_in(1)) ratio = float(scalar(1, "ratio"));
+  if (im.has_in(2)) training = scalar(2, "training_mode") != 0;
+  if (training && ratio != 0)
+    im.unsupported("is in training mode with ratio {}; epilog imports inference-mode Dropout",
+                   ratio);
+  if (im.has_out(1))
+    im.unsupported("output 1 ('{}', the mask) is not supported", im.node().output(1));
+  pass_through(im);
 }
 
 void op_constant(Importer& im) {
@@ -860,22 +1010,35 @@ void op_gather(Importer& im) {
   im.set_const(0, fold_gather(*data, idx, im.attr_int("axis", 0)));
 }
 
-void op_cast(Importer& im) {
-  im.allow({"to"});
-  im.arity(1, 1);
-  const int64_t to = im.attr_int_req("to");
+// Cast and CastLike: a constant folds; a run-time tensor stays float32 ('saturate', from
+// opset 19, is for float8 only).
+void cast_to(Importer& im, int64_t to) {
   const Const* c = im.const_in(0);
   if (!c) {
     if (to != TensorProto::FLOAT)
-      im.unsupported_attr("to", "casts a run-time tensor to {}; only float32 tensors flow",
-                          dtype_str(int(to)));
+      im.unsupported("casts a run-time tensor to {}; only float32 tensors flow",
+                     dtype_str(int(to)));
     return im.set_alias(0, im.dyn(0));
   }
   if (to != TensorProto::FLOAT && to != TensorProto::INT64 && to != TensorProto::INT32 &&
       to != TensorProto::BOOL)
-    im.unsupported_attr("to", "{}: constants fold to FLOAT, INT64, INT32 and BOOL only",
-                        dtype_str(int(to)));
+    im.unsupported("casts to {}: constants fold to FLOAT, INT64, INT32 and BOOL only",
+                   dtype_str(int(to)));
   im.set_const(0, fold_cast(*c, to));
+}
+
+void op_cast(Importer& im) {
+  im.allow({"to", "saturate"});
+  im.arity(1, 1);
+  cast_to(im, im.attr_int_req("to"));
+}
+
+// To the type of input 1: a constant's, or float32 for a run-time tensor.
+void op_cast_like(Importer& im) {
+  im.allow({"saturate"});
+  im.arity(2, 2);
+  const Const* like = im.const_in(1);
+  cast_to(im, like ? like->dtype : int32_t(TensorProto::FLOAT));
 }
 
 }  // namespace
@@ -886,11 +1049,13 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"AveragePool", op_avgpool},
       {"BatchNormalization", op_batchnorm},
       {"Cast", op_cast},
+      {"CastLike", op_cast_like},
       {"Concat", op_concat},
       {"Constant", op_constant},
       {"ConstantOfShape", op_constant_of_shape},
       {"Conv", op_conv},
       {"Div", op_div},
+      {"Dropout", op_dropout},
       {"Flatten", op_flatten},
       {"Gather", op_gather},
       {"Gemm", op_gemm},
@@ -899,6 +1064,7 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"MatMul", op_matmul},
       {"MaxPool", op_maxpool},
       {"Mul", op_mul},
+      {"ReduceMean", op_reduce_mean},
       {"Relu", op_relu},
       {"Reshape", op_reshape},
       {"Resize", op_resize},

@@ -2,6 +2,7 @@
 // data file) becomes a Const. See onnx_import.h.
 #ifdef EPILOG_HAVE_ONNX
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -271,6 +272,13 @@ std::string TensorReader::read_external(const TensorProto& t, const std::string&
   std::error_code ec;
   if (!fs::is_regular_file(path, ec))
     fail("{}: file '{}' does not exist or is not a regular file", where(), path);
+  // Nor through a link: the file itself must lie under the model's folder.
+  std::error_code file_ec, folder_ec;
+  const fs::path real = fs::canonical(path, file_ec);
+  const fs::path folder = fs::canonical(base_dir_.empty() ? "." : base_dir_, folder_ec);
+  if (file_ec || folder_ec ||
+      std::mismatch(folder.begin(), folder.end(), real.begin(), real.end()).first != folder.end())
+    fail("{}: file '{}' lies outside the model's folder (through a link)", where(), path);
   const uint64_t file_size = fs::file_size(path, ec);
   if (ec) fail("{}: cannot read the size of '{}' ({})", where(), path, ec.message());
   if (offset > file_size || bytes > file_size - offset)
