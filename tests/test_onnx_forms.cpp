@@ -282,12 +282,12 @@ TEST_CASE("onnx forms: Cast with saturate, CastLike, AveragePool with dilations"
 
 namespace {
 
-// conv -> batchnorm (unfolded) -> relu -> Identity chain -> Split -> Concat (the halves swapped)
-// -> mean over H and W -> flatten -> MatMul + Add, with one initializer shared by two Muls.
-// `dynamo`: as PyTorch's dynamo exporter writes it (opset 20, IR 10, node names node_<Op>_<k>,
-// value names with '::', Split with num_outputs, Constant value_ints, ReduceMean with axes as
-// an input and keepdims 0, Reshape with allowzero); else the opset-17 spellings
-// (GlobalAveragePool + Flatten, Split sizes).
+// conv -> batchnorm (unfolded) -> relu -> maxpool -> Identity chain -> Split -> Concat (the
+// halves swapped) -> mean over H and W -> flatten -> MatMul + Add, with one initializer shared
+// by two Muls. `dynamo`: as PyTorch's dynamo exporter writes it (opset 20, IR 10, node names
+// node_<Op>_<k>, value names with '::', MaxPool's indices named, Split with num_outputs,
+// Constant value_ints, ReduceMean with axes as an input and keepdims 0, Reshape with
+// allowzero); else the opset-17 spellings (GlobalAveragePool + Flatten, Split sizes).
 Model convnet_model(bool dynamo) {
   Model m(dynamo ? 20 : 17);
   if (dynamo) m.m.set_ir_version(10);
@@ -314,7 +314,13 @@ Model convnet_model(bool dynamo) {
   set_f(bn, "momentum", 0.9f);
   set_i(bn, "training_mode", 0);
   m.node("Relu", {bn_out}, {"relu"}, "node_Relu_2");
-  m.node("Mul", {"relu", "scale"}, {"relu_scaled"}, "node_Mul_3");
+  // max_pool2d_with_indices: the indices named, read by nothing.
+  std::vector<std::string> pool_out = {"pool"};
+  if (dynamo) pool_out.push_back("max_pool2d_with_indices::1");
+  auto& pool = m.node("MaxPool", {"relu"}, pool_out, "node_MaxPool_2");
+  set_ints(pool, "kernel_shape", {2, 2});
+  set_ints(pool, "strides", {2, 2});
+  m.node("Mul", {"pool", "scale"}, {"relu_scaled"}, "node_Mul_3");
   m.node("Identity", {"relu_scaled"}, {"val_0"}, "node_Identity_4");
   m.node("Identity", {"val_0"}, {"val_1"}, "node_Identity_5");
   auto& split = m.node("Split", {"val_1"}, {"split::0", "split::1"}, "node_Split_6");
@@ -435,8 +441,12 @@ TEST_CASE("onnx forms: Dropout at inference is its input", "[onnx]") {
     Graph g = m.load();
     REQUIRE(g.nodes.size() == 1);
     CHECK(g.nodes[0].inputs == std::vector<std::string>{"x"});
+    // A mask that nothing reads is left out; one that is read is refused.
     d.add_output("mask");
+    CHECK(m.load().nodes.size() == 1);
+    m.output("mask");
     check_import_error([&] { m.load(); }, {"node 'drop' (Dropout): output 1 ('mask'"}, true);
+    m.g().mutable_output()->RemoveLast();
     if (opset < 12) continue;
     d.mutable_output()->RemoveLast();
     m.g().mutable_initializer()->rbegin()->set_int32_data(0, 1);

@@ -206,6 +206,9 @@ class Importer {
   int n_out() const { return node_->output_size(); }
   bool has_in(int k) const { return k < n_in() && !node_->input(k).empty(); }
   bool has_out(int k) const { return k < n_out() && !node_->output(k).empty(); }
+  // Output k is named and read by a node or the graph's outputs (exporters name optional
+  // outputs, as MaxPool's indices, that nothing reads).
+  bool used_out(int k) const { return has_out(k) && uses(node_->output(k)) > 0; }
   const std::string& in_name(int k) const { return node_->input(k); }
 
   // Input and output counts: `min_in` inputs must be given, at most `max_in` listed; the first

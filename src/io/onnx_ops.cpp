@@ -6,19 +6,26 @@
 // BatchNormalization       -> batchnorm (inference form only)
 // Relu, Sigmoid            -> relu, sigmoid (Sigmoid * Mul becomes silu in canonicalization)
 // Add, Mul                 -> add, mul (legacy opset < 7 axis broadcasting on constants too)
-// Concat, Split            -> concat, split ('split' as input from opset 13, attribute before)
+// Concat, Split            -> concat, split (sizes: the 'split' attribute before opset 13, the
+//                             input from 13, or 'num_outputs' from 18)
 // Slice                    -> split on each sliced axis (step 1), keeping the wanted part
-// MaxPool, AveragePool     -> maxpool2d, avgpool2d; GlobalAveragePool -> global_avgpool
-// Resize, Upsample         -> upsample_nearest (nearest, integer scales, floor-equivalent
-//                             coordinate modes)
+// MaxPool, AveragePool     -> maxpool2d, avgpool2d (2-D, dilations 1); GlobalAveragePool ->
+//                             global_avgpool
+// ReduceMean               -> global_avgpool, over axes 2 and 3 (or -2 and -1) of a 4-D tensor
+//                             only; with keepdims 0 a flatten follows (axes: an attribute before
+//                             opset 18, the input from 18)
+// Resize, Upsample         -> upsample_nearest (nearest, integer scales of H and W, the
+//                             coordinate modes that read input floor(x / scale); scales or sizes,
+//                             from opset 18 for 'axes' only, keep_aspect_ratio_policy too)
 // Flatten                  -> flatten; Reshape/Unsqueeze/Squeeze of a run-time tensor -> flatten
 //                             when the target is a 2-D flatten, nothing when the shape is kept
 // Gemm (alpha 1, transA 0) -> linear (+ add for a bias that is not per output feature)
 // MatMul [+ Add]           -> linear, the constant matrix transposed at import, the bias of a
 //                             following Add taken in
-// Identity, Cast to float  -> nothing (the output names the input's value)
-// Constant, Shape, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, Add, Sub,
-// Mul, Div, Transpose, Flatten, ConstantOfShape on constants -> folded at import
+// Identity, Dropout (at inference, no mask), Cast and CastLike to float -> nothing (the output
+//                             names the input's value)
+// Constant, Shape, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
+// Add, Sub, Mul, Div, Transpose, Flatten, ConstantOfShape on constants -> folded at import
 //
 // Everything else throws OnnxUnsupported naming the node, the op and the attribute.
 #ifdef EPILOG_HAVE_ONNX
@@ -274,7 +281,7 @@ void op_batchnorm(Importer& im) {
   if (im.attr_int("spatial", 1) != 1)
     im.unsupported_attr("spatial", "is 0 (statistics per element); epilog normalizes per channel");
   for (int k = 1; k < im.n_out(); ++k)
-    if (im.has_out(k))
+    if (im.used_out(k))
       im.unsupported(
           "output {} ('{}') is a training statistic; epilog imports the inference "
           "form with one output",
@@ -300,7 +307,7 @@ void pool(Importer& im, bool max) {
     im.allow({"auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads",
               "strides"});
   im.arity(1, 1, max ? 2 : 1);
-  if (im.has_out(1))
+  if (im.used_out(1))
     im.unsupported("output 1 ('{}', the indices of the maxima) is not supported",
                    im.node().output(1));
   if (im.attr_int("storage_order", 0) != 0)
@@ -937,7 +944,7 @@ void op_dropout(Importer& im) {
   if (training && ratio != 0)
     im.unsupported("is in training mode with ratio {}; epilog imports inference-mode Dropout",
                    ratio);
-  if (im.has_out(1))
+  if (im.used_out(1))
     im.unsupported("output 1 ('{}', the mask) is not supported", im.node().output(1));
   pass_through(im);
 }
