@@ -8,9 +8,9 @@
 // absolutely).
 //
 // epilog graphs are static, so a case's integer inputs (shapes, indices, split sizes) and float
-// inputs read only as parameters (Resize/Upsample scales or roi, Dropout's ratio, CastLike's
-// type) are bound as constants from the case's data before import, as a model exported with
-// those values would hold them.
+// inputs read only as parameters (Resize/Upsample scales or roi, Dropout's ratio, Clip's
+// bounds, Pad's value, CastLike's type) are bound as constants from the case's data before
+// import, as a model exported with those values would hold them.
 //
 //   EPILOG_ONNX_TESTDATA=DIR   the data folder (default /usr/share/libonnx-testdata/data)
 //   EPILOG_ONNX_CASES=TEXT     only the cases whose name contains TEXT
@@ -43,7 +43,7 @@ constexpr double kTolerance = 1e-4;
 
 // Passes per folder of the full data (libonnx-testdata 1.12), at least.
 const std::map<std::string, int> kMinPasses = {
-    {"node", 88},
+    {"node", 90},
     {"pytorch-converted", 27},
     {"pytorch-operator", 5},
 };
@@ -92,8 +92,8 @@ struct Outcome {
 // Float inputs that these op slots read are parameters, not data (CastLike reads only the type
 // of its second input).
 bool param_slot(const std::string& op, int k) {
-  return ((op == "Resize" || op == "Upsample" || op == "Dropout") && k >= 1) ||
-         (op == "CastLike" && k == 1);
+  return ((op == "Resize" || op == "Upsample" || op == "Dropout" || op == "Clip") && k >= 1) ||
+         (op == "CastLike" && k == 1) || (op == "Pad" && k == 2);
 }
 
 // The message without the "<case>: " in front (the list prints the case already).

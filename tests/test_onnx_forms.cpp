@@ -5,6 +5,7 @@
 #ifdef EPILOG_HAVE_ONNX
 
 #include <catch2/catch.hpp>
+#include <limits>
 
 #include "epilog/graph/passes.h"
 #include "onnx_model.h"
@@ -455,15 +456,64 @@ TEST_CASE("onnx forms: Dropout at inference is its input", "[onnx]") {
   }
 }
 
+TEST_CASE("onnx forms: Clip without bounds or with min 0 alone, Pad by zeros", "[onnx]") {
+  Tensor x = Tensor::randn({1, 2, 3, 3}, 4);
+  std::vector<float> relu = values(x);
+  for (float& v : relu) v = std::max(v, 0.0f);
+  // min 0 as an input (opset 11) or an attribute (opset 6, max at float32's largest).
+  Model m(13);
+  m.input("x", {1, 2, 3, 3});
+  m.init("zero", {}, {0.0f});
+  auto& clip = m.node("Clip", {"x", "zero"}, {"y"}, "clamp");
+  m.output("y");
+  Graph g = m.load();
+  CHECK(count(g, OpKind::Relu) == 1);
+  CHECK(values(run1(g, x)) == relu);
+  Model old(6);
+  old.input("x", {1, 2, 3, 3});
+  auto& clip6 = old.node("Clip", {"x"}, {"y"}, "clamp");
+  set_f(clip6, "min", 0);
+  set_f(clip6, "max", std::numeric_limits<float>::max());
+  old.output("y");
+  CHECK(values(run1(old.load(), x)) == relu);
+  // No bounds: the input (here a graph output under another name, so a copy).
+  clip.mutable_input()->RemoveLast();
+  CHECK(values(run1(m.load(), x)) == values(x));
+  // Other bounds need a clip op.
+  m.init("six", {}, {6.0f});
+  clip.add_input("zero");
+  clip.add_input("six");
+  check_import_error([&] { m.load(); }, {"node 'clamp' (Clip): clipping to [0, 6]"}, true);
+
+  // Pad by zeros (pads as an input, axes from opset 18) is the input; other pads need a pad op.
+  Model p(18);
+  p.input("x", {1, 2, 3, 3});
+  p.ints("pads", {0, 0, 0, 0});
+  p.ints("axes", {2, 3});
+  auto& pad = p.node("Pad", {"x", "pads", "", "axes"}, {"padded"}, "pad");
+  set_s(pad, "mode", "reflect");
+  p.node("Relu", {"padded"}, {"y"});
+  p.output("y");
+  g = p.load();
+  REQUIRE(g.nodes.size() == 1);
+  CHECK(g.nodes[0].inputs == std::vector<std::string>{"x"});
+  p.g().mutable_initializer(0)->set_int64_data(1, 1);
+  check_import_error([&] { p.load(); }, {"node 'pad' (Pad): padding by [0,1,0,0] (reflect)"}, true);
+  p.g().mutable_initializer(1)->set_dims(0, 3);
+  p.g().mutable_initializer(1)->add_int64_data(1);
+  check_import_error([&] { p.load(); }, {"node 'pad' (Pad): has 4 pads for 3 axes"});
+  pad.mutable_attribute(0)->set_s("wrap");
+  check_import_error([&] { p.load(); }, {"node 'pad' (Pad): attribute 'mode': is 'wrap'"});
+}
+
 TEST_CASE("onnx forms: an op epilog lacks is one message naming the node and the op", "[onnx]") {
   Model m(20);
-  m.input("x", {1, 2, 4, 4});
-  m.init("lo", {}, {0.0f});
-  m.init("hi", {}, {6.0f});
-  m.node("Clip", {"x", "lo", "hi"}, {"y"}, "node_Clip_3");
+  m.input("x", {2, 3});
+  m.input("w", {3, 4});
+  set_s(m.node("Einsum", {"x", "w"}, {"y"}, "node_Einsum_3"), "equation", "ij,jk->ik");
   m.output("y");
   check_import_error([&] { m.load(); },
-                     {"m.onnx: node 'node_Clip_3' (Clip): op 'Clip' is not supported"}, true);
+                     {"m.onnx: node 'node_Einsum_3' (Einsum): op 'Einsum' is not supported"}, true);
 }
 
 #endif  // EPILOG_HAVE_ONNX

@@ -22,8 +22,10 @@
 // Gemm (alpha 1, transA 0) -> linear (+ add for a bias that is not per output feature)
 // MatMul [+ Add]           -> linear, the constant matrix transposed at import, the bias of a
 //                             following Add taken in
-// Identity, Dropout (at inference, no mask), Cast and CastLike to float -> nothing (the output
-//                             names the input's value)
+// Clip                     -> relu for min 0 and no max; nothing without bounds (min and max:
+//                             attributes before opset 11, inputs from 11)
+// Identity, Dropout (at inference, no mask), Cast and CastLike to float, Pad by zeros -> nothing
+//                             (the output names the input's value)
 // Constant, Shape, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
 // Add, Sub, Mul, Div, Transpose, Flatten, ConstantOfShape on constants -> folded at import
 //
@@ -33,6 +35,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "onnx_import.h"
@@ -133,6 +136,13 @@ std::optional<std::vector<int64_t> > axes_arg(Importer& im) {
   return std::nullopt;
 }
 
+// Input k, a constant of one value (a scalar or one element).
+double scalar_in(Importer& im, int k, const char* role) {
+  const Const& c = im.cst(k, role);
+  if (c.numel() != 1) im.bad("{} '{}' has {} values, expected 1", role, im.in_name(k), c.numel());
+  return c.is_float() ? double(c.f[0]) : double(c.i[0]);
+}
+
 // Output 0 is input 0: a constant stays one, a run-time tensor is named again.
 void pass_through(Importer& im) {
   if (const Const* c = im.const_in(0)) return im.set_const(0, *c);
@@ -149,6 +159,29 @@ void unary(Importer& im, OpKind kind) {
 
 void op_relu(Importer& im) {
   unary(im, OpKind::Relu);
+}
+
+// Clip: 'min' and 'max' attributes before opset 11, optional inputs from then on (absent:
+// unbounded). No bounds is the input itself, min 0 alone is relu; other bounds need a clip op.
+void op_clip(Importer& im) {
+  if (im.opset() < 11)
+    im.allow({"min", "max"});
+  else
+    im.allow({});
+  im.arity(1, im.opset() < 11 ? 1 : 3);
+  const float inf = std::numeric_limits<float>::infinity();
+  double lo = im.attr_float("min", -inf), hi = im.attr_float("max", inf);
+  if (im.has_in(1)) lo = scalar_in(im, 1, "min");
+  if (im.has_in(2)) hi = scalar_in(im, 2, "max");
+  // Opset 6's defaults are float32's extremes.
+  if (lo <= std::numeric_limits<float>::lowest()) lo = -inf;
+  if (hi >= std::numeric_limits<float>::max()) hi = inf;
+  if (lo == -inf && hi == inf) return pass_through(im);
+  if (lo == 0 && hi == inf) return im.emit(OpKind::Relu, {im.dyn(0)}, {}, {im.out(0)});
+  im.unsupported(
+      "clipping to [{}, {}] is not supported (epilog imports Clip with no bounds or "
+      "with min 0 alone, as relu)",
+      lo, hi);
 }
 void op_sigmoid(Importer& im) {
   unary(im, OpKind::Sigmoid);
@@ -829,6 +862,38 @@ void op_slice(Importer& im) {
   if (cut.empty()) im.set_alias(0, x);
 }
 
+// Pad: 'pads' (and 'value') attributes before opset 11, inputs from then on (pads,
+// constant_value, and from opset 18 the axes the pads are for); mode constant, reflect, edge
+// or (from 19) wrap. Zero pads are the input itself; other pads need a pad op.
+void op_pad(Importer& im) {
+  if (im.opset() < 11)
+    im.allow({"mode", "pads", "value"});
+  else
+    im.allow({"mode"});
+  im.arity(im.opset() < 11 ? 1 : 2, im.opset() < 11 ? 1 : (im.opset() < 18 ? 3 : 4));
+  const std::string mode = im.attr_string("mode", "constant");
+  if (mode != "constant" && mode != "reflect" && mode != "edge" &&
+      !(mode == "wrap" && im.opset() >= 19))
+    im.bad_attr("mode", "is '{}', expected constant, reflect, edge{}", mode,
+                im.opset() >= 19 ? " or wrap" : "");
+  std::vector<int64_t> pads;
+  if (im.opset() < 11) {
+    auto p = im.attr_ints("pads");
+    if (!p) im.bad("attribute 'pads' is required");
+    pads = *p;
+  } else {
+    pads = im.ints_in(1, "pads");
+  }
+  const size_t rank = im.shape_in(0).size();
+  size_t axes = rank;
+  if (im.has_in(3)) axes = im.ints_in(3, "axes").size();
+  if (pads.size() != 2 * axes)
+    im.bad("has {} pads for {} axes, expected two per axis", pads.size(), axes);
+  if (std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; }))
+    return pass_through(im);
+  im.unsupported("padding by {} ({}) is not supported", shape_str(pads), mode);
+}
+
 void op_flatten(Importer& im) {
   im.allow({"axis"});
   im.arity(1, 1);
@@ -934,13 +999,8 @@ void op_dropout(Importer& im) {
   im.arity(1, im.opset() < 12 ? 1 : 3, 2);
   bool training = im.opset() < 7 && im.attr_int("is_test", 0) == 0;
   float ratio = im.attr_float("ratio", 0.5f);
-  auto scalar = [&](int k, const char* role) {
-    const Const& c = im.cst(k, role);
-    if (c.numel() != 1) im.bad("{} '{}' has {} values, expected 1", role, im.in_name(k), c.numel());
-    return c.is_float() ? double(c.f[0]) : double(c.i[0]);
-  };
-  if (im.has_in(1)) ratio = float(scalar(1, "ratio"));
-  if (im.has_in(2)) training = scalar(2, "training_mode") != 0;
+  if (im.has_in(1)) ratio = float(scalar_in(im, 1, "ratio"));
+  if (im.has_in(2)) training = scalar_in(im, 2, "training_mode") != 0;
   if (training && ratio != 0)
     im.unsupported("is in training mode with ratio {}; epilog imports inference-mode Dropout",
                    ratio);
@@ -1057,6 +1117,7 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"BatchNormalization", op_batchnorm},
       {"Cast", op_cast},
       {"CastLike", op_cast_like},
+      {"Clip", op_clip},
       {"Concat", op_concat},
       {"Constant", op_constant},
       {"ConstantOfShape", op_constant_of_shape},
@@ -1071,6 +1132,7 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"MatMul", op_matmul},
       {"MaxPool", op_maxpool},
       {"Mul", op_mul},
+      {"Pad", op_pad},
       {"ReduceMean", op_reduce_mean},
       {"Relu", op_relu},
       {"Reshape", op_reshape},

@@ -74,6 +74,8 @@ const char* kOps[] = {"Conv",
                       "ReduceMean",
                       "CastLike",
                       "Dropout",
+                      "Clip",
+                      "Pad",
                       "Softmax"};
 const char* kAttrs[] = {"axis",
                         "axes",
@@ -115,7 +117,9 @@ const char* kAttrs[] = {"axis",
                         "keep_aspect_ratio_policy",
                         "saturate",
                         "ratio",
-                        "seed"};
+                        "seed",
+                        "min",
+                        "max"};
 const char* kStrings[] = {"NOTSET",
                           "SAME_UPPER",
                           "SAME_LOWER",
@@ -131,6 +135,10 @@ const char* kStrings[] = {"NOTSET",
                           "stretch",
                           "not_larger",
                           "not_smaller",
+                          "constant",
+                          "reflect",
+                          "edge",
+                          "wrap",
                           ""};
 
 template <typename T, size_t N>
