@@ -9,13 +9,19 @@
 // Adding an op handler (onnx_ops.cpp):
 //   1. Write `void op_name(Importer& im)`. It states the attributes it reads (im.allow) and its
 //      input and output counts (im.arity), reads inputs as graph values (im.dyn) or constants
-//      (im.cst, im.ints_in), and either emits epilog nodes (im.emit(OpKind::..., ins, attrs,
-//      {im.out(0)})), names an existing value (im.set_alias) or folds to a constant
-//      (im.set_const). Everything it cannot map throws through im.unsupported or
-//      im.unsupported_attr, which name the file, the node and the op; a malformed node throws
-//      through im.bad or im.bad_attr.
+//      (im.cst, im.ints_in, scalar_in), and either emits epilog nodes (im.emit(OpKind::..., ins,
+//      attrs, {im.out(0)})), names an existing value (im.set_alias, pass_through) or folds to a
+//      constant (im.set_const). Forms that changed with the opset branch on im.opset() (an
+//      attribute that became an input, as Split's sizes in 13 or ReduceMean's axes in 18).
+//      Everything it cannot map throws through im.unsupported or im.unsupported_attr, which name
+//      the file, the node and the op; a malformed node throws through im.bad or im.bad_attr.
 //   2. Add one line to the table at the bottom of onnx_ops.cpp and one to the op list at its
-//      top, and a test in tests/test_onnx*.cpp.
+//      top, and a test in tests/test_onnx_forms.cpp (models built with tests/onnx_model.h).
+//   For instance, an elementwise op of one input is
+//      void op_tanh(Importer& im) { unary(im, OpKind::Tanh); }
+//   Clip, Pad and ReduceMean already read every form of their opsets (reduce_args serves every
+//   Reduce* op) and refuse what the op table cannot express yet: a clip, pad or reduction op
+//   replaces that refusal with an im.emit.
 #pragma once
 
 #ifdef EPILOG_HAVE_ONNX
