@@ -161,6 +161,10 @@ void op_relu(Importer& im) {
   unary(im, OpKind::Relu);
 }
 
+void op_sigmoid(Importer& im) {
+  unary(im, OpKind::Sigmoid);
+}
+
 // Clip: 'min' and 'max' attributes before opset 11, optional inputs from then on (absent:
 // unbounded). No bounds is the input itself, min 0 alone is relu; other bounds need a clip op.
 void op_clip(Importer& im) {
@@ -182,9 +186,6 @@ void op_clip(Importer& im) {
       "clipping to [{}, {}] is not supported (epilog imports Clip with no bounds or "
       "with min 0 alone, as relu)",
       lo, hi);
-}
-void op_sigmoid(Importer& im) {
-  unary(im, OpKind::Sigmoid);
 }
 
 // Add(MatMul(x, W), b) with a bias per output feature: the bias joins the linear node that
@@ -492,22 +493,22 @@ void op_resize(Importer& im) {
     const std::string policy = im.attr_string("keep_aspect_ratio_policy", "stretch");
     if (policy != "stretch" && policy != "not_larger" && policy != "not_smaller")
       im.bad_attr("keep_aspect_ratio_policy",
-                  "is '{}', expected stretch, not_larger or "
-                  "not_smaller",
-                  policy);
+                  "is '{}', expected stretch, not_larger or not_smaller", policy);
+    if (policy != "stretch") {
+      double f = policy == "not_larger" ? std::numeric_limits<double>::infinity() : 0.0;
+      for (size_t k = 0; k < axes.size(); ++k) {
+        const double ratio = double(sizes[k]) / double(s[size_t(axes[k])]);
+        f = policy == "not_larger" ? std::min(f, ratio) : std::max(f, ratio);
+      }
+      for (int64_t a : axes) factors[size_t(a)] = f;
+      return upsample(im, x, factors, "sizes");
+    }
     for (size_t k = 0; k < axes.size(); ++k) {
       const int64_t in = s[size_t(axes[k])];
       if (sizes[k] < 1 || sizes[k] % in != 0)
         im.unsupported("sizes {} are not integer multiples of the input {}", shape_str(sizes),
                        shape_str(s));
       factors[size_t(axes[k])] = double(sizes[k] / in);
-    }
-    if (policy != "stretch") {
-      double f = factors[size_t(axes[0])];
-      for (int64_t a : axes)
-        f = policy == "not_larger" ? std::min(f, factors[size_t(a)])
-                                   : std::max(f, factors[size_t(a)]);
-      for (int64_t a : axes) factors[size_t(a)] = f;
     }
     return upsample(im, x, factors, "sizes");
   }
