@@ -423,6 +423,31 @@ TEST_CASE("onnx forms: a model as PyTorch's dynamo exporter writes it, weights e
                      {"model.onnx: initializer", "lies outside the model's folder"});
 }
 
+TEST_CASE("onnx forms: Constant with value_float, value_floats, value_int and value_ints",
+          "[onnx]") {
+  Model m(20);
+  m.input("x", {1, 2});
+  set_f(m.node("Constant", {}, {"half"}), "value_float", 0.5f);
+  auto& floats =
+      attr(m.node("Constant", {}, {"scales"}), "value_floats", onnx::AttributeProto::FLOATS);
+  floats.add_floats(2.0f);
+  floats.add_floats(4.0f);
+  // The shape [2, 1] from a value_int, Unsqueeze and Concat, folded at import.
+  set_i(m.node("Constant", {}, {"two"}), "value_int", 2);
+  set_ints(m.node("Constant", {}, {"axes"}), "value_ints", {0});
+  set_ints(m.node("Constant", {}, {"one"}), "value_ints", {1});
+  m.node("Unsqueeze", {"two", "axes"}, {"two_1d"});
+  set_i(m.node("Concat", {"two_1d", "one"}, {"shape"}), "axis", 0);
+  m.node("Mul", {"x", "half"}, {"a"});
+  m.node("Mul", {"a", "scales"}, {"b"});
+  m.node("Reshape", {"b", "shape"}, {"y"});
+  m.output("y");
+  Graph g = m.load();
+  CHECK(g.value("y").shape == Shape{2, 1});
+  CHECK(values(run1(g, Tensor::from_vector({1, 2}, {1.0f, 3.0f}))) ==
+        std::vector<float>{1.0f, 6.0f});
+}
+
 TEST_CASE("onnx forms: Dropout at inference is its input", "[onnx]") {
   for (int64_t opset : {11, 13}) {
     INFO("opset " << opset);
