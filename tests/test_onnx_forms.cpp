@@ -448,6 +448,31 @@ TEST_CASE("onnx forms: Constant with value_float, value_floats, value_int and va
         std::vector<float>{1.0f, 6.0f});
 }
 
+TEST_CASE("onnx forms: Sum and Mean become adds (and a mul by 1/n)", "[onnx]") {
+  Model m;
+  m.input("a", {2, 3});
+  m.input("b", {2, 3});
+  m.init("c", {3}, {1.0f, 2.0f, 3.0f});
+  m.init("d", {3}, {3.0f, 2.0f, 1.0f});
+  m.node("Sum", {"c", "d"}, {"cd"});  // folded: [4, 4, 4]
+  m.node("Sum", {"a", "b", "cd"}, {"s"}, "sum");
+  m.node("Mean", {"a", "b", "cd"}, {"y"}, "mean");
+  m.output("s");
+  m.output("y");
+  Graph g = m.load();
+  CHECK(count(g, OpKind::Add) == 4);
+  CHECK(count(g, OpKind::Mul) == 1);
+  CHECK(g.nodes[0].name == "sum");
+  CHECK(g.nodes[1].name == "sum.add2");
+  Tensor a = Tensor::randn({2, 3}, 1), b = Tensor::randn({2, 3}, 2);
+  auto out = test::run_cpu(g, {{"a", a}, {"b", b}});
+  for (int64_t k = 0; k < 6; ++k) {
+    const float sum = a.f32()[k] + b.f32()[k] + 4.0f;
+    CHECK(out.at("s").f32()[k] == Approx(sum));
+    CHECK(out.at("y").f32()[k] == Approx(sum / 3));
+  }
+}
+
 TEST_CASE("onnx forms: Dropout at inference is its input", "[onnx]") {
   for (int64_t opset : {11, 13}) {
     INFO("opset " << opset);

@@ -6,6 +6,7 @@
 // BatchNormalization       -> batchnorm (inference form only)
 // Relu, Sigmoid            -> relu, sigmoid (Sigmoid * Mul becomes silu in canonicalization)
 // Add, Mul                 -> add, mul (legacy opset < 7 axis broadcasting on constants too)
+// Sum, Mean                -> a chain of adds (Mean then a mul by 1/n)
 // Concat, Split            -> concat, split (sizes: the 'split' attribute before opset 13, the
 //                             input from 13, or 'num_outputs' from 18)
 // Slice                    -> split on each sliced axis (step 1), keeping the wanted part
@@ -27,7 +28,8 @@
 // Identity, Dropout (at inference, no mask), Cast and CastLike to float, Pad by zeros -> nothing
 //                             (the output names the input's value)
 // Constant, Shape, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
-// Add, Sub, Mul, Div, Transpose, Flatten, ConstantOfShape on constants -> folded at import
+// Add, Sub, Mul, Div, Sum, Mean, Transpose, Flatten, ConstantOfShape on constants -> folded at
+// import
 //
 // Everything else throws OnnxUnsupported naming the node, the op and the attribute.
 #ifdef EPILOG_HAVE_ONNX
@@ -273,6 +275,39 @@ void op_mul(Importer& im) {
 }
 void op_div(Importer& im) {
   binary(im, '/');
+}
+
+// Sum and Mean of one or more inputs: a chain of adds, for Mean then a mul by 1/n.
+void sum_of(Importer& im, bool mean) {
+  im.allow({});
+  im.arity(std::max(im.n_in(), 1), INT_MAX);
+  const int n = im.n_in();
+  if (im.all_const()) {
+    Const acc = *im.const_in(0);
+    for (int k = 1; k < n; ++k) acc = fold_binary(acc, *im.const_in(k), '+');
+    if (mean) acc = fold_binary(acc, Const{TensorProto::FLOAT, {}, {float(1.0 / n)}, {}}, '*');
+    return im.set_const(0, acc);
+  }
+  if (n == 1) return pass_through(im);
+  std::string acc = im.dyn(0);
+  for (int k = 1; k < n; ++k) {
+    const std::string y = k == n - 1 && !mean
+                              ? im.out(0)
+                              : im.fresh_value(fmt::format("{}.sum{}", im.node().output(0), k));
+    im.emit(OpKind::Add, {acc, im.dyn(k)}, {}, {y}, k == 1 ? "" : fmt::format("add{}", k));
+    acc = y;
+  }
+  if (!mean) return;
+  const std::string scale = im.fresh_value(im.node().output(0) + ".scale");
+  im.add_weight(scale, Const{TensorProto::FLOAT, {1}, {float(1.0 / n)}, {}});
+  im.emit(OpKind::Mul, {acc, scale}, {}, {im.out(0)}, "scale");
+}
+
+void op_sum(Importer& im) {
+  sum_of(im, false);
+}
+void op_mean(Importer& im) {
+  sum_of(im, true);
 }
 
 // -- handlers: convolution and normalization --
@@ -1132,6 +1167,7 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"Identity", op_identity},
       {"MatMul", op_matmul},
       {"MaxPool", op_maxpool},
+      {"Mean", op_mean},
       {"Mul", op_mul},
       {"Pad", op_pad},
       {"ReduceMean", op_reduce_mean},
@@ -1144,6 +1180,7 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"Split", op_split},
       {"Squeeze", op_squeeze},
       {"Sub", op_sub},
+      {"Sum", op_sum},
       {"Transpose", op_transpose},
       {"Unsqueeze", op_unsqueeze},
       {"Upsample", op_upsample},

@@ -76,6 +76,8 @@ const char* kOps[] = {"Conv",
                       "Dropout",
                       "Clip",
                       "Pad",
+                      "Sum",
+                      "Mean",
                       "Softmax"};
 const char* kAttrs[] = {"axis",
                         "axes",
