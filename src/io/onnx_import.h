@@ -29,11 +29,13 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "epilog/graph/graph.h"
