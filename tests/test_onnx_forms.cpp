@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <limits>
 
+#include "epilog/graph/activation.h"
 #include "epilog/graph/passes.h"
 #include "onnx_model.h"
 
@@ -508,6 +509,59 @@ TEST_CASE("onnx forms: Dropout at inference is its input", "[onnx]") {
   }
 }
 
+TEST_CASE("onnx forms: the activation ops import as the op of the same name, with parameters",
+          "[onnx]") {
+  struct Case {
+    const char* onnx;
+    OpKind op;
+    std::vector<std::pair<const char*, float>> attrs;  // set on the ONNX node, read back
+  };
+  const std::vector<Case> cases = {
+      {"LeakyRelu", OpKind::LeakyRelu, {{"alpha", 0.2f}}},
+      {"HardSigmoid", OpKind::HardSigmoid, {{"alpha", 0.25f}, {"beta", 0.4f}}},
+      {"HardSwish", OpKind::HardSwish, {}},
+      {"Tanh", OpKind::Tanh, {}},
+      {"Mish", OpKind::Mish, {}},
+      {"Softplus", OpKind::Softplus, {}},
+      {"Elu", OpKind::Elu, {{"alpha", 0.5f}}},
+      {"Exp", OpKind::Exp, {}},
+      {"Erf", OpKind::Erf, {}},
+      {"Abs", OpKind::Abs, {}},
+      {"Neg", OpKind::Neg, {}},
+      {"Gelu", OpKind::Gelu, {}},
+  };
+  Tensor x = Tensor::randn({1, 2, 3, 3}, 5);
+  for (const Case& c : cases) {
+    INFO(c.onnx);
+    Model m(20);
+    m.input("x", {1, 2, 3, 3});
+    auto& n = m.node(c.onnx, {"x"}, {"y"}, "act");
+    for (const auto& [name, v] : c.attrs) set_f(n, name, v);
+    m.output("y");
+    Graph g = m.load();
+    REQUIRE(g.nodes.size() == 1);
+    CHECK(g.nodes[0].op == c.op);
+    for (const auto& [name, v] : c.attrs) CHECK(g.nodes[0].attrs.f(name) == Approx(v));
+    // The CPU reference runs it as the activation it names.
+    const Act act = *node_activation(g.nodes[0]);
+    std::vector<float> want = values(x);
+    for (float& v : want) v = activate(act, v);
+    CHECK(values(run1(g, x)) == want);
+  }
+  // LeakyRelu's default alpha is ONNX's 0.01; Pow takes a constant exponent only.
+  Model m(17);
+  m.input("x", {1, 2, 3, 3});
+  m.node("LeakyRelu", {"x"}, {"y"}, "act");
+  m.output("y");
+  CHECK(m.load().nodes[0].attrs.f("alpha") == Approx(0.01));
+  Model p(17);
+  p.input("x", {1, 2, 3, 3});
+  p.input("e", {1});
+  p.node("Pow", {"x", "e"}, {"y"}, "pow");
+  p.output("y");
+  check_import_error([&] { p.load(); }, {"node 'pow' (Pow)", "input 'e' (exponent)"}, true);
+}
+
 TEST_CASE("onnx forms: Clip without bounds or with min 0 alone, Pad by zeros", "[onnx]") {
   Tensor x = Tensor::randn({1, 2, 3, 3}, 4);
   std::vector<float> relu = values(x);
@@ -531,11 +585,17 @@ TEST_CASE("onnx forms: Clip without bounds or with min 0 alone, Pad by zeros", "
   // No bounds: the input (here a graph output under another name, so a copy).
   clip.mutable_input()->RemoveLast();
   CHECK(values(run1(m.load(), x)) == values(x));
-  // Other bounds need a clip op.
+  // Other bounds: a clip (relu6 here), its bounds from the inputs.
   m.init("six", {}, {6.0f});
   clip.add_input("zero");
   clip.add_input("six");
-  check_import_error([&] { m.load(); }, {"node 'clamp' (Clip): clipping to [0, 6]"}, true);
+  g = m.load();
+  REQUIRE(count(g, OpKind::Clip) == 1);
+  CHECK(g.nodes[0].attrs.f("min") == 0.0);
+  CHECK(g.nodes[0].attrs.f("max") == 6.0);
+  std::vector<float> relu6 = relu;
+  for (float& v : relu6) v = std::min(v, 6.0f);
+  CHECK(values(run1(g, x)) == relu6);
 
   // Pad by zeros (pads as an input, axes from opset 18) is the input; other pads need a pad op.
   Model p(18);

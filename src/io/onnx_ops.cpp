@@ -23,8 +23,11 @@
 // Gemm (alpha 1, transA 0) -> linear (+ add for a bias that is not per output feature)
 // MatMul [+ Add]           -> linear, the constant matrix transposed at import, the bias of a
 //                             following Add taken in
-// Clip                     -> relu for min 0 and no max; nothing without bounds (min and max:
-//                             attributes before opset 11, inputs from 11)
+// Clip                     -> clip; relu for min 0 and no max; nothing without bounds (min and
+//                             max: attributes before opset 11, inputs from 11)
+// LeakyRelu, HardSigmoid, HardSwish, Tanh, Gelu, Mish, Softplus, Elu, Exp, Erf, Sqrt,
+// Reciprocal, Neg, Abs     -> the op of the same name (activations: a conv's epilogue takes them)
+// Pow                      -> pow, for a constant exponent of one value
 // Identity, Dropout (at inference, no mask), Cast and CastLike to float, Pad by zeros -> nothing
 //                             (the output names the input's value)
 // Constant, Shape, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
@@ -167,8 +170,71 @@ void op_sigmoid(Importer& im) {
   unary(im, OpKind::Sigmoid);
 }
 
+// The pointwise activations (graph/activation.h): each ONNX op is one epilog op, its
+// parameters attributes of the same meaning.
+template <OpKind Kind>
+void op_activation(Importer& im) {
+  unary(im, Kind);
+}
+
+// An activation with float attributes: (onnx name, epilog name, ONNX default) each.
+struct FloatAttr {
+  const char* onnx;
+  const char* name;
+  float fallback;
+};
+// The caller allows the attributes (Importer::allow takes literals).
+void activation_with(Importer& im, OpKind kind, std::initializer_list<FloatAttr> attrs) {
+  im.arity(1, 1);
+  Attrs given;
+  for (const FloatAttr& a : attrs) given.set(a.name, double(im.attr_float(a.onnx, a.fallback)));
+  im.emit(kind, {im.dyn(0)}, given, {im.out(0)});
+}
+
+void op_leaky_relu(Importer& im) {
+  im.allow({"alpha"});
+  activation_with(im, OpKind::LeakyRelu, {{"alpha", "alpha", 0.01f}});
+}
+
+void op_hardsigmoid(Importer& im) {
+  im.allow({"alpha", "beta"});
+  activation_with(im, OpKind::HardSigmoid, {{"alpha", "alpha", 0.2f}, {"beta", "beta", 0.5f}});
+}
+
+void op_elu(Importer& im) {
+  im.allow({"alpha"});
+  activation_with(im, OpKind::Elu, {{"alpha", "alpha", 1.0f}});
+}
+
+// Gelu (opset 20): approximate "none" (erf) or "tanh".
+void op_gelu(Importer& im) {
+  im.allow({"approximate"});
+  im.arity(1, 1);
+  const std::string approximate = im.attr_string("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    im.bad("approximate '{}' is not one of none, tanh", approximate);
+  Attrs given;
+  given.set("approximate", approximate);
+  im.emit(OpKind::Gelu, {im.dyn(0)}, given, {im.out(0)});
+}
+
+// Pow with a constant exponent (one value): x^e; on constants, folded.
+void op_pow(Importer& im) {
+  im.allow({});
+  im.arity(2, 2);
+  const Const& c = im.cst(1, "exponent");
+  if (c.numel() != 1)
+    im.unsupported("exponent '{}' has {} values (epilog raises to one constant power)",
+                   im.in_name(1), c.numel());
+  const double e = scalar_in(im, 1, "exponent");
+  if (e == 1.0) return pass_through(im);
+  Attrs given;
+  given.set("exponent", e);
+  im.emit(OpKind::Pow, {im.dyn(0)}, given, {im.out(0)});
+}
+
 // Clip: 'min' and 'max' attributes before opset 11, optional inputs from then on (absent:
-// unbounded). No bounds is the input itself, min 0 alone is relu; other bounds need a clip op.
+// unbounded). No bounds is the input itself, min 0 alone is relu, anything else clip.
 void op_clip(Importer& im) {
   if (im.opset() < 11)
     im.allow({"min", "max"});
@@ -184,10 +250,11 @@ void op_clip(Importer& im) {
   if (hi >= std::numeric_limits<float>::max()) hi = inf;
   if (lo == -inf && hi == inf) return pass_through(im);
   if (lo == 0 && hi == inf) return im.emit(OpKind::Relu, {im.dyn(0)}, {}, {im.out(0)});
-  im.unsupported(
-      "clipping to [{}, {}] is not supported (epilog imports Clip with no bounds or "
-      "with min 0 alone, as relu)",
-      lo, hi);
+  if (!(lo <= hi)) im.bad("min {} is above max {}", lo, hi);
+  Attrs given;
+  given.set("min", std::max(lo, double(std::numeric_limits<float>::lowest())));
+  given.set("max", std::min(hi, double(std::numeric_limits<float>::max())));
+  im.emit(OpKind::Clip, {im.dyn(0)}, given, {im.out(0)});
 }
 
 // Add(MatMul(x, W), b) with a bias per output feature: the bias joins the linear node that
@@ -1148,6 +1215,7 @@ void op_cast_like(Importer& im) {
 
 const std::map<std::string, OpHandler>& op_handlers() {
   static const std::map<std::string, OpHandler> table = {
+      {"Abs", op_activation<OpKind::Abs>},
       {"Add", op_add},
       {"AveragePool", op_avgpool},
       {"BatchNormalization", op_batchnorm},
@@ -1159,6 +1227,20 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"ConstantOfShape", op_constant_of_shape},
       {"Conv", op_conv},
       {"Div", op_div},
+      {"Elu", op_elu},
+      {"Erf", op_activation<OpKind::Erf>},
+      {"Exp", op_activation<OpKind::Exp>},
+      {"Gelu", op_gelu},
+      {"HardSigmoid", op_hardsigmoid},
+      {"HardSwish", op_activation<OpKind::HardSwish>},
+      {"LeakyRelu", op_leaky_relu},
+      {"Mish", op_activation<OpKind::Mish>},
+      {"Neg", op_activation<OpKind::Neg>},
+      {"Pow", op_pow},
+      {"Reciprocal", op_activation<OpKind::Reciprocal>},
+      {"Softplus", op_activation<OpKind::Softplus>},
+      {"Sqrt", op_activation<OpKind::Sqrt>},
+      {"Tanh", op_activation<OpKind::Tanh>},
       {"Dropout", op_dropout},
       {"Flatten", op_flatten},
       {"Gather", op_gather},
