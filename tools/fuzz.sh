@@ -142,7 +142,9 @@ for c in node/test_conv_with_strides_padding node/test_conv_with_autopad_same \
   node/test_flatten_axis1 node/test_slice node/test_reshape_reduced_dims node/test_identity \
   node/test_constant node/test_cast_FLOAT16_to_FLOAT pytorch-operator/test_operator_chunk \
   pytorch-operator/test_operator_view pytorch-converted/test_Linear_no_bias \
-  pytorch-converted/test_GLU pytorch-converted/test_BatchNorm2d_eval; do
+  pytorch-converted/test_GLU pytorch-converted/test_BatchNorm2d_eval \
+  node/test_reduce_mean_keepdims_example node/test_dropout_default \
+  node/test_castlike_FLOAT16_to_FLOAT; do
   if [[ -d $s && -f $data/$c/model.onnx ]]; then cp "$data/$c/model.onnx" "$s/${c##*/}.onnx"; fi
 done
 
@@ -161,7 +163,8 @@ dict=$out/fuzz.dict
   done
   for w in Conv BatchNormalization Relu Sigmoid Add Mul Concat Split Slice MaxPool AveragePool \
     GlobalAveragePool Resize Upsample Flatten Gemm MatMul Identity Constant Shape Gather Div \
-    Unsqueeze Reshape Cast auto_pad SAME_UPPER pads strides kernel_shape nearest asymmetric; do
+    Unsqueeze Reshape Cast auto_pad SAME_UPPER pads strides kernel_shape nearest asymmetric \
+    ReduceMean keepdims num_outputs Dropout CastLike; do
     echo "\"$w\""
   done
 } >"$dict"

@@ -71,6 +71,13 @@ const char* kOps[] = {"Conv",
                       "Cast",
                       "Transpose",
                       "ConstantOfShape",
+                      "ReduceMean",
+                      "CastLike",
+                      "Dropout",
+                      "Clip",
+                      "Pad",
+                      "Sum",
+                      "Mean",
                       "Softmax"};
 const char* kAttrs[] = {"axis",
                         "axes",
@@ -104,7 +111,17 @@ const char* kAttrs[] = {"axis",
                         "is_test",
                         "spatial",
                         "start",
-                        "end"};
+                        "end",
+                        "num_outputs",
+                        "keepdims",
+                        "noop_with_empty_axes",
+                        "antialias",
+                        "keep_aspect_ratio_policy",
+                        "saturate",
+                        "ratio",
+                        "seed",
+                        "min",
+                        "max"};
 const char* kStrings[] = {"NOTSET",
                           "SAME_UPPER",
                           "SAME_LOWER",
@@ -116,6 +133,14 @@ const char* kStrings[] = {"NOTSET",
                           "floor",
                           "round_prefer_floor",
                           "tf_half_pixel_for_nn",
+                          "half_pixel_symmetric",
+                          "stretch",
+                          "not_larger",
+                          "not_smaller",
+                          "constant",
+                          "reflect",
+                          "edge",
+                          "wrap",
                           ""};
 
 template <typename T, size_t N>
@@ -228,7 +253,7 @@ void mutate(onnx::ModelProto& m, std::minstd_rand& rng) {
       }
       break;
     case 6:
-      if (m.opset_import_size()) m.mutable_opset_import(0)->set_version(rng() % 20);
+      if (m.opset_import_size()) m.mutable_opset_import(0)->set_version(rng() % 23);
       break;
     case 7:  // a graph output names another value
       if (g.output_size()) {

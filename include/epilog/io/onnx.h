@@ -1,13 +1,18 @@
 // Importing ONNX models (as PyTorch exports them) into a Graph.
 //
-//   epilog::Graph g = epilog::load_onnx("yolo.onnx", {});   // or load_model("yolo.onnx")
+//   epilog::Graph g = epilog::load_onnx("model.onnx", {});   // or load_model("model.onnx")
 //
-// What is imported: default-domain opsets 11 to 17 (and 6 to 10, whose older attribute forms
-// are read too), float32 graph inputs and outputs with static shapes, weights from
-// initializers (raw_data or typed fields; float32, float16 and bfloat16 converted to float32;
-// external data files next to the model). Shape arithmetic on constants (Shape, Gather, Div,
-// Unsqueeze, Concat, Reshape, Cast, ...) is folded at import, so the graph is static: only
-// float32 tensors flow at run time. The op mapping is the table at the top of src/io/onnx.cpp.
+// What is imported: default-domain opsets 11 to 21 (and 6 to 10, whose older attribute forms
+// are read too), so the files of both of PyTorch's exporters: the TorchScript one (dynamo=False,
+// opset_version=17 for instance) and the dynamo one (PyTorch 2.11's default, opset 18 or 20, the
+// weights in an external "model.onnx.data"). Graph inputs and outputs are float32 with static
+// shapes (a symbolic batch dim takes LoadOptions::batch). Weights come from initializers (raw_data
+// or typed fields; float32, float16 and bfloat16 converted to float32) or from external data files
+// (location, offset and length; the file must lie in the model's folder, also when followed
+// through links). Shape arithmetic on constants (Shape, Gather, Div, Unsqueeze, Concat,
+// Reshape, Cast, ...) is folded at import, so the graph is static: only float32 tensors flow at
+// run time. The op mapping, with the forms each op is read in, is the table at the top of
+// src/io/onnx_ops.cpp; any other op or form throws OnnxUnsupported naming the node and the op.
 //
 // Names: a value keeps its ONNX name and a node its ONNX node name (one derived from the op
 // type and the first output when the model has none), so dumps read like the model.

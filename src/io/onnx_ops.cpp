@@ -1,0 +1,1193 @@
+// The ONNX importer's op handlers: one function per ONNX op, found through the table at the
+// bottom of this file (see onnx_import.h for how to add one).
+//
+// ONNX op                  -> epilog
+// Conv                     -> conv2d (auto_pad resolved to explicit padding; 4-D input only)
+// BatchNormalization       -> batchnorm (inference form only)
+// Relu, Sigmoid            -> relu, sigmoid (Sigmoid * Mul becomes silu in canonicalization)
+// Add, Mul                 -> add, mul (legacy opset < 7 axis broadcasting on constants too)
+// Sum, Mean                -> a chain of adds (Mean then a mul by 1/n)
+// Concat, Split            -> concat, split (sizes: the 'split' attribute before opset 13, the
+//                             input from 13, or 'num_outputs' from 18)
+// Slice                    -> split on each sliced axis (step 1), keeping the wanted part
+// MaxPool, AveragePool     -> maxpool2d, avgpool2d (2-D, dilations 1); GlobalAveragePool ->
+//                             global_avgpool
+// ReduceMean               -> global_avgpool, over axes 2 and 3 (or -2 and -1) of a 4-D tensor
+//                             only; with keepdims 0 a flatten follows (axes: an attribute before
+//                             opset 18, the input from 18)
+// Resize, Upsample         -> upsample_nearest (nearest, integer scales of H and W, the
+//                             coordinate modes that read input floor(x / scale); scales or sizes,
+//                             from opset 18 for 'axes' only, keep_aspect_ratio_policy too)
+// Flatten                  -> flatten; Reshape/Unsqueeze/Squeeze of a run-time tensor -> flatten
+//                             when the target is a 2-D flatten, nothing when the shape is kept
+// Gemm (alpha 1, transA 0) -> linear (+ add for a bias that is not per output feature)
+// MatMul [+ Add]           -> linear, the constant matrix transposed at import, the bias of a
+//                             following Add taken in
+// Clip                     -> relu for min 0 and no max; nothing without bounds (min and max:
+//                             attributes before opset 11, inputs from 11)
+// Identity, Dropout (at inference, no mask), Cast and CastLike to float, Pad by zeros -> nothing
+//                             (the output names the input's value)
+// Constant, Shape, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
+// Add, Sub, Mul, Div, Sum, Mean, Transpose, Flatten, ConstantOfShape on constants -> folded at
+// import
+//
+// Everything else throws OnnxUnsupported naming the node, the op and the attribute.
+#ifdef EPILOG_HAVE_ONNX
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "onnx_import.h"
+
+namespace epilog::onnx_import {
+namespace {
+
+using onnx::AttributeProto;
+using onnx::TensorProto;
+
+// -- attribute helpers --
+
+// A per-spatial-dim list (strides, dilations, kernel_shape) of two values in [1, 2^31-1].
+std::vector<int64_t> spatial(Importer& im, const char* name, std::optional<int64_t> fallback) {
+  auto v = im.attr_ints(name);
+  if (!v) {
+    if (!fallback) im.bad("attribute '{}' is required", name);
+    return {*fallback, *fallback};
+  }
+  if (v->size() != 2) im.bad_attr(name, "has {} values, expected 2 (H and W)", v->size());
+  for (int64_t x : *v)
+    if (x < 1 || x > kMaxDim) im.bad_attr(name, "{} is out of range [1, 2^31-1]", x);
+  return *v;
+}
+
+// Explicit padding (top, left, bottom, right) from 'pads' or 'auto_pad' for an input of
+// height and width `hw` and a window of `extent` (dilated kernel) moved by `stride`.
+std::vector<int64_t> padding(Importer& im, const Shape& x, const std::vector<int64_t>& extent,
+                             const std::vector<int64_t>& stride) {
+  const std::string mode = im.attr_string("auto_pad", "NOTSET");
+  auto pads = im.attr_ints("pads");
+  if (mode == "NOTSET") {
+    if (!pads) return {0, 0, 0, 0};
+    if (pads->size() != 4)
+      im.bad_attr("pads", "has {} values, expected 4 (top, left, bottom, right)", pads->size());
+    for (int64_t p : *pads) {
+      if (p < 0) im.unsupported_attr("pads", "negative padding {} (cropping) is not supported", p);
+      if (p > kMaxDim) im.bad_attr("pads", "{} is beyond epilog's limit of 2^31-1", p);
+    }
+    return *pads;
+  }
+  if (mode != "VALID" && mode != "SAME_UPPER" && mode != "SAME_LOWER")
+    im.bad_attr("auto_pad", "is '{}', expected NOTSET, SAME_UPPER, SAME_LOWER or VALID", mode);
+  if (pads && std::any_of(pads->begin(), pads->end(), [](int64_t p) { return p != 0; }))
+    im.bad_attr("pads", "cannot be combined with auto_pad={}", mode);
+  if (mode == "VALID") return {0, 0, 0, 0};
+  // Output = ceil(in / stride); the padding that makes it, the odd one at the end (UPPER) or
+  // the beginning (LOWER).
+  std::vector<int64_t> p(4);
+  for (int d = 0; d < 2; ++d) {
+    int64_t in = x[size_t(2 + d)], s = stride[size_t(d)];
+    int64_t out = (in + s - 1) / s;
+    int64_t total = std::max<int64_t>(0, (out - 1) * s + extent[size_t(d)] - in);
+    int64_t small = total / 2, big = total - small;
+    p[size_t(d)] = mode == "SAME_UPPER" ? small : big;
+    p[size_t(d + 2)] = mode == "SAME_UPPER" ? big : small;
+  }
+  return p;
+}
+
+// Input 0 given new dims: a constant folds; a run-time tensor is named again when they are its
+// own, flattened when they are a 2-D flatten of it, else unsupported (epilog has no general
+// reshape).
+void reshape_to(Importer& im, const Shape& target) {
+  if (const Const* c = im.const_in(0)) {
+    Const r = *c;
+    r.dims = target;
+    return im.set_const(0, r);
+  }
+  const std::string x = im.dyn(0);
+  const Shape& s = im.value_shape(x);
+  if (target == s) return im.set_alias(0, x);
+  if (target.size() == 2) {
+    for (size_t axis = 0; axis <= s.size(); ++axis) {
+      Shape flat{1, 1};
+      for (size_t d = 0; d < s.size(); ++d) flat[d < axis ? 0 : 1] *= s[d];
+      if (flat == target)
+        return im.emit(OpKind::Flatten, {x}, im.attrs({{"axis", int64_t(axis)}}), {im.out(0)});
+    }
+  }
+  im.unsupported(
+      "reshaping the run-time tensor '{}' from {} to {} is not supported (epilog "
+      "reshapes only to a 2-D flatten)",
+      x, shape_str(s), shape_str(target));
+}
+
+// Unsqueeze and Squeeze: their attributes and input counts, and the axes (the attribute before
+// opset 13, the input from then on).
+std::optional<std::vector<int64_t> > axes_arg(Importer& im) {
+  if (im.opset() < 13) {
+    im.allow({"axes"});
+    im.arity(1, 1);
+    return im.attr_ints("axes");
+  }
+  im.allow({});
+  im.arity(1, 2);
+  if (im.has_in(1)) return im.ints_in(1, "axes");
+  return std::nullopt;
+}
+
+// Input k, a constant of one value (a scalar or one element).
+double scalar_in(Importer& im, int k, const char* role) {
+  const Const& c = im.cst(k, role);
+  if (c.numel() != 1) im.bad("{} '{}' has {} values, expected 1", role, im.in_name(k), c.numel());
+  return c.is_float() ? double(c.f[0]) : double(c.i[0]);
+}
+
+// Output 0 is input 0: a constant stays one, a run-time tensor is named again.
+void pass_through(Importer& im) {
+  if (const Const* c = im.const_in(0)) return im.set_const(0, *c);
+  im.set_alias(0, im.dyn(0));
+}
+
+// -- handlers: elementwise --
+
+void unary(Importer& im, OpKind kind) {
+  im.allow({});
+  im.arity(1, 1);
+  im.emit(kind, {im.dyn(0)}, {}, {im.out(0)});
+}
+
+void op_relu(Importer& im) {
+  unary(im, OpKind::Relu);
+}
+
+void op_sigmoid(Importer& im) {
+  unary(im, OpKind::Sigmoid);
+}
+
+// Clip: 'min' and 'max' attributes before opset 11, optional inputs from then on (absent:
+// unbounded). No bounds is the input itself, min 0 alone is relu; other bounds need a clip op.
+void op_clip(Importer& im) {
+  if (im.opset() < 11)
+    im.allow({"min", "max"});
+  else
+    im.allow({});
+  im.arity(1, im.opset() < 11 ? 1 : 3);
+  const float inf = std::numeric_limits<float>::infinity();
+  double lo = im.attr_float("min", -inf), hi = im.attr_float("max", inf);
+  if (im.has_in(1)) lo = scalar_in(im, 1, "min");
+  if (im.has_in(2)) hi = scalar_in(im, 2, "max");
+  // Opset 6's defaults are float32's extremes.
+  if (lo <= std::numeric_limits<float>::lowest()) lo = -inf;
+  if (hi >= std::numeric_limits<float>::max()) hi = inf;
+  if (lo == -inf && hi == inf) return pass_through(im);
+  if (lo == 0 && hi == inf) return im.emit(OpKind::Relu, {im.dyn(0)}, {}, {im.out(0)});
+  im.unsupported(
+      "clipping to [{}, {}] is not supported (epilog imports Clip with no bounds or "
+      "with min 0 alone, as relu)",
+      lo, hi);
+}
+
+// Add(MatMul(x, W), b) with a bias per output feature: the bias joins the linear node that
+// MatMul became, unless the product has other readers.
+bool take_bias(Importer& im) {
+  for (int side = 0; side < 2; ++side) {
+    const std::string& mm = im.in_name(side);
+    auto lin = im.linear_of().find(mm);
+    const Const* bias = im.const_in(1 - side);
+    if (lin == im.linear_of().end() || !bias || im.uses(mm) != 1 || !bias->is_float()) continue;
+    Node& node = im.graph().nodes[lin->second];
+    const int64_t n = im.value_shape(node.inputs[1])[0];
+    if (bias->dims != Shape{n} && bias->dims != Shape{1, n}) continue;
+    std::string b = im.in_name(1 - side);
+    if (bias->dims.size() != 1) {
+      b = im.fresh_value(b + ".bias");
+      Const flat = *bias;
+      flat.dims = {n};
+      im.add_weight(b, flat);
+    } else {
+      b = im.materialize(b, *bias);
+    }
+    std::string y = im.out(0);
+    im.graph().values[y] = im.graph().values.at(node.outputs[0]);
+    im.graph().values.erase(node.outputs[0]);
+    im.dyn_values().erase(mm);
+    node.outputs[0] = y;
+    node.inputs.push_back(b);
+    im.linear_of().erase(lin);
+    return true;
+  }
+  return false;
+}
+
+void binary(Importer& im, char op) {
+  if (im.opset() < 7)
+    im.allow({"broadcast", "axis"});
+  else
+    im.allow({});
+  im.arity(2, 2);
+  // Before opset 7, B broadcasts to A only with broadcast=1, aligned at 'axis' (by default
+  // at the back, which is NumPy's rule).
+  std::optional<Shape> b_dims;
+  if (im.opset() < 7 && im.attr_int("broadcast", 0) != 0 && im.has_attr("axis")) {
+    Shape a = im.shape_in(0), b = im.shape_in(1);
+    int64_t axis = axis_of(im.attr_int("axis", 0), a.size());
+    if (size_t(axis) + b.size() > a.size())
+      im.bad_attr("axis", "{} does not fit B {} into A {}", axis, shape_str(b), shape_str(a));
+    b.resize(a.size() - size_t(axis), 1);
+    if (b != im.shape_in(1)) b_dims = b;
+  }
+  const Const* ca = im.const_in(0);
+  const Const* cb = im.const_in(1);
+  if (ca && cb) {
+    Const b = *cb;
+    if (b_dims) b.dims = *b_dims;
+    return im.set_const(0, fold_binary(*ca, b, op));
+  }
+  if (op == '-' || op == '/')
+    im.unsupported("{} of run-time tensors is not supported (only constant shape arithmetic folds)",
+                   im.op());
+  std::string b_value;
+  if (b_dims) {
+    if (!cb)
+      im.unsupported_attr("axis", "legacy broadcasting of the run-time tensor '{}' at axis {}",
+                          im.in_name(1), im.attr_int("axis", 0));
+    Const b = *cb;
+    b.dims = *b_dims;
+    b_value = im.fresh_value(im.in_name(1) + ".broadcast");
+    im.add_weight(b_value, b);
+  }
+  if (op == '+' && !b_dims && take_bias(im)) return;
+  std::string a = im.dyn(0), b = b_dims ? b_value : im.dyn(1);
+  im.emit(op == '+' ? OpKind::Add : OpKind::Mul, {a, b}, {}, {im.out(0)});
+}
+
+void op_add(Importer& im) {
+  binary(im, '+');
+}
+void op_sub(Importer& im) {
+  binary(im, '-');
+}
+void op_mul(Importer& im) {
+  binary(im, '*');
+}
+void op_div(Importer& im) {
+  binary(im, '/');
+}
+
+// Sum and Mean of one or more inputs: a chain of adds, for Mean then a mul by 1/n.
+void sum_of(Importer& im, bool mean) {
+  im.allow({});
+  im.arity(std::max(im.n_in(), 1), INT_MAX);
+  const int n = im.n_in();
+  if (im.all_const()) {
+    Const acc = *im.const_in(0);
+    for (int k = 1; k < n; ++k) acc = fold_binary(acc, *im.const_in(k), '+');
+    if (mean) acc = fold_binary(acc, Const{TensorProto::FLOAT, {}, {float(1.0 / n)}, {}}, '*');
+    return im.set_const(0, acc);
+  }
+  if (n == 1) return pass_through(im);
+  std::string acc = im.dyn(0);
+  for (int k = 1; k < n; ++k) {
+    const std::string y = k == n - 1 && !mean
+                              ? im.out(0)
+                              : im.fresh_value(fmt::format("{}.sum{}", im.node().output(0), k));
+    im.emit(OpKind::Add, {acc, im.dyn(k)}, {}, {y}, k == 1 ? "" : fmt::format("add{}", k));
+    acc = y;
+  }
+  if (!mean) return;
+  const std::string scale = im.fresh_value(im.node().output(0) + ".scale");
+  im.add_weight(scale, Const{TensorProto::FLOAT, {1}, {float(1.0 / n)}, {}});
+  im.emit(OpKind::Mul, {acc, scale}, {}, {im.out(0)}, "scale");
+}
+
+void op_sum(Importer& im) {
+  sum_of(im, false);
+}
+void op_mean(Importer& im) {
+  sum_of(im, true);
+}
+
+// -- handlers: convolution and normalization --
+
+void op_conv(Importer& im) {
+  im.allow({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"});
+  im.arity(2, 3);
+  std::string x = im.dyn(0), w = im.dyn(1);
+  const Shape xs = im.value_shape(x), ws = im.value_shape(w);
+  if (xs.size() != 4)
+    im.unsupported("input '{}' has shape {}: epilog imports 2-D convolutions (NCHW input) only",
+                   im.in_name(0), shape_str(xs));
+  if (ws.size() != 4)
+    im.bad("weight '{}' has shape {}, expected 4 dims", im.in_name(1), shape_str(ws));
+  if (auto k = im.attr_ints("kernel_shape"))
+    if (*k != std::vector<int64_t>{ws[2], ws[3]})
+      im.bad_attr("kernel_shape", "is {} but the weight is {}", shape_str(*k), shape_str(ws));
+  std::vector<int64_t> stride = spatial(im, "strides", 1), dilation = spatial(im, "dilations", 1);
+  int64_t group = im.attr_int("group", 1);
+  if (group < 1 || group > kMaxDim) im.bad_attr("group", "{} is out of range", group);
+  std::vector<int64_t> extent = {(ws[2] - 1) * dilation[0] + 1, (ws[3] - 1) * dilation[1] + 1};
+  std::vector<int64_t> pad = padding(im, xs, extent, stride);
+  std::vector<std::string> ins = {x, w};
+  if (im.has_in(2)) ins.push_back(im.dyn(2));
+  im.emit(
+      OpKind::Conv2d, ins,
+      im.attrs({{"stride", stride}, {"padding", pad}, {"dilation", dilation}, {"groups", group}}),
+      {im.out(0)});
+}
+
+void op_batchnorm(Importer& im) {
+  im.allow({"epsilon", "momentum", "training_mode", "spatial", "is_test", "consumed_inputs"});
+  im.arity(5, 5, 5);
+  if (im.attr_int("training_mode", 0) != 0)
+    im.unsupported_attr("training_mode", "is 1; epilog imports inference-mode BatchNormalization");
+  if (im.opset() < 7 && im.attr_int("is_test", 0) == 0)
+    im.unsupported_attr("is_test",
+                        "is 0 (training); epilog imports inference-mode "
+                        "BatchNormalization");
+  if (im.attr_int("spatial", 1) != 1)
+    im.unsupported_attr("spatial", "is 0 (statistics per element); epilog normalizes per channel");
+  for (int k = 1; k < im.n_out(); ++k)
+    if (im.used_out(k))
+      im.unsupported(
+          "output {} ('{}') is a training statistic; epilog imports the inference "
+          "form with one output",
+          k, im.node().output(k));
+  // ONNX stores eps as float32; its shortest decimal (1e-05, not 9.99999974738e-06) is the
+  // value the exporter was given, and what dumps should show.
+  const float epsilon = im.attr_float("epsilon", 1e-5f);
+  if (!(epsilon >= 0 && std::isfinite(epsilon)))
+    im.bad_attr("epsilon", "is {}, expected a finite number >= 0", epsilon);
+  double eps = std::stod(fmt::format("{}", epsilon));
+  std::vector<std::string> ins;
+  for (int k = 0; k < 5; ++k) ins.push_back(im.dyn(k));
+  im.emit(OpKind::BatchNorm, ins, im.attrs({{"eps", eps}}), {im.out(0)});
+}
+
+// -- handlers: pooling and resizing --
+
+void pool(Importer& im, bool max) {
+  if (max)
+    im.allow(
+        {"auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order", "strides"});
+  else
+    im.allow({"auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads",
+              "strides"});
+  im.arity(1, 1, max ? 2 : 1);
+  if (im.used_out(1))
+    im.unsupported("output 1 ('{}', the indices of the maxima) is not supported",
+                   im.node().output(1));
+  if (im.attr_int("storage_order", 0) != 0)
+    im.unsupported_attr("storage_order", "is {}; only the default row-major order (0) is supported",
+                        im.attr_int("storage_order", 0));
+  if (auto d = im.attr_ints("dilations"))
+    if (std::any_of(d->begin(), d->end(), [](int64_t v) { return v != 1; }))
+      im.unsupported_attr("dilations", "{} is not supported (only 1)", shape_str(*d));
+  std::string x = im.dyn(0);
+  const Shape xs = im.value_shape(x);
+  if (xs.size() != 4)
+    im.unsupported("input '{}' has shape {}: epilog pools 2-D (NCHW input) only", im.in_name(0),
+                   shape_str(xs));
+  std::vector<int64_t> kernel = spatial(im, "kernel_shape", std::nullopt);
+  std::vector<int64_t> stride = spatial(im, "strides", 1);
+  std::vector<int64_t> pad = padding(im, xs, kernel, stride);
+  int64_t ceil_mode = im.attr_int("ceil_mode", 0) != 0;
+  // ONNX sizes a ceil_mode output as ceil((in + pads - k) / s) + 1; epilog (and PyTorch) drop
+  // a last window that would start in the end padding. Where the two differ the results
+  // would too.
+  for (int d = 0; ceil_mode && d < 2; ++d) {
+    int64_t in = xs[size_t(2 + d)], s = stride[size_t(d)];
+    int64_t span = in + pad[size_t(d)] + pad[size_t(d + 2)] - kernel[size_t(d)];
+    if (span < 0) break;
+    int64_t onnx_out = (span + s - 1) / s + 1;
+    if ((onnx_out - 1) * s >= in + pad[size_t(d)])
+      im.unsupported_attr("ceil_mode",
+                          "the last window would start in the end padding, where "
+                          "ONNX and epilog size the output differently");
+  }
+  if (max)
+    im.emit(
+        OpKind::MaxPool2d, {x},
+        im.attrs(
+            {{"kernel", kernel}, {"stride", stride}, {"padding", pad}, {"ceil_mode", ceil_mode}}),
+        {im.out(0)});
+  else
+    im.emit(OpKind::AvgPool2d, {x},
+            im.attrs({{"kernel", kernel},
+                      {"stride", stride},
+                      {"padding", pad},
+                      {"ceil_mode", ceil_mode},
+                      {"count_include_pad", int64_t(im.attr_int("count_include_pad", 0) != 0)}}),
+            {im.out(0)});
+}
+
+void op_maxpool(Importer& im) {
+  pool(im, true);
+}
+void op_avgpool(Importer& im) {
+  pool(im, false);
+}
+
+void op_global_avgpool(Importer& im) {
+  im.allow({});
+  im.arity(1, 1);
+  im.emit(OpKind::GlobalAvgPool, {im.dyn(0)}, {}, {im.out(0)});
+}
+
+void upsample(Importer& im, const std::string& x, const std::vector<double>& scales,
+              const char* what) {
+  const Shape& s = im.value_shape(x);
+  if (s.size() != 4)
+    im.unsupported("input '{}' has shape {}: epilog upsamples 4-D (NCHW) tensors only", x,
+                   shape_str(s));
+  if (scales.size() != 4) im.bad("{} has {} values, expected 4", what, scales.size());
+  if (scales[0] != 1 || scales[1] != 1)
+    im.unsupported("{} [{}] scale the batch or channel dim; epilog scales H and W only", what,
+                   fmt::join(scales, ", "));
+  std::vector<int64_t> factor;
+  for (int d = 2; d < 4; ++d) {
+    double v = scales[size_t(d)];
+    if (!(v >= 1 && v <= kMaxDim && v == std::floor(v)))
+      im.unsupported(
+          "{} [{}] are not integer up-scales (epilog's nearest upsampling takes integer "
+          "factors >= 1)",
+          what, fmt::join(scales, ", "));
+    factor.push_back(int64_t(v));
+  }
+  if (factor[0] == 1 && factor[1] == 1) return im.set_alias(0, x);
+  im.emit(OpKind::UpsampleNearest, {x}, im.attrs({{"scale", factor}}), {im.out(0)});
+}
+
+void op_resize(Importer& im) {
+  // Opset 18 adds 'axes' (scales or sizes for these axes only), 'keep_aspect_ratio_policy' (with
+  // sizes) and 'antialias' (for linear and cubic downscaling only, so nothing here).
+  if (im.opset() < 18)
+    im.allow({"coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
+              "extrapolation_value", "mode", "nearest_mode"});
+  else
+    im.allow({"antialias", "axes", "coordinate_transformation_mode", "cubic_coeff_a",
+              "exclude_outside", "extrapolation_value", "keep_aspect_ratio_policy", "mode",
+              "nearest_mode"});
+  im.arity(im.opset() < 11 ? 2 : 1, im.opset() < 11 ? 2 : 4);
+  const std::string mode = im.attr_string("mode", "nearest");
+  if (mode != "nearest")
+    im.unsupported_attr("mode", "is '{}'; epilog imports nearest-neighbour resizing only", mode);
+  // Resize-10 maps coordinates like Upsample: x / scale, rounded down.
+  const std::string ctm = im.opset() < 11
+                              ? "asymmetric"
+                              : im.attr_string("coordinate_transformation_mode", "half_pixel");
+  const std::string nearest =
+      im.opset() < 11 ? "floor" : im.attr_string("nearest_mode", "round_prefer_floor");
+  // With an integer scale s, output x = q*s + r (0 <= r < s) must read input q:
+  //   asymmetric: x/s = q + r/s, floored -> q.
+  //   half_pixel: (x + 0.5)/s - 0.5 = q + (r + 0.5)/s - 0.5 lies strictly within q +- 0.5, so
+  //   either rounding gives q (pytorch_half_pixel is the same for outputs longer than 1, and
+  //   half_pixel_symmetric where the output is exactly s times the input, as here).
+  //   tf_half_pixel_for_nn: (x + 0.5)/s = q + (r + 0.5)/s < q + 1, floored -> q.
+  const bool rounds = nearest == "round_prefer_floor" || nearest == "round_prefer_ceil";
+  const bool floors = nearest == "floor";
+  const bool half_pixel =
+      ctm == "half_pixel" || ctm == "pytorch_half_pixel" || ctm == "half_pixel_symmetric";
+  const bool ok = (ctm == "asymmetric" && floors) || (half_pixel && rounds) ||
+                  (ctm == "tf_half_pixel_for_nn" && floors);
+  if (!ok)
+    im.unsupported(
+        "coordinate_transformation_mode '{}' with nearest_mode '{}' is not supported "
+        "(epilog's nearest upsampling reads input floor(x / scale): asymmetric with "
+        "floor, or half_pixel with rounding)",
+        ctm, nearest);
+  std::string x = im.dyn(0);
+  const Shape& s = im.value_shape(x);
+  // The axes that scales or sizes list, in their order.
+  std::vector<int64_t> axes;
+  if (auto a = im.attr_ints("axes")) {
+    std::vector<bool> seen(s.size(), false);
+    for (int64_t v : *a) {
+      int64_t k = axis_of(v, s.size(), "axes value");
+      if (seen[size_t(k)]) im.bad_attr("axes", "lists axis {} twice", v);
+      seen[size_t(k)] = true;
+      axes.push_back(k);
+    }
+  } else {
+    for (size_t d = 0; d < s.size(); ++d) axes.push_back(int64_t(d));
+  }
+  std::vector<double> factors(s.size(), 1.0);
+  const int scales_at = im.opset() < 11 ? 1 : 2;
+  const Const* scales = im.has_in(scales_at) ? &im.cst(scales_at, "scales") : nullptr;
+  if (scales && scales->numel() == 0) scales = nullptr;
+  if (im.has_in(3)) {
+    if (scales) im.bad("has both scales and sizes; give one");
+    std::vector<int64_t> sizes = im.ints_in(3, "sizes");
+    if (sizes.size() != axes.size())
+      im.bad("sizes has {} values for {} axes of the {}-D input", sizes.size(), axes.size(),
+             s.size());
+    // keep_aspect_ratio_policy scales every listed axis alike, by the smallest (not_larger)
+    // or largest (not_smaller) ratio of sizes to the input.
+    const std::string policy = im.attr_string("keep_aspect_ratio_policy", "stretch");
+    if (policy != "stretch" && policy != "not_larger" && policy != "not_smaller")
+      im.bad_attr("keep_aspect_ratio_policy",
+                  "is '{}', expected stretch, not_larger or not_smaller", policy);
+    if (policy != "stretch") {
+      double f = policy == "not_larger" ? std::numeric_limits<double>::infinity() : 0.0;
+      for (size_t k = 0; k < axes.size(); ++k) {
+        const double ratio = double(sizes[k]) / double(s[size_t(axes[k])]);
+        f = policy == "not_larger" ? std::min(f, ratio) : std::max(f, ratio);
+      }
+      for (int64_t a : axes) factors[size_t(a)] = f;
+      return upsample(im, x, factors, "sizes");
+    }
+    for (size_t k = 0; k < axes.size(); ++k) {
+      const int64_t in = s[size_t(axes[k])];
+      if (sizes[k] < 1 || sizes[k] % in != 0)
+        im.unsupported("sizes {} are not integer multiples of the input {}", shape_str(sizes),
+                       shape_str(s));
+      factors[size_t(axes[k])] = double(sizes[k] / in);
+    }
+    return upsample(im, x, factors, "sizes");
+  }
+  if (!scales) im.bad("has neither scales nor sizes");
+  if (!scales->is_float()) im.bad("scales are {}, expected float", dtype_str(scales->dtype));
+  if (scales->f.size() != axes.size())
+    im.bad("scales has {} values for {} axes of the {}-D input", scales->f.size(), axes.size(),
+           s.size());
+  for (size_t k = 0; k < axes.size(); ++k) factors[size_t(axes[k])] = scales->f[k];
+  upsample(im, x, factors, "scales");
+}
+
+void op_upsample(Importer& im) {
+  if (im.opset() < 7)
+    im.unsupported("Upsample before opset 7 (experimental form) is not supported");
+  im.allow(im.opset() < 9 ? std::initializer_list<const char*>{"mode", "scales"}
+                          : std::initializer_list<const char*>{"mode"});
+  im.arity(im.opset() < 9 ? 1 : 2, im.opset() < 9 ? 1 : 2);
+  const std::string mode = im.attr_string("mode", "nearest");
+  if (mode != "nearest")
+    im.unsupported_attr("mode", "is '{}'; epilog imports nearest-neighbour upsampling only", mode);
+  std::vector<double> scales;
+  if (im.opset() < 9) {
+    auto s = im.attr_floats("scales");
+    if (!s) im.bad("attribute 'scales' is required");
+    scales.assign(s->begin(), s->end());
+  } else {
+    const Const& c = im.cst(1, "scales");
+    if (!c.is_float()) im.bad("scales are {}, expected float", dtype_str(c.dtype));
+    scales.assign(c.f.begin(), c.f.end());
+  }
+  upsample(im, im.dyn(0), scales, "scales");
+}
+
+// -- handlers: reductions --
+
+// The axes of a Reduce* node, sorted and within [0, rank), and keepdims. The axes are an
+// attribute before opset `input_from` (13 for ReduceSum, 18 for the others) and input 1 from
+// then on. No axes reduce every axis, unless noop_with_empty_axes (from `input_from`) makes
+// the node an identity.
+struct ReduceArgs {
+  std::vector<int64_t> axes;
+  bool keepdims = true;
+  bool noop = false;
+};
+
+ReduceArgs reduce_args(Importer& im, int64_t input_from) {
+  const bool as_input = im.opset() >= input_from;
+  if (as_input)
+    im.allow({"keepdims", "noop_with_empty_axes"});
+  else
+    im.allow({"axes", "keepdims"});
+  im.arity(1, as_input ? 2 : 1);
+  const size_t rank = im.shape_in(0).size();
+  std::vector<int64_t> given;
+  if (!as_input) {
+    if (auto a = im.attr_ints("axes")) given = *a;
+  } else if (im.has_in(1)) {
+    given = im.ints_in(1, "axes");
+  }
+  ReduceArgs r;
+  r.keepdims = im.attr_int("keepdims", 1) != 0;
+  r.noop = given.empty() && as_input && im.attr_int("noop_with_empty_axes", 0) != 0;
+  std::vector<bool> reduced(rank, given.empty() && !r.noop);
+  for (int64_t a : given) {
+    const int64_t k = axis_of(a, rank, "axes value");
+    if (reduced[size_t(k)]) im.bad("axis {} is given twice", a);
+    reduced[size_t(k)] = true;
+  }
+  for (size_t d = 0; d < rank; ++d)
+    if (reduced[d]) r.axes.push_back(int64_t(d));
+  return r;
+}
+
+// The mean over H and W of an NCHW tensor is global_avgpool (then a flatten without keepdims).
+void op_reduce_mean(Importer& im) {
+  const ReduceArgs r = reduce_args(im, 18);
+  if (r.noop) return pass_through(im);
+  const std::string x = im.dyn(0);
+  const Shape& s = im.value_shape(x);
+  if (s.size() != 4 || r.axes != std::vector<int64_t>{2, 3})
+    im.unsupported(
+        "the mean over axes {} of the {}-D tensor '{}' is not supported (epilog imports the "
+        "mean over H and W of an NCHW tensor, as global_avgpool)",
+        shape_str(r.axes), s.size(), im.in_name(0));
+  if (r.keepdims) return im.emit(OpKind::GlobalAvgPool, {x}, {}, {im.out(0)});
+  const std::string pooled = im.fresh_value(im.node().output(0) + ".pool");
+  im.emit(OpKind::GlobalAvgPool, {x}, {}, {pooled});
+  im.emit(OpKind::Flatten, {pooled}, im.attrs({{"axis", int64_t(1)}}), {im.out(0)}, "flatten");
+}
+
+// -- handlers: linear layers --
+
+// linear takes its weight as [N, K]; ONNX's B is [K, N].
+std::string transposed_weight(Importer& im, const std::string& name, const Const& b) {
+  if (!b.is_float()) im.bad("input B '{}' is {}, expected float", name, dtype_str(b.dtype));
+  if (b.dims.size() != 2)
+    im.bad("input B '{}' has shape {}, expected 2 dims", name, shape_str(b.dims));
+  Const t = fold_transpose(b, {1, 0});
+  std::string w = im.fresh_value(name + ".T");
+  if (checked_numel(t.dims, kMaxNumel) == 0) im.unsupported("input B '{}' is empty", name);
+  im.add_weight(w, t);
+  return w;
+}
+
+void op_gemm(Importer& im) {
+  im.allow({"alpha", "beta", "transA", "transB", "broadcast"});
+  im.arity(2, 3);
+  if (im.attr_int("transA", 0) != 0)
+    im.unsupported_attr("transA", "is 1; epilog imports Gemm with transA=0 only");
+  if (im.attr_float("alpha", 1) != 1)
+    im.unsupported_attr("alpha", "is {}; epilog imports Gemm with alpha=1 only",
+                        im.attr_float("alpha", 1));
+  // beta = 0 drops C (PyTorch's mm exports so); any other beta but 1 would scale it.
+  const float beta = im.attr_float("beta", 1);
+  const bool with_c = im.has_in(2) && beta != 0;
+  if (with_c && beta != 1)
+    im.unsupported_attr("beta", "is {}; epilog imports Gemm with beta 0 or 1 only", beta);
+  std::string a = im.dyn(0);
+  if (im.value_shape(a).size() != 2)
+    im.bad("input A '{}' has shape {}, expected 2 dims", im.in_name(0),
+           shape_str(im.value_shape(a)));
+  std::string w;
+  if (im.attr_int("transB", 0) != 0) {
+    w = im.dyn(1);
+  } else {
+    const Const* b = im.const_in(1);
+    if (!b)
+      im.unsupported_attr("transB",
+                          "is 0 and B '{}' is computed at run time; epilog needs B "
+                          "constant to transpose it at import",
+                          im.in_name(1));
+    w = transposed_weight(im, im.in_name(1), *b);
+  }
+  if (im.value_shape(w).size() != 2)
+    im.bad("input B '{}' has shape {}, expected 2 dims", im.in_name(1),
+           shape_str(im.value_shape(w)));
+  const int64_t n = im.value_shape(w)[0];
+  std::vector<std::string> ins = {a, w};
+  std::string add;  // a bias that is not one value per output feature
+  if (with_c) {
+    const Shape cs = im.shape_in(2);
+    const Const* c = im.const_in(2);
+    if (c && c->is_float() && cs.size() <= 2 &&
+        std::all_of(cs.begin(), cs.end() - (cs.empty() ? 0 : 1),
+                    [](int64_t d) { return d == 1; }) &&
+        (cs.empty() || cs.back() == 1 || cs.back() == n)) {
+      // One value per output feature (or one for all): the linear bias, spread to [N].
+      Const bias;
+      bias.dims = {n};
+      check_folded(bias.dims, c->numel());
+      for (int64_t k = 0; k < n; ++k) bias.f.push_back(c->numel() == 1 ? c->f[0] : c->f[size_t(k)]);
+      std::string b = cs == Shape{n} ? im.materialize(im.in_name(2), *c)
+                                     : im.fresh_value(im.in_name(2) + ".bias");
+      if (!im.graph().values.count(b)) im.add_weight(b, bias);
+      ins.push_back(b);
+    } else if (!c && cs == Shape{n}) {
+      ins.push_back(im.dyn(2));
+    } else {
+      add = im.dyn(2);
+    }
+  }
+  if (add.empty()) return im.emit(OpKind::Linear, ins, {}, {im.out(0)});
+  std::string y = im.fresh_value(im.node().output(0) + ".mm");
+  im.emit(OpKind::Linear, ins, {}, {y});
+  im.emit(OpKind::Add, {y, add}, {}, {im.out(0)}, "bias");
+}
+
+void op_matmul(Importer& im) {
+  im.allow({});
+  im.arity(2, 2);
+  std::string a = im.dyn(0);
+  const Const* b = im.const_in(1);
+  if (im.value_shape(a).size() != 2 || !b || b->dims.size() != 2)
+    im.unsupported(
+        "epilog imports MatMul of a 2-D tensor by a constant matrix only (here {} by "
+        "{} '{}')",
+        shape_str(im.value_shape(a)), b ? "the constant" : "the run-time tensor", im.in_name(1));
+  std::string w = transposed_weight(im, im.in_name(1), *b);
+  im.linear_of()[im.node().output(0)] = im.graph().nodes.size();
+  im.emit(OpKind::Linear, {a, w}, {}, {im.out(0)});
+}
+
+// -- handlers: layout --
+
+void op_concat(Importer& im) {
+  im.allow({"axis"});
+  im.arity(1, INT_MAX);
+  int64_t axis = im.attr_int_req("axis");
+  if (im.all_const()) {
+    std::vector<const Const*> xs;
+    for (int k = 0; k < im.n_in(); ++k)
+      if (im.has_in(k)) xs.push_back(im.const_in(k));
+    return im.set_const(0, fold_concat(xs, axis));
+  }
+  std::vector<std::string> ins;
+  for (int k = 0; k < im.n_in(); ++k) {
+    if (!im.has_in(k)) continue;
+    // An empty constant adds nothing (PyTorch's exports concat them in shape arithmetic).
+    if (const Const* c = im.const_in(k); c && c->numel() == 0) continue;
+    ins.push_back(im.dyn(k));
+  }
+  if (ins.size() == 1) {
+    axis_of(axis, im.value_shape(ins[0]).size());
+    return im.set_alias(0, ins[0]);
+  }
+  im.emit(OpKind::Concat, ins, im.attrs({{"axis", axis}}), {im.out(0)});
+}
+
+void op_split(Importer& im) {
+  // The sizes: an attribute before opset 13, an input from then on; or, from opset 18, a
+  // number of outputs of ceil(dim / n) each, the last one smaller.
+  if (im.opset() < 13)
+    im.allow({"axis", "split"});
+  else if (im.opset() < 18)
+    im.allow({"axis"});
+  else
+    im.allow({"axis", "num_outputs"});
+  im.arity(1, im.opset() < 13 ? 1 : 2, INT_MAX);
+  const Shape s = im.shape_in(0);
+  const int64_t axis = axis_of(im.attr_int("axis", 0), s.size());
+  const int64_t dim = s[size_t(axis)];
+  std::vector<int64_t> sizes;
+  if (im.opset() < 13) {
+    if (auto v = im.attr_ints("split")) sizes = *v;
+  } else if (im.has_in(1)) {
+    if (im.has_attr("num_outputs"))
+      im.bad("has both the 'split' input and 'num_outputs'; give one");
+    sizes = im.ints_in(1, "split");
+  }
+  if (im.has_attr("num_outputs") && !im.has_in(1)) {
+    const int64_t n = im.attr_int("num_outputs", 0);
+    if (n < 1 || n != im.n_out()) im.bad_attr("num_outputs", "is {} for {} outputs", n, im.n_out());
+    const int64_t chunk = dim / n + (dim % n != 0);
+    if (chunk * (n - 1) >= dim && dim > 0)
+      im.bad_attr("num_outputs", "{} parts of {} elements leave the last one empty", n, dim);
+    sizes.assign(size_t(n), chunk);
+    sizes.back() = dim - chunk * (n - 1);
+  }
+  if (sizes.empty()) {
+    int64_t parts = im.n_out();
+    if (dim % parts != 0) im.bad("cannot split {} elements into {} equal parts", dim, parts);
+    sizes.assign(size_t(parts), dim / parts);
+  }
+  if (int64_t(sizes.size()) != im.n_out())
+    im.bad("split has {} sizes for {} outputs", sizes.size(), im.n_out());
+  int64_t total = 0;
+  for (int64_t v : sizes) {
+    if (v < 0 || v > dim) im.bad("split sizes {} do not fit dim {}", shape_str(sizes), dim);
+    total += v;
+  }
+  if (total != dim) im.bad("split sizes {} add up to {}, not {}", shape_str(sizes), total, dim);
+  if (const Const* c = im.const_in(0)) {
+    int64_t start = 0;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      im.set_const(int(k), fold_slice(*c, {{axis, start, sizes[k], 1}}));
+      start += sizes[k];
+    }
+    return;
+  }
+  if (std::any_of(sizes.begin(), sizes.end(), [](int64_t v) { return v == 0; }))
+    im.unsupported("split sizes {} make an empty output", shape_str(sizes));
+  std::string x = im.dyn(0);
+  if (sizes.size() == 1) return im.set_alias(0, x);
+  std::vector<std::string> outs;
+  for (int k = 0; k < im.n_out(); ++k) outs.push_back(im.out(k));
+  im.emit(OpKind::Split, {x}, im.attrs({{"axis", axis}, {"sizes", sizes}}), outs);
+}
+
+void op_slice(Importer& im) {
+  if (im.opset() < 10) {
+    im.allow({"starts", "ends", "axes"});
+    im.arity(1, 1);
+  } else {
+    im.allow({});
+    im.arity(3, 5);
+  }
+  const Shape s = im.shape_in(0);
+  std::vector<int64_t> starts, ends, axes, steps;
+  if (im.opset() < 10) {
+    auto a = im.attr_ints("starts"), b = im.attr_ints("ends");
+    if (!a || !b) im.bad("attributes 'starts' and 'ends' are required");
+    starts = *a;
+    ends = *b;
+    if (auto c = im.attr_ints("axes")) axes = *c;
+  } else {
+    starts = im.ints_in(1, "starts");
+    ends = im.ints_in(2, "ends");
+    if (im.has_in(3)) axes = im.ints_in(3, "axes");
+    if (im.has_in(4)) steps = im.ints_in(4, "steps");
+  }
+  if (axes.empty())
+    for (size_t k = 0; k < starts.size(); ++k) axes.push_back(int64_t(k));
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+    im.bad("starts, ends, axes and steps have {}, {}, {} and {} values", starts.size(), ends.size(),
+           axes.size(), steps.size());
+  std::vector<SliceAxis> cut;
+  std::set<int64_t> seen;
+  for (size_t k = 0; k < starts.size(); ++k) {
+    const int64_t axis = axis_of(axes[k], s.size());
+    if (!seen.insert(axis).second) im.bad("axis {} is sliced twice", axis);
+    const int64_t dim = s[size_t(axis)], step = steps[k];
+    if (step == 0) im.bad("step 0 on axis {}", axis);
+    // ONNX's rules: negative positions count from the end, then clamp to the axis
+    // ([0, dim] going forward, [-1, dim-1] going backward).
+    auto place = [&](int64_t v, int64_t lo, int64_t hi) {
+      v = std::clamp(v, -dim - 1, dim + 1);
+      if (v < 0) v += dim;
+      return std::clamp(v, lo, hi);
+    };
+    // An empty axis (of a constant) has nothing to take, going either way.
+    if (dim == 0) continue;
+    int64_t b = step > 0 ? place(starts[k], 0, dim) : place(starts[k], 0, dim - 1);
+    int64_t e = step > 0 ? place(ends[k], 0, dim) : place(ends[k], -1, dim - 1);
+    // Unsigned magnitudes: a step of INT64_MIN or INT64_MAX must not overflow.
+    const int64_t dist = step > 0 ? e - b : b - e;
+    const uint64_t mag = step > 0 ? uint64_t(step) : uint64_t(0) - uint64_t(step);
+    const int64_t count = dist <= 0 ? 0 : 1 + int64_t(uint64_t(dist - 1) / mag);
+    if (count == dim && step == 1) continue;  // the whole axis
+    cut.push_back({axis, b, count, step});
+  }
+  if (const Const* c = im.const_in(0)) return im.set_const(0, fold_slice(*c, cut));
+  std::string x = im.dyn(0);
+  for (size_t k = 0; k < cut.size(); ++k) {
+    const SliceAxis& c = cut[k];
+    if (c.step != 1)
+      im.unsupported("step {} on axis {} of a run-time tensor is not supported (only 1)", c.step,
+                     c.axis);
+    if (c.count == 0) im.unsupported("the slice of axis {} is empty", c.axis);
+    // A split into [before, wanted, after]; the unused parts are left to dead-code removal.
+    const int64_t dim = im.value_shape(x)[size_t(c.axis)];
+    std::vector<int64_t> sizes;
+    std::vector<std::string> outs;
+    if (c.start > 0) {
+      sizes.push_back(c.start);
+      outs.push_back(im.fresh_value(fmt::format("{}.before{}", im.name(), c.axis)));
+    }
+    size_t keep = sizes.size();
+    sizes.push_back(c.count);
+    outs.push_back(k + 1 == cut.size()
+                       ? im.out(0)
+                       : im.fresh_value(fmt::format("{}.axis{}", im.name(), c.axis)));
+    if (c.start + c.count < dim) {
+      sizes.push_back(dim - c.start - c.count);
+      outs.push_back(im.fresh_value(fmt::format("{}.after{}", im.name(), c.axis)));
+    }
+    im.emit(OpKind::Split, {x}, im.attrs({{"axis", c.axis}, {"sizes", sizes}}), outs,
+            k == 0 ? "" : fmt::format("axis{}", c.axis));
+    x = outs[keep];
+  }
+  if (cut.empty()) im.set_alias(0, x);
+}
+
+// Pad: 'pads' (and 'value') attributes before opset 11, inputs from then on (pads,
+// constant_value, and from opset 18 the axes the pads are for); mode constant, reflect, edge
+// or (from 19) wrap. Zero pads are the input itself; other pads need a pad op.
+void op_pad(Importer& im) {
+  if (im.opset() < 11)
+    im.allow({"mode", "pads", "value"});
+  else
+    im.allow({"mode"});
+  im.arity(im.opset() < 11 ? 1 : 2, im.opset() < 11 ? 1 : (im.opset() < 18 ? 3 : 4));
+  const std::string mode = im.attr_string("mode", "constant");
+  if (mode != "constant" && mode != "reflect" && mode != "edge" &&
+      !(mode == "wrap" && im.opset() >= 19))
+    im.bad_attr("mode", "is '{}', expected constant, reflect, edge{}", mode,
+                im.opset() >= 19 ? " or wrap" : "");
+  std::vector<int64_t> pads;
+  if (im.opset() < 11) {
+    auto p = im.attr_ints("pads");
+    if (!p) im.bad("attribute 'pads' is required");
+    pads = *p;
+  } else {
+    pads = im.ints_in(1, "pads");
+  }
+  const size_t rank = im.shape_in(0).size();
+  size_t axes = rank;
+  if (im.has_in(3)) axes = im.ints_in(3, "axes").size();
+  if (pads.size() != 2 * axes)
+    im.bad("has {} pads for {} axes, expected two per axis", pads.size(), axes);
+  if (std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; }))
+    return pass_through(im);
+  im.unsupported("padding by {} ({}) is not supported", shape_str(pads), mode);
+}
+
+void op_flatten(Importer& im) {
+  im.allow({"axis"});
+  im.arity(1, 1);
+  const Shape s = im.shape_in(0);
+  int64_t axis = im.attr_int("axis", 1);
+  if (axis < -int64_t(s.size()) || axis > int64_t(s.size()))
+    im.bad_attr("axis", "{} is out of range for rank {}", axis, s.size());
+  if (axis < 0) axis += int64_t(s.size());
+  if (const Const* c = im.const_in(0)) {
+    Const r = *c;
+    r.dims = {1, 1};
+    for (size_t d = 0; d < s.size(); ++d) r.dims[int64_t(d) < axis ? 0 : 1] *= s[d];
+    return im.set_const(0, r);
+  }
+  im.emit(OpKind::Flatten, {im.dyn(0)}, im.attrs({{"axis", axis}}), {im.out(0)});
+}
+
+void op_reshape(Importer& im) {
+  im.allow({"allowzero"});
+  im.arity(2, 2);
+  Shape target = reshaped(im.shape_in(0), im.ints_in(1, "shape"), im.attr_int("allowzero", 0) != 0);
+  reshape_to(im, target);
+}
+
+void op_unsqueeze(Importer& im) {
+  auto axes = axes_arg(im);
+  if (!axes) im.bad("axes are required");
+  Shape s = im.shape_in(0);
+  const size_t rank = s.size() + axes->size();
+  if (rank > kMaxRank) im.bad("makes {} dims", rank);
+  std::vector<bool> added(rank, false);
+  for (int64_t a : *axes) {
+    int64_t k = axis_of(a, rank, "axes value");
+    if (added[size_t(k)]) im.bad("axis {} is given twice", a);
+    added[size_t(k)] = true;
+  }
+  Shape target;
+  for (size_t k = 0, from = 0; k < rank; ++k) target.push_back(added[k] ? 1 : s[from++]);
+  reshape_to(im, target);
+}
+
+void op_squeeze(Importer& im) {
+  auto axes = axes_arg(im);
+  Shape s = im.shape_in(0);
+  std::vector<bool> drop(s.size(), false);
+  if (axes) {
+    for (int64_t a : *axes) {
+      int64_t k = axis_of(a, s.size(), "axes value");
+      if (s[size_t(k)] != 1) im.bad("cannot squeeze axis {} of size {}", a, s[size_t(k)]);
+      drop[size_t(k)] = true;
+    }
+  } else {
+    for (size_t k = 0; k < s.size(); ++k) drop[k] = s[k] == 1;
+  }
+  Shape target;
+  for (size_t k = 0; k < s.size(); ++k)
+    if (!drop[k]) target.push_back(s[k]);
+  reshape_to(im, target);
+}
+
+void op_transpose(Importer& im) {
+  im.allow({"perm"});
+  im.arity(1, 1);
+  const Shape s = im.shape_in(0);
+  std::vector<int64_t> perm;
+  if (auto p = im.attr_ints("perm")) {
+    perm = *p;
+  } else {
+    for (size_t k = s.size(); k-- > 0;) perm.push_back(int64_t(k));
+  }
+  std::vector<bool> used(s.size(), false);
+  if (perm.size() != s.size())
+    im.bad_attr("perm", "has {} values for rank {}", perm.size(), s.size());
+  for (int64_t p : perm) {
+    if (p < 0 || p >= int64_t(s.size()) || used[size_t(p)])
+      im.bad_attr("perm", "{} is not a permutation of 0..{}", shape_str(perm), s.size() - 1);
+    used[size_t(p)] = true;
+  }
+  if (const Const* c = im.const_in(0)) return im.set_const(0, fold_transpose(*c, perm));
+  for (size_t k = 0; k < perm.size(); ++k)
+    if (perm[k] != int64_t(k))
+      im.unsupported("transposing a run-time tensor is not supported (only constants fold)");
+  im.set_alias(0, im.dyn(0));
+}
+
+// -- handlers: constants and shape arithmetic --
+
+void op_identity(Importer& im) {
+  im.allow({});
+  im.arity(1, 1);
+  pass_through(im);
+}
+
+// Dropout at inference is its input; so is training with ratio 0. The mask output is refused.
+void op_dropout(Importer& im) {
+  if (im.opset() < 7)
+    im.allow({"consumed_inputs", "is_test", "ratio"});
+  else if (im.opset() < 12)
+    im.allow({"ratio"});
+  else
+    im.allow({"seed"});
+  // From opset 12 the ratio and training_mode are inputs.
+  im.arity(1, im.opset() < 12 ? 1 : 3, 2);
+  bool training = im.opset() < 7 && im.attr_int("is_test", 0) == 0;
+  float ratio = im.attr_float("ratio", 0.5f);
+  if (im.has_in(1)) ratio = float(scalar_in(im, 1, "ratio"));
+  if (im.has_in(2)) training = scalar_in(im, 2, "training_mode") != 0;
+  if (training && ratio != 0)
+    im.unsupported("is in training mode with ratio {}; epilog imports inference-mode Dropout",
+                   ratio);
+  if (im.used_out(1))
+    im.unsupported("output 1 ('{}', the mask) is not supported", im.node().output(1));
+  pass_through(im);
+}
+
+void op_constant(Importer& im) {
+  im.allow({"value", "value_float", "value_floats", "value_int", "value_ints", "value_string",
+            "value_strings", "sparse_value"});
+  im.arity(0, 0);
+  if (im.attributes().size() != 1)
+    im.bad("needs exactly one value attribute, has {}", im.attributes().size());
+  const std::string& kind = im.attributes().begin()->first;
+  Const c;
+  if (kind == "value") {
+    c = im.reader().read(im.attr("value", AttributeProto::TENSOR)->t(),
+                         fmt::format("{}: attribute 'value'", im.where()));
+  } else if (kind == "value_float") {
+    c.f = {im.attr_float("value_float", 0)};
+  } else if (kind == "value_floats") {
+    c.f = *im.attr_floats("value_floats");
+    c.dims = {int64_t(c.f.size())};
+  } else if (kind == "value_int") {
+    c = int_const({}, {im.attr_int("value_int", 0)});
+  } else if (kind == "value_ints") {
+    std::vector<int64_t> v = *im.attr_ints("value_ints");
+    c = int_const({int64_t(v.size())}, v);
+  } else {
+    im.unsupported_attr(kind, "string and sparse constants are not supported");
+  }
+  im.set_const(0, std::move(c));
+}
+
+void op_constant_of_shape(Importer& im) {
+  im.allow({"value"});
+  im.arity(1, 1);
+  std::vector<int64_t> dims = im.ints_in(0, "shape");
+  Const fill;
+  fill.f = {0.0f};
+  if (im.has_attr("value")) {
+    fill = im.reader().read(im.attr("value", AttributeProto::TENSOR)->t(),
+                            fmt::format("{}: attribute 'value'", im.where()));
+    if (fill.numel() != 1) im.bad_attr("value", "has {} elements, expected 1", fill.numel());
+  }
+  check_folded(dims, 0);
+  Const c = take(fill, dims, std::vector<int64_t>(size_t(checked_numel(dims, kMaxFolded)), 0));
+  im.set_const(0, std::move(c));
+}
+
+void op_shape(Importer& im) {
+  im.allow({"start", "end"});
+  im.arity(1, 1);
+  const Shape s = im.shape_in(0);
+  const int64_t r = int64_t(s.size());
+  auto place = [&](int64_t v) {
+    return std::clamp(v < 0 ? std::max(v, -r) + r : v, int64_t(0), r);
+  };
+  int64_t b = place(im.attr_int("start", 0)), e = place(im.attr_int("end", r));
+  std::vector<int64_t> dims(s.begin() + b, s.begin() + std::max(b, e));
+  im.set_const(0, int_const({int64_t(dims.size())}, dims));
+}
+
+void op_gather(Importer& im) {
+  im.allow({"axis"});
+  im.arity(2, 2);
+  const Const* data = im.const_in(0);
+  if (!data)
+    im.unsupported("gathering from the run-time tensor '{}' is not supported (only constants fold)",
+                   im.in_name(0));
+  const Const& idx = im.cst(1, "indices");
+  if (idx.is_float()) im.bad("indices '{}' are float, expected integers", im.in_name(1));
+  im.set_const(0, fold_gather(*data, idx, im.attr_int("axis", 0)));
+}
+
+// Cast and CastLike: a constant folds; a run-time tensor stays float32 ('saturate', from
+// opset 19, is for float8 only).
+void cast_to(Importer& im, int64_t to) {
+  const Const* c = im.const_in(0);
+  if (!c) {
+    if (to != TensorProto::FLOAT)
+      im.unsupported("casts a run-time tensor to {}; only float32 tensors flow",
+                     dtype_str(int(to)));
+    return im.set_alias(0, im.dyn(0));
+  }
+  if (to != TensorProto::FLOAT && to != TensorProto::INT64 && to != TensorProto::INT32 &&
+      to != TensorProto::BOOL)
+    im.unsupported("casts to {}: constants fold to FLOAT, INT64, INT32 and BOOL only",
+                   dtype_str(int(to)));
+  im.set_const(0, fold_cast(*c, to));
+}
+
+void op_cast(Importer& im) {
+  im.allow({"to", "saturate"});
+  im.arity(1, 1);
+  cast_to(im, im.attr_int_req("to"));
+}
+
+// To the type of input 1: a constant's, or float32 for a run-time tensor.
+void op_cast_like(Importer& im) {
+  im.allow({"saturate"});
+  im.arity(2, 2);
+  const Const* like = im.const_in(1);
+  cast_to(im, like ? like->dtype : int32_t(TensorProto::FLOAT));
+}
+
+}  // namespace
+
+const std::map<std::string, OpHandler>& op_handlers() {
+  static const std::map<std::string, OpHandler> table = {
+      {"Add", op_add},
+      {"AveragePool", op_avgpool},
+      {"BatchNormalization", op_batchnorm},
+      {"Cast", op_cast},
+      {"CastLike", op_cast_like},
+      {"Clip", op_clip},
+      {"Concat", op_concat},
+      {"Constant", op_constant},
+      {"ConstantOfShape", op_constant_of_shape},
+      {"Conv", op_conv},
+      {"Div", op_div},
+      {"Dropout", op_dropout},
+      {"Flatten", op_flatten},
+      {"Gather", op_gather},
+      {"Gemm", op_gemm},
+      {"GlobalAveragePool", op_global_avgpool},
+      {"Identity", op_identity},
+      {"MatMul", op_matmul},
+      {"MaxPool", op_maxpool},
+      {"Mean", op_mean},
+      {"Mul", op_mul},
+      {"Pad", op_pad},
+      {"ReduceMean", op_reduce_mean},
+      {"Relu", op_relu},
+      {"Reshape", op_reshape},
+      {"Resize", op_resize},
+      {"Shape", op_shape},
+      {"Sigmoid", op_sigmoid},
+      {"Slice", op_slice},
+      {"Split", op_split},
+      {"Squeeze", op_squeeze},
+      {"Sub", op_sub},
+      {"Sum", op_sum},
+      {"Transpose", op_transpose},
+      {"Unsqueeze", op_unsqueeze},
+      {"Upsample", op_upsample},
+  };
+  return table;
+}
+
+}  // namespace epilog::onnx_import
+
+#endif  // EPILOG_HAVE_ONNX

@@ -1,0 +1,571 @@
+// The ONNX forms of opsets 11 to 21 and of PyTorch's dynamo exporter (opset 18 and 20, weights
+// in an external .onnx.data file): each form imported on its own, checked structurally and
+// numerically (against hand-computed values or the older spelling of the same model), and the
+// forms epilog refuses, each with one message naming the node and the op.
+#ifdef EPILOG_HAVE_ONNX
+
+#include <catch2/catch.hpp>
+#include <limits>
+
+#include "epilog/graph/passes.h"
+#include "onnx_model.h"
+
+namespace {
+
+using namespace epilog;
+using namespace epilog::onnx_test;
+
+// The mean of each [H, W] plane of x, [N, C].
+std::vector<float> plane_means(const Tensor& x) {
+  const Shape& s = x.shape();
+  const int64_t plane = s[2] * s[3];
+  std::vector<float> out;
+  for (int64_t p = 0; p < s[0] * s[1]; ++p) {
+    double sum = 0;
+    for (int64_t k = 0; k < plane; ++k) sum += x.f32()[p * plane + k];
+    out.push_back(float(sum / double(plane)));
+  }
+  return out;
+}
+
+void check_means(const Tensor& got, const Tensor& x) {
+  std::vector<float> want = plane_means(x), have = values(got);
+  REQUIRE(have.size() == want.size());
+  for (size_t k = 0; k < want.size(); ++k) CHECK(have[k] == Approx(want[k]).epsilon(1e-5));
+}
+
+// x [1, 4, 3, 5] -> ReduceMean over `axes` (an attribute before opset 18, an input from then on).
+Model reduce_mean_model(int64_t opset, const std::vector<int64_t>& axes, int64_t keepdims,
+                        const Shape& x = {1, 4, 3, 5}) {
+  Model m(opset);
+  m.input("x", x);
+  onnx::NodeProto* n;
+  if (opset < 18) {
+    n = &m.node("ReduceMean", {"x"}, {"y"}, "mean");
+    set_ints(*n, "axes", axes);
+  } else {
+    m.ints("axes", axes);
+    n = &m.node("ReduceMean", {"x", "axes"}, {"y"}, "mean");
+  }
+  set_i(*n, "keepdims", keepdims);
+  m.output("y");
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("onnx forms: every opset from 11 to 21 loads", "[onnx]") {
+  for (int64_t opset = 11; opset <= 21; ++opset) {
+    INFO("opset " << opset);
+    Model m(opset);
+    m.input("x", {1, 2, 4, 4});
+    m.random("w", {3, 2, 3, 3}, 1);
+    set_ints(m.node("Conv", {"x", "w"}, {"c"}, "conv"), "pads", {1, 1, 1, 1});
+    m.node("Relu", {"c"}, {"y"});
+    m.output("y");
+    CHECK(m.load().value("y").shape == Shape{1, 3, 4, 4});
+  }
+}
+
+TEST_CASE("onnx forms: ReduceMean over H and W becomes global_avgpool", "[onnx]") {
+  Tensor x = Tensor::randn({1, 4, 3, 5}, 7);
+  // keepdims 1, axes [2, 3] as an attribute (opset 17) or [-2, -1] as an input (opset 18).
+  for (auto [opset, axes] :
+       {std::pair<int64_t, std::vector<int64_t> >{17, {2, 3}}, {18, {-2, -1}}, {20, {3, 2}}}) {
+    INFO("opset " << opset);
+    Graph g = reduce_mean_model(opset, axes, 1).load();
+    REQUIRE(g.nodes.size() == 1);
+    CHECK(g.nodes[0].op == OpKind::GlobalAvgPool);
+    CHECK(g.nodes[0].name == "mean");
+    CHECK(g.value("y").shape == Shape{1, 4, 1, 1});
+    check_means(run1(g, x), x);
+  }
+  // keepdims 0: global_avgpool, then a flatten.
+  Graph g = reduce_mean_model(18, {2, 3}, 0).load();
+  CHECK(count(g, OpKind::GlobalAvgPool) == 1);
+  CHECK(count(g, OpKind::Flatten) == 1);
+  CHECK(g.value("y").shape == Shape{1, 4});
+  check_means(run1(g, x), x);
+
+  // keepdims 0, then the flatten-like Reshape the exporters write: nothing more.
+  Model m = reduce_mean_model(17, {2, 3}, 0);
+  m.g().mutable_output()->Clear();
+  m.g().mutable_node(0)->set_output(0, "pooled");
+  m.ints("shape", {1, -1});
+  m.node("Reshape", {"pooled", "shape"}, {"y"});
+  m.output("y");
+  g = m.load();
+  CHECK(g.nodes.size() == 2);
+  CHECK(g.value("y").shape == Shape{1, 4});
+  check_means(run1(g, x), x);
+
+  // noop_with_empty_axes and no axes: the input itself.
+  Model noop(18);
+  noop.input("x", {1, 4, 3, 5});
+  auto& n = noop.node("ReduceMean", {"x"}, {"r"}, "mean");
+  set_i(n, "noop_with_empty_axes", 1);
+  noop.node("Relu", {"r"}, {"y"});
+  noop.output("y");
+  g = noop.load();
+  REQUIRE(g.nodes.size() == 1);
+  CHECK(g.nodes[0].inputs == std::vector<std::string>{"x"});
+}
+
+TEST_CASE("onnx forms: other ReduceMean forms are refused", "[onnx]") {
+  check_import_error([] { reduce_mean_model(18, {1}, 1).load(); },
+                     {"node 'mean' (ReduceMean)", "mean over axes [1] of the 4-D tensor 'x'"},
+                     true);
+  check_import_error(
+      [] {
+        reduce_mean_model(17, {1, 2}, 1, {2, 3, 4}).load();
+      },
+      {"node 'mean' (ReduceMean)", "axes [1,2] of the 3-D tensor"}, true);
+  // No axes: every axis.
+  Model all(18);
+  all.input("x", {1, 4, 3, 5});
+  all.node("ReduceMean", {"x"}, {"y"}, "mean");
+  all.output("y");
+  check_import_error([&] { all.load(); }, {"node 'mean' (ReduceMean)", "axes [0,1,2,3]"}, true);
+  // Malformed: an axis twice, out of range, and axes as an attribute at opset 18.
+  check_import_error(
+      [] {
+        reduce_mean_model(18, {2, -2}, 1).load();
+      },
+      {"node 'mean' (ReduceMean)", "axis -2 is given twice"});
+  check_import_error(
+      [] {
+        reduce_mean_model(18, {2, 4}, 1).load();
+      },
+      {"node 'mean' (ReduceMean)", "axes value 4 is out of range for rank 4"});
+  Model attr18 = reduce_mean_model(17, {2, 3}, 1);
+  attr18.m.mutable_opset_import(0)->set_version(18);
+  check_import_error([&] { attr18.load(); }, {"node 'mean' (ReduceMean): attribute 'axes'"}, true);
+}
+
+TEST_CASE("onnx forms: Split with num_outputs (opset 18)", "[onnx]") {
+  Model m(18);
+  m.input("x", {1, 5, 2, 2});
+  auto& split = m.node("Split", {"x"}, {"a", "b"}, "chunk");
+  set_i(split, "axis", 1);
+  set_i(split, "num_outputs", 2);
+  set_i(m.node("Concat", {"b", "a"}, {"y"}), "axis", 1);
+  m.output("y");
+  Graph g = m.load();
+  REQUIRE(count(g, OpKind::Split) == 1);
+  // ceil(5 / 2) = 3, and the rest.
+  CHECK(g.value("a").shape == Shape{1, 3, 2, 2});
+  CHECK(g.value("b").shape == Shape{1, 2, 2, 2});
+  Tensor x = Tensor::randn({1, 5, 2, 2}, 5);
+  std::vector<float> want = values(x);
+  std::rotate(want.begin(), want.begin() + 12, want.end());
+  CHECK(values(run1(g, x)) == want);
+
+  onnx::AttributeProto& parts = *split.mutable_attribute(1);
+  parts.set_i(3);
+  check_import_error([&] { m.load(); },
+                     {"node 'chunk' (Split): attribute 'num_outputs': is 3 for 2 outputs"});
+  // 4 parts of 5: 2, 2, 2 and nothing left.
+  split.add_output("c");
+  split.add_output("d");
+  parts.set_i(4);
+  check_import_error([&] { m.load(); }, {"(Split): attribute 'num_outputs'", "last one empty"});
+  split.mutable_output()->DeleteSubrange(2, 2);
+  parts.set_i(2);
+  m.ints("sizes", {3, 2});
+  split.add_input("sizes");
+  check_import_error([&] { m.load(); }, {"(Split): has both the 'split' input and 'num_outputs'"});
+  // Before opset 18 there is no num_outputs.
+  Model old(17);
+  old.input("x", {1, 4, 2, 2});
+  set_i(old.node("Split", {"x"}, {"a", "b"}, "chunk"), "num_outputs", 2);
+  old.output("a");
+  check_import_error([&] { old.load(); }, {"(Split): attribute 'num_outputs': is not supported"},
+                     true);
+}
+
+TEST_CASE("onnx forms: Resize with axes, sizes policies and half_pixel_symmetric", "[onnx]") {
+  Tensor x = Tensor::randn({1, 2, 3, 4}, 3);
+  auto resize = [&](int64_t opset, const std::vector<float>& scales,
+                    const std::vector<int64_t>& sizes) {
+    Model m(opset);
+    m.input("x", {1, 2, 3, 4});
+    std::vector<std::string> ins = {"x", ""};
+    if (!scales.empty()) {
+      m.init("scales", {int64_t(scales.size())}, scales);
+      ins.push_back("scales");
+    } else {
+      m.ints("sizes", sizes);
+      ins.push_back("");
+      ins.push_back("sizes");
+    }
+    m.node("Resize", ins, {"y"}, "up");
+    m.output("y");
+    return m;
+  };
+  // What the dynamo exporter writes for nn.Upsample(scale_factor=2): all four scales.
+  Model m = resize(20, {1, 1, 2, 2}, {});
+  auto& n = *m.g().mutable_node(0);
+  set_s(n, "coordinate_transformation_mode", "asymmetric");
+  set_s(n, "mode", "nearest");
+  set_s(n, "nearest_mode", "floor");
+  Graph ref = m.load();
+  REQUIRE(ref.nodes.size() == 1);
+  CHECK(ref.nodes[0].op == OpKind::UpsampleNearest);
+  const Tensor want = run1(ref, x);
+  CHECK(want.shape() == Shape{1, 2, 6, 8});
+
+  // Scales for axes 2 and 3 only; half_pixel_symmetric; antialias (for linear modes only).
+  m = resize(18, {2, 2}, {});
+  set_ints(*m.g().mutable_node(0), "axes", {2, -1});
+  set_i(*m.g().mutable_node(0), "antialias", 1);
+  CHECK(test::bit_equal(run1(m.load(), x), want));
+  m = resize(19, {1, 1, 2, 2}, {});
+  set_s(*m.g().mutable_node(0), "coordinate_transformation_mode", "half_pixel_symmetric");
+  CHECK(test::bit_equal(run1(m.load(), x), want));
+  // Sizes for the listed axes, stretched or kept in aspect (not_larger: the smaller factor).
+  m = resize(18, {}, {6, 8});
+  set_ints(*m.g().mutable_node(0), "axes", {2, 3});
+  CHECK(test::bit_equal(run1(m.load(), x), want));
+  for (auto sizes : {std::vector<int64_t>{6, 12}, std::vector<int64_t>{7, 8}}) {
+    m = resize(18, {}, sizes);
+    set_ints(*m.g().mutable_node(0), "axes", {2, 3});
+    set_s(*m.g().mutable_node(0), "keep_aspect_ratio_policy", "not_larger");
+    CHECK(test::bit_equal(run1(m.load(), x), want));
+  }
+  m = resize(18, {}, {3, 8});
+  set_ints(*m.g().mutable_node(0), "axes", {2, 3});
+  set_s(*m.g().mutable_node(0), "keep_aspect_ratio_policy", "not_smaller");
+  CHECK(test::bit_equal(run1(m.load(), x), want));
+
+  // Refused: a fractional scale, linear mode, scales that do not match the axes.
+  m = resize(18, {1.5f, 2}, {});
+  set_ints(*m.g().mutable_node(0), "axes", {2, 3});
+  check_import_error([&] { m.load(); }, {"node 'up' (Resize)", "not integer up-scales"}, true);
+  m = resize(18, {1, 1, 2, 2}, {});
+  set_s(*m.g().mutable_node(0), "mode", "linear");
+  check_import_error([&] { m.load(); }, {"node 'up' (Resize): attribute 'mode'", "'linear'"}, true);
+  m = resize(18, {2, 2}, {});
+  check_import_error([&] { m.load(); }, {"(Resize): scales has 2 values for 4 axes"});
+  // 'axes' is opset 18's.
+  m = resize(17, {2, 2}, {});
+  set_ints(*m.g().mutable_node(0), "axes", {2, 3});
+  check_import_error([&] { m.load(); }, {"(Resize): attribute 'axes': is not supported"}, true);
+}
+
+TEST_CASE("onnx forms: Cast with saturate, CastLike, AveragePool with dilations", "[onnx]") {
+  Model m(19);
+  m.input("x", {1, 2, 4, 4});
+  // CastLike of an integer constant to the float input's type, then to the shape's type.
+  m.ints("two", {2});
+  m.node("CastLike", {"two", "x"}, {"two_f"});
+  m.node("Mul", {"x", "two_f"}, {"x2"});
+  auto& cast = m.node("Cast", {"x2"}, {"x2f"});
+  set_i(cast, "to", TensorProto::FLOAT);
+  set_i(cast, "saturate", 1);
+  auto& pool = m.node("AveragePool", {"x2f"}, {"y"}, "pool");
+  set_ints(pool, "kernel_shape", {2, 2});
+  set_ints(pool, "strides", {2, 2});
+  set_ints(pool, "dilations", {1, 1});
+  m.output("y");
+  Graph g = m.load();
+  CHECK(count(g, OpKind::AvgPool2d) == 1);
+  Tensor x = Tensor::full({1, 2, 4, 4}, 1.5f);
+  CHECK(values(run1(g, x)) == std::vector<float>(8, 3.0f));
+
+  pool.mutable_attribute(2)->set_ints(0, 2);
+  check_import_error([&] { m.load(); }, {"node 'pool' (AveragePool): attribute 'dilations'"}, true);
+  // A run-time tensor cast to an integer type.
+  Model c(19);
+  c.input("x", {2});
+  set_i(c.node("Cast", {"x"}, {"y"}, "cast"), "to", TensorProto::INT64);
+  c.output("y");
+  check_import_error([&] { c.load(); }, {"node 'cast' (Cast): casts a run-time tensor to INT64"},
+                     true);
+}
+
+namespace {
+
+// conv -> batchnorm (unfolded) -> relu -> maxpool -> Identity chain -> Split -> Concat (the
+// halves swapped) -> mean over H and W -> flatten -> MatMul + Add, with one initializer shared
+// by two Muls. `dynamo`: as PyTorch's dynamo exporter writes it (opset 20, IR 10, node names
+// node_<Op>_<k>, value names with '::', MaxPool's indices named, Split with num_outputs,
+// Constant value_ints, ReduceMean with axes as an input and keepdims 0, Reshape with
+// allowzero); else the opset-17 spellings (GlobalAveragePool + Flatten, Split sizes).
+Model convnet_model(bool dynamo) {
+  Model m(dynamo ? 20 : 17);
+  if (dynamo) m.m.set_ir_version(10);
+  m.input("x", {2, 3, 8, 8});
+  m.random("conv1.weight", {4, 3, 3, 3}, 1);
+  m.random("bn1.weight", {4}, 2);
+  m.random("bn1.bias", {4}, 3);
+  m.random("bn1.running_mean", {4}, 4);
+  m.init("bn1.running_var", {4}, {0.5f, 1.0f, 1.5f, 2.0f});
+  m.random("fc.weight.T", {4, 5}, 5);
+  m.random("fc.bias", {5}, 6);
+  m.init("scale", {}, {0.5f});
+  auto& conv = m.node("Conv", {"x", "conv1.weight"}, {"conv2d"}, "node_Conv_0");
+  set_ints(conv, "pads", {1, 1, 1, 1});
+  set_ints(conv, "strides", {1, 1});
+  set_ints(conv, "dilations", {1, 1});
+  set_i(conv, "group", 1);
+  set_s(conv, "auto_pad", "NOTSET");
+  const std::string bn_out = dynamo ? "_native_batch_norm_legit_no_training::0" : "bn";
+  auto& bn = m.node("BatchNormalization",
+                    {"conv2d", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var"},
+                    {bn_out}, "node_BatchNormalization_1");
+  set_f(bn, "epsilon", 1e-5f);
+  set_f(bn, "momentum", 0.9f);
+  set_i(bn, "training_mode", 0);
+  m.node("Relu", {bn_out}, {"relu"}, "node_Relu_2");
+  // max_pool2d_with_indices: the indices named, read by nothing.
+  std::vector<std::string> pool_out = {"pool"};
+  if (dynamo) pool_out.push_back("max_pool2d_with_indices::1");
+  auto& pool = m.node("MaxPool", {"relu"}, pool_out, "node_MaxPool_2");
+  set_ints(pool, "kernel_shape", {2, 2});
+  set_ints(pool, "strides", {2, 2});
+  m.node("Mul", {"pool", "scale"}, {"relu_scaled"}, "node_Mul_3");
+  m.node("Identity", {"relu_scaled"}, {"val_0"}, "node_Identity_4");
+  m.node("Identity", {"val_0"}, {"val_1"}, "node_Identity_5");
+  auto& split = m.node("Split", {"val_1"}, {"split::0", "split::1"}, "node_Split_6");
+  set_i(split, "axis", 1);
+  if (dynamo) {
+    set_i(split, "num_outputs", 2);
+  } else {
+    m.ints("sizes", {2, 2});
+    split.add_input("sizes");
+  }
+  set_i(m.node("Concat", {"split::1", "split::0"}, {"cat"}, "node_Concat_7"), "axis", 1);
+  if (dynamo) {
+    set_ints(m.node("Constant", {}, {"val_axes"}, "node_Constant_8"), "value_ints", {-1, -2});
+    set_i(m.node("ReduceMean", {"cat", "val_axes"}, {"mean"}, "node_ReduceMean_9"), "keepdims", 0);
+    set_ints(m.node("Constant", {}, {"val_shape"}, "node_Constant_10"), "value_ints", {2, -1});
+    set_i(m.node("Reshape", {"mean", "val_shape"}, {"view"}, "node_Reshape_11"), "allowzero", 1);
+  } else {
+    m.node("GlobalAveragePool", {"cat"}, {"pooled"});
+    m.node("Flatten", {"pooled"}, {"view"});
+  }
+  m.node("MatMul", {"view", "fc.weight.T"}, {"mm"}, "node_MatMul_12");
+  m.node("Add", {"mm", "fc.bias"}, {"addmm"}, "node_Add_13");
+  m.node("Mul", {"addmm", "scale"}, {"y"}, "node_Mul_14");
+  m.output("y");
+  auto* shape = m.g().mutable_output(0)->mutable_type()->mutable_tensor_type()->mutable_shape();
+  shape->add_dim()->set_dim_value(2);
+  shape->add_dim()->set_dim_value(5);
+  return m;
+}
+
+// Moves every initializer to one data file, at 64-byte aligned offsets as the exporter writes
+// them; returns the file's bytes.
+std::string externalize(Model& m, const std::string& location) {
+  std::string data;
+  for (TensorProto& t : *m.g().mutable_initializer()) {
+    data.resize((data.size() + 63) / 64 * 64, '\0');
+    const size_t offset = data.size();
+    data += t.raw_data();
+    t.clear_raw_data();
+    t.set_data_location(TensorProto::EXTERNAL);
+    for (auto [key, value] : {std::pair<std::string, std::string>{"location", location},
+                              {"offset", std::to_string(offset)},
+                              {"length", std::to_string(data.size() - offset)}}) {
+      auto* e = t.add_external_data();
+      e->set_key(key);
+      e->set_value(value);
+    }
+  }
+  return data;
+}
+
+}  // namespace
+
+TEST_CASE("onnx forms: a model as PyTorch's dynamo exporter writes it, weights external",
+          "[onnx]") {
+  Model m = convnet_model(true);
+  const Graph internal = m.load();
+  const fs::path dir = scratch() / "dynamo";
+  fs::create_directories(dir);
+  const std::string data = externalize(m, "model.onnx.data");
+  std::ofstream(dir / "model.onnx.data", std::ios::binary) << data;
+  const std::string path = (dir / "model.onnx").string();
+  std::ofstream(path, std::ios::binary) << m.bytes();
+  Graph g = load_onnx(path);
+
+  CHECK(g.nodes[0].name == "node_Conv_0");
+  CHECK(count(g, OpKind::BatchNorm) == 1);
+  CHECK(count(g, OpKind::Split) == 1);
+  CHECK(count(g, OpKind::GlobalAvgPool) == 1);
+  CHECK(count(g, OpKind::Linear) == 1);
+  CHECK(g.value("_native_batch_norm_legit_no_training::0").shape == Shape{2, 4, 8, 8});
+  CHECK(g.weights.count("scale") == 1);  // one weight for both readers
+  Tensor x = Tensor::randn({2, 3, 8, 8}, 9);
+  const Tensor y = run1(g, x);
+  CHECK(y.shape() == Shape{2, 5});
+  CHECK(test::bit_equal(y, run1(internal, x)));
+  // The same as the opset-17 spellings compute.
+  CHECK(test::max_rel_err(y, run1(convnet_model(false).load(), x)) < 1e-6);
+  // And after the passes: batchnorm folded, relu fused.
+  optimize(g);
+  CHECK(count(g, OpKind::BatchNorm) == 0);
+  CHECK(count(g, OpKind::Relu) == 0);
+  CHECK(test::max_rel_err(run1(g, x), y) < 1e-5);
+
+  // The data file must hold every tensor, and stay in the model's folder.
+  std::ofstream(dir / "model.onnx.data", std::ios::binary) << data.substr(0, data.size() - 4);
+  check_import_error([&] { load_onnx(path); },
+                     {"model.onnx: initializer 'scale': external data", "model.onnx.data",
+                      "has " + std::to_string(data.size() - 4) + " bytes"});
+  fs::remove(dir / "model.onnx.data");
+  check_import_error([&] { load_onnx(path); },
+                     {"model.onnx: initializer", "model.onnx.data", "does not exist"});
+  const fs::path outside = scratch() / "outside.data";
+  std::ofstream(outside, std::ios::binary) << data;
+  fs::create_symlink(outside, dir / "model.onnx.data");
+  check_import_error([&] { load_onnx(path); },
+                     {"model.onnx: initializer", "lies outside the model's folder"});
+}
+
+TEST_CASE("onnx forms: Constant with value_float, value_floats, value_int and value_ints",
+          "[onnx]") {
+  Model m(20);
+  m.input("x", {1, 2});
+  set_f(m.node("Constant", {}, {"half"}), "value_float", 0.5f);
+  auto& floats =
+      attr(m.node("Constant", {}, {"scales"}), "value_floats", onnx::AttributeProto::FLOATS);
+  floats.add_floats(2.0f);
+  floats.add_floats(4.0f);
+  // The shape [2, 1] from a value_int, Unsqueeze and Concat, folded at import.
+  set_i(m.node("Constant", {}, {"two"}), "value_int", 2);
+  set_ints(m.node("Constant", {}, {"axes"}), "value_ints", {0});
+  set_ints(m.node("Constant", {}, {"one"}), "value_ints", {1});
+  m.node("Unsqueeze", {"two", "axes"}, {"two_1d"});
+  set_i(m.node("Concat", {"two_1d", "one"}, {"shape"}), "axis", 0);
+  m.node("Mul", {"x", "half"}, {"a"});
+  m.node("Mul", {"a", "scales"}, {"b"});
+  m.node("Reshape", {"b", "shape"}, {"y"});
+  m.output("y");
+  Graph g = m.load();
+  CHECK(g.value("y").shape == Shape{2, 1});
+  CHECK(values(run1(g, Tensor::from_vector({1, 2}, {1.0f, 3.0f}))) ==
+        std::vector<float>{1.0f, 6.0f});
+}
+
+TEST_CASE("onnx forms: Sum and Mean become adds (and a mul by 1/n)", "[onnx]") {
+  Model m;
+  m.input("a", {2, 3});
+  m.input("b", {2, 3});
+  m.init("c", {3}, {1.0f, 2.0f, 3.0f});
+  m.init("d", {3}, {3.0f, 2.0f, 1.0f});
+  m.node("Sum", {"c", "d"}, {"cd"});  // folded: [4, 4, 4]
+  m.node("Sum", {"a", "b", "cd"}, {"s"}, "sum");
+  m.node("Mean", {"a", "b", "cd"}, {"y"}, "mean");
+  m.output("s");
+  m.output("y");
+  Graph g = m.load();
+  CHECK(count(g, OpKind::Add) == 4);
+  CHECK(count(g, OpKind::Mul) == 1);
+  CHECK(g.nodes[0].name == "sum");
+  CHECK(g.nodes[1].name == "sum.add2");
+  Tensor a = Tensor::randn({2, 3}, 1), b = Tensor::randn({2, 3}, 2);
+  auto out = test::run_cpu(g, {{"a", a}, {"b", b}});
+  for (int64_t k = 0; k < 6; ++k) {
+    const float sum = a.f32()[k] + b.f32()[k] + 4.0f;
+    CHECK(out.at("s").f32()[k] == Approx(sum));
+    CHECK(out.at("y").f32()[k] == Approx(sum / 3));
+  }
+}
+
+TEST_CASE("onnx forms: Dropout at inference is its input", "[onnx]") {
+  for (int64_t opset : {11, 13}) {
+    INFO("opset " << opset);
+    Model m(opset);
+    m.input("x", {1, 4});
+    std::vector<std::string> ins = {"x"};
+    if (opset >= 12) {
+      m.init("ratio", {}, {0.3f});
+      TensorProto& t = m.ints("training", {0});
+      t.clear_dims();
+      t.set_data_type(TensorProto::BOOL);
+      t.clear_int64_data();
+      t.add_int32_data(0);
+      ins = {"x", "ratio", "training"};
+    }
+    auto& d = m.node("Dropout", ins, {"d"}, "drop");
+    m.node("Relu", {"d"}, {"y"});
+    m.output("y");
+    Graph g = m.load();
+    REQUIRE(g.nodes.size() == 1);
+    CHECK(g.nodes[0].inputs == std::vector<std::string>{"x"});
+    // A mask that nothing reads is left out; one that is read is refused.
+    d.add_output("mask");
+    CHECK(m.load().nodes.size() == 1);
+    m.output("mask");
+    check_import_error([&] { m.load(); }, {"node 'drop' (Dropout): output 1 ('mask'"}, true);
+    m.g().mutable_output()->RemoveLast();
+    if (opset < 12) continue;
+    d.mutable_output()->RemoveLast();
+    m.g().mutable_initializer()->rbegin()->set_int32_data(0, 1);
+    check_import_error([&] { m.load(); },
+                       {"node 'drop' (Dropout): is in training mode with ratio 0.3"}, true);
+  }
+}
+
+TEST_CASE("onnx forms: Clip without bounds or with min 0 alone, Pad by zeros", "[onnx]") {
+  Tensor x = Tensor::randn({1, 2, 3, 3}, 4);
+  std::vector<float> relu = values(x);
+  for (float& v : relu) v = std::max(v, 0.0f);
+  // min 0 as an input (opset 11) or an attribute (opset 6, max at float32's largest).
+  Model m(13);
+  m.input("x", {1, 2, 3, 3});
+  m.init("zero", {}, {0.0f});
+  auto& clip = m.node("Clip", {"x", "zero"}, {"y"}, "clamp");
+  m.output("y");
+  Graph g = m.load();
+  CHECK(count(g, OpKind::Relu) == 1);
+  CHECK(values(run1(g, x)) == relu);
+  Model old(6);
+  old.input("x", {1, 2, 3, 3});
+  auto& clip6 = old.node("Clip", {"x"}, {"y"}, "clamp");
+  set_f(clip6, "min", 0);
+  set_f(clip6, "max", std::numeric_limits<float>::max());
+  old.output("y");
+  CHECK(values(run1(old.load(), x)) == relu);
+  // No bounds: the input (here a graph output under another name, so a copy).
+  clip.mutable_input()->RemoveLast();
+  CHECK(values(run1(m.load(), x)) == values(x));
+  // Other bounds need a clip op.
+  m.init("six", {}, {6.0f});
+  clip.add_input("zero");
+  clip.add_input("six");
+  check_import_error([&] { m.load(); }, {"node 'clamp' (Clip): clipping to [0, 6]"}, true);
+
+  // Pad by zeros (pads as an input, axes from opset 18) is the input; other pads need a pad op.
+  Model p(18);
+  p.input("x", {1, 2, 3, 3});
+  p.ints("pads", {0, 0, 0, 0});
+  p.ints("axes", {2, 3});
+  auto& pad = p.node("Pad", {"x", "pads", "", "axes"}, {"padded"}, "pad");
+  set_s(pad, "mode", "reflect");
+  p.node("Relu", {"padded"}, {"y"});
+  p.output("y");
+  g = p.load();
+  REQUIRE(g.nodes.size() == 1);
+  CHECK(g.nodes[0].inputs == std::vector<std::string>{"x"});
+  p.g().mutable_initializer(0)->set_int64_data(1, 1);
+  check_import_error([&] { p.load(); }, {"node 'pad' (Pad): padding by [0,1,0,0] (reflect)"}, true);
+  p.g().mutable_initializer(1)->set_dims(0, 3);
+  p.g().mutable_initializer(1)->add_int64_data(1);
+  check_import_error([&] { p.load(); }, {"node 'pad' (Pad): has 4 pads for 3 axes"});
+  pad.mutable_attribute(0)->set_s("wrap");
+  check_import_error([&] { p.load(); }, {"node 'pad' (Pad): attribute 'mode': is 'wrap'"});
+}
+
+TEST_CASE("onnx forms: an op epilog lacks is one message naming the node and the op", "[onnx]") {
+  Model m(20);
+  m.input("x", {2, 3});
+  m.input("w", {3, 4});
+  set_s(m.node("Einsum", {"x", "w"}, {"y"}, "node_Einsum_3"), "equation", "ij,jk->ik");
+  m.output("y");
+  check_import_error([&] { m.load(); },
+                     {"m.onnx: node 'node_Einsum_3' (Einsum): op 'Einsum' is not supported"}, true);
+}
+
+#endif  // EPILOG_HAVE_ONNX
