@@ -194,6 +194,151 @@ std::vector<Shape> infer_linear(const InferContext& ctx) {
   return {{x[0], w[0]}};
 }
 
+std::vector<Shape> infer_transpose(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  Shape out;
+  for (int64_t p : transpose_perm(ctx)) out.push_back(x[size_t(p)]);
+  return {out};
+}
+
+std::vector<Shape> infer_reshape(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  const auto& want = ctx.attrs.ints("shape");
+  Shape out;
+  int64_t known = 1, infer_at = -1;
+  for (size_t d = 0; d < want.size(); ++d) {
+    int64_t v = want[d];
+    if (v == 0) {
+      if (d >= x.size())
+        ctx.fail("shape {} keeps dim {} (0), but x {} has {} dims", fmt::join(want, ","), d,
+                 shape_str(x), x.size());
+      v = x[d];
+    } else if (v == -1) {
+      if (infer_at >= 0) ctx.fail("shape {} has more than one -1", fmt::join(want, ","));
+      infer_at = int64_t(d);
+      out.push_back(1);
+      continue;
+    } else if (v < 0) {
+      ctx.fail("shape {} has dim {}, expected >= -1", fmt::join(want, ","), v);
+    }
+    known *= v;
+    out.push_back(v);
+  }
+  const int64_t total = shape_numel(x);
+  if (infer_at >= 0) {
+    if (total % known != 0)
+      ctx.fail("cannot reshape {} ({} elements) into {}", shape_str(x), total,
+               fmt::join(want, ","));
+    out[size_t(infer_at)] = total / known;
+  } else if (known != total) {
+    ctx.fail("cannot reshape {} ({} elements) into {} ({} elements)", shape_str(x), total,
+             shape_str(out), known);
+  }
+  return {out};
+}
+
+std::vector<Shape> infer_slice(const InferContext& ctx) {
+  return {slice_dims(ctx).out};
+}
+
+std::vector<Shape> infer_pad(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  const auto& pads = ctx.attrs.ints("pads");
+  if (pads.size() != 2 * x.size())
+    ctx.fail("pads has {} values, expected {} (begins, then ends, of each of {}'s dims)",
+             pads.size(), 2 * x.size(), shape_str(x));
+  const bool reflect = ctx.attrs.s("mode") == "reflect";
+  Shape out = x;
+  for (size_t d = 0; d < x.size(); ++d) {
+    const int64_t b = pads[d], e = pads[d + x.size()];
+    if (b < 0 || e < 0) ctx.fail("pads must be >= 0, got {}", fmt::join(pads, ","));
+    if (reflect && (b >= x[d] || e >= x[d]))
+      ctx.fail("reflect pads {} and {} of dim {} must be smaller than its size {}", b, e, d, x[d]);
+    out[d] += b + e;
+  }
+  return {out};
+}
+
+std::vector<Shape> infer_reduce(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  const std::vector<bool> reduced = reduce_axes(ctx);
+  const bool keep = ctx.attrs.i("keepdims") != 0;
+  Shape out;
+  for (size_t d = 0; d < x.size(); ++d)
+    if (!reduced[d])
+      out.push_back(x[d]);
+    else if (keep)
+      out.push_back(1);
+  return {out};
+}
+
+std::vector<Shape> infer_softmax(const InferContext& ctx) {
+  normalize_axis(ctx, ctx.attrs.i("axis"), static_cast<int>(ctx.inputs[0].size()));
+  return {ctx.inputs[0]};
+}
+
+std::vector<Shape> infer_layer_norm(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  const int64_t axis = normalize_axis(ctx, ctx.attrs.i("axis"), static_cast<int>(x.size()));
+  const Shape tail(x.begin() + axis, x.end());
+  for (size_t i = 1; i < ctx.inputs.size(); ++i)
+    if (ctx.inputs[i] != tail)
+      ctx.fail("input '{}' has shape {}, expected {} (x's dims from axis {})",
+               op_info(ctx.op).input_name(i), shape_str(ctx.inputs[i]), shape_str(tail), axis);
+  if (ctx.attrs.f("eps") < 0) ctx.fail("eps must be >= 0, got {}", ctx.attrs.f("eps"));
+  return {x};
+}
+
+// x [N, C, ...] with per-channel scale and bias, as batchnorm's parameters.
+std::vector<Shape> infer_group_norm(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  if (ctx.op == OpKind::GroupNorm && x.size() >= 2) {
+    const int64_t groups = ctx.attrs.i("groups");
+    if (groups < 1 || x[1] % groups != 0)
+      ctx.fail("groups={} does not divide the {} channels of {}", groups, x[1], shape_str(x));
+  }
+  return infer_batchnorm(ctx);
+}
+
+std::vector<Shape> infer_resize(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  const auto& sizes = ctx.attrs.ints("sizes");
+  if (x.size() < 2) ctx.fail("input 'x' has shape {}, expected at least 2 dims", shape_str(x));
+  if (sizes.size() != x.size())
+    ctx.fail("sizes has {} values, expected {} (one per dim of {})", sizes.size(), x.size(),
+             shape_str(x));
+  for (size_t d = 0; d < x.size(); ++d) {
+    if (sizes[d] < 1) ctx.fail("sizes must be >= 1, got {}", fmt::join(sizes, ","));
+    if (d + 2 < x.size() && sizes[d] != x[d])
+      ctx.fail("sizes {} changes dim {} of {}: only the last two dims may be resized",
+               fmt::join(sizes, ","), d, shape_str(x));
+  }
+  return {Shape(sizes.begin(), sizes.end())};
+}
+
+std::vector<Shape> infer_matmul(const InferContext& ctx) {
+  const Shape& a = ctx.inputs[0];
+  const Shape& b = ctx.inputs[1];
+  if (a.size() < 2 || b.size() < 2)
+    ctx.fail("inputs have shapes {} and {}, expected at least 2 dims each", shape_str(a),
+             shape_str(b));
+  if (a.back() != b[b.size() - 2])
+    ctx.fail("a {} has {} columns but b {} has {} rows", shape_str(a), a.back(), shape_str(b),
+             b[b.size() - 2]);
+  const Shape ba(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
+  Shape out(std::max(ba.size(), bb.size()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t da = i < ba.size() ? ba[ba.size() - 1 - i] : 1;
+    const int64_t db = i < bb.size() ? bb[bb.size() - 1 - i] : 1;
+    if (da != db && da != 1 && db != 1)
+      ctx.fail("batch dims of {} and {} do not broadcast", shape_str(a), shape_str(b));
+    out[out.size() - 1 - i] = da == 1 ? db : da;
+  }
+  out.push_back(a[a.size() - 2]);
+  out.push_back(b.back());
+  return {out};
+}
+
 // -- building the table from ops.def --
 
 AttrSpec attr_req(const char* name, AttrType type, int length = 0) {
@@ -269,6 +414,81 @@ const std::vector<OpInfo>& table() {
 
 }  // namespace
 
+// -- attributes read by shape inference and the backends alike --
+
+std::vector<int64_t> transpose_perm(const InferContext& ctx) {
+  const int rank = static_cast<int>(ctx.inputs[0].size());
+  std::vector<int64_t> perm = ctx.attrs.ints("perm");
+  if (perm.empty())
+    for (int d = rank - 1; d >= 0; --d) perm.push_back(d);
+  if (perm.size() != size_t(rank))
+    ctx.fail("perm {} has {} values, expected {} (x {})", fmt::join(perm, ","), perm.size(), rank,
+             shape_str(ctx.inputs[0]));
+  std::vector<bool> seen(size_t(rank), false);
+  for (int64_t& p : perm) {
+    p = normalize_axis(ctx, p, rank);
+    if (seen[size_t(p)])
+      ctx.fail("perm {} is not a permutation", fmt::join(ctx.attrs.ints("perm"), ","));
+    seen[size_t(p)] = true;
+  }
+  return perm;
+}
+
+SliceDims slice_dims(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  const auto& starts = ctx.attrs.ints("starts");
+  const auto& ends = ctx.attrs.ints("ends");
+  std::vector<int64_t> axes = ctx.attrs.ints("axes");
+  const auto& steps = ctx.attrs.ints("steps");
+  if (axes.empty())
+    for (size_t d = 0; d < starts.size(); ++d) axes.push_back(int64_t(d));
+  if (ends.size() != starts.size() || axes.size() != starts.size() ||
+      (!steps.empty() && steps.size() != starts.size()))
+    ctx.fail("starts, ends, axes and steps have {}, {}, {} and {} values, expected as many each",
+             starts.size(), ends.size(), axes.size(), steps.size());
+  SliceDims s{std::vector<int64_t>(x.size(), 0), std::vector<int64_t>(x.size(), 1), x};
+  std::vector<bool> seen(x.size(), false);
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const size_t d = size_t(normalize_axis(ctx, axes[i], static_cast<int>(x.size())));
+    if (seen[d]) ctx.fail("axis {} is sliced twice", d);
+    seen[d] = true;
+    const int64_t n = x[d], step = steps.empty() ? 1 : steps[i];
+    if (step == 0) ctx.fail("steps must not be 0");
+    // Negative starts and ends count from the back (before clamping, as ONNX).
+    int64_t b = starts[i] < 0 ? starts[i] + n : starts[i];
+    int64_t e = ends[i] < 0 ? ends[i] + n : ends[i];
+    int64_t count;
+    if (step > 0) {
+      b = std::clamp<int64_t>(b, 0, n);
+      e = std::clamp<int64_t>(e, 0, n);
+      count = e > b ? (e - b + step - 1) / step : 0;
+    } else {
+      b = std::clamp<int64_t>(b, 0, n - 1);
+      e = std::clamp<int64_t>(e, -1, n - 1);
+      count = b > e ? (b - e - step - 1) / -step : 0;
+    }
+    if (count < 1)
+      ctx.fail("starts {}, ends {}, step {} leave nothing of axis {} (size {})", starts[i], ends[i],
+               step, d, n);
+    s.start[d] = b;
+    s.step[d] = step;
+    s.out[d] = count;
+  }
+  return s;
+}
+
+std::vector<bool> reduce_axes(const InferContext& ctx) {
+  const int rank = static_cast<int>(ctx.inputs[0].size());
+  const auto& axes = ctx.attrs.ints("axes");
+  std::vector<bool> reduced(size_t(rank), axes.empty());
+  for (int64_t a : axes) {
+    const size_t d = size_t(normalize_axis(ctx, a, rank));
+    if (reduced[d]) ctx.fail("axis {} is listed twice in axes {}", d, fmt::join(axes, ","));
+    reduced[d] = true;
+  }
+  return reduced;
+}
+
 // -- Attrs --
 
 const char* attr_type_name(AttrType type) {
@@ -316,7 +536,7 @@ const std::string& OpInfo::input_name(size_t i) const {
 }
 
 const OpInfo& op_info(OpKind kind) {
-  static_assert(kNumOps == 32, "a new op needs a CPU kernel, a CUDA kernel and a test");
+  static_assert(kNumOps == 49, "a new op needs a CPU kernel, a CUDA kernel and a test");
   const auto& ops = table();
   EPILOG_ASSERT(ops.size() == size_t(kNumOps));
   return ops[static_cast<size_t>(kind)];

@@ -137,16 +137,56 @@ std::vector<OpKind> activation_ops() {
   return ops;
 }
 
+// Whether `value` is a constant of one element within a relative 1e-6 of `want`.
+std::string scalar_is(const Graph& g, const std::string& value, double want) {
+  if (!g.is_weight(value) || shape_numel(g.value(value).shape) != 1)
+    return fmt::format("'{}' is not a constant of one value", value);
+  const double v = g.weights.at(value).data.f32()[0];
+  if (std::fabs(v - want) > 1e-6 * std::fabs(want))
+    return fmt::format("'{}' is {}, not {}", value, v, want);
+  return "";
+}
+
 }  // namespace
 
 std::vector<Rule> canonicalize_rules() {
-  return {Rule{
+  std::vector<Rule> rules;
+  rules.push_back(Rule{
       "mul(x,sigmoid(x))->silu",
       op(OpKind::Mul, {any("x"), op(OpKind::Sigmoid, {any("x")}, "sigmoid")}, "mul"), OpKind::Silu,
       nullptr, [](const Match& m) {
         const Node& mul = m.node("mul");
         return Replacement{{Node{mul.name, OpKind::Silu, {}, {m.value("x")}, mul.outputs}}, {}};
-      }}};
+      }});
+  // GELU as PyTorch's exporter spells it below opset 20: x * (erf(x / sqrt(2)) + 1) * 0.5.
+  rules.push_back(Rule{
+      "gelu(erf)->gelu",
+      op(OpKind::Mul,
+         {op(OpKind::Mul,
+             {any("x"), op(OpKind::Add,
+                           {op(OpKind::Erf, {op(OpKind::Div, {any("x"), any("root2")}, "div")},
+                               "erf"),
+                            any("one")},
+                           "add")},
+             "inner"),
+          any("half")},
+         "mul"),
+      OpKind::Gelu,
+      [](const Match& m) {
+        const Graph& g = *m.graph;
+        std::string why = scalar_is(g, m.value("root2"), std::sqrt(2.0));
+        if (why.empty()) why = scalar_is(g, m.value("one"), 1.0);
+        if (why.empty()) why = scalar_is(g, m.value("half"), 0.5);
+        return why;
+      },
+      [](const Match& m) {
+        const Node& mul = m.node("mul");
+        return Replacement{
+            {Node{mul.name, OpKind::Gelu, normalize_attrs(OpKind::Gelu, mul.name, {}),
+                  {m.value("x")}, mul.outputs}},
+            {}};
+      }});
+  return rules;
 }
 
 std::vector<Rule> fusion_rules() {

@@ -21,6 +21,7 @@
 
 #include "epilog/kernels/cpu.h"
 #include "epilog/runtime/params.h"
+#include "kernel_check.h"
 #include "test_util.h"
 
 using epilog::Act;
@@ -30,6 +31,13 @@ using epilog::PoolShape;
 using epilog::Shape;
 using epilog::Tensor;
 namespace cpu = epilog::cpu;
+using epilog::test::expect_close;
+using epilog::test::expect_exact;
+using epilog::test::expect_values;
+using epilog::test::poisoned;
+using epilog::test::strides_of;
+using epilog::test::unravel;
+using epilog::test::values;
 
 namespace {
 
@@ -39,8 +47,11 @@ constexpr double kU = 6e-8;  // float32 unit roundoff 2^-24, rounded up
 const Shape kThreaded{2, 8, 128, 128};
 const std::vector<Act>& kActs = epilog::test::epilogue_acts();
 // And the rest of the pointwise functions, for the elementwise tests.
-const Act kMathActs[] = {Activation::Exp, Activation::Erf, Activation::Sqrt,
-                         Activation::Reciprocal, Act(Activation::Pow, 3.0f),
+const Act kMathActs[] = {Activation::Exp,
+                         Activation::Erf,
+                         Activation::Sqrt,
+                         Activation::Reciprocal,
+                         Act(Activation::Pow, 3.0f),
                          Act(Activation::Pow, 2.0f)};
 
 double act_ref(const Act& a, double v) {
@@ -90,59 +101,6 @@ double act_ref(const Act& a, double v) {
       return std::pow(v, double(a.a));
   }
   return NAN;
-}
-
-// Outputs start as NaN so that an element the kernel never writes fails every comparison.
-Tensor poisoned(const Shape& shape) {
-  return Tensor::full(shape, NAN);
-}
-
-std::vector<float> values(const Tensor& t) {
-  return {t.f32(), t.f32() + t.numel()};
-}
-
-// |out[i] - ref[i]| <= tol[i] for every i; NaN fails. Reports the first few misses.
-void expect_close(const float* out, const std::vector<double>& ref,
-                  const std::vector<double>& tol) {
-  REQUIRE(ref.size() == tol.size());
-  size_t bad = 0;
-  std::string first;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    double d = std::fabs(double(out[i]) - ref[i]);
-    if (!(d <= tol[i])) {
-      if (bad < 5)
-        first += fmt::format("  [{}] got {} want {} (tol {:.3g})\n", i, out[i], ref[i], tol[i]);
-      ++bad;
-    }
-  }
-  INFO(bad << " of " << ref.size() << " elements off:\n" << first);
-  CHECK(bad == 0);
-}
-
-void expect_exact(const float* out, const std::vector<double>& ref) {
-  expect_close(out, ref, std::vector<double>(ref.size(), 0.0));
-}
-
-void expect_values(const Tensor& t, const std::vector<double>& want, double tol = 0.0) {
-  REQUIRE(t.numel() == static_cast<int64_t>(want.size()));
-  expect_close(t.f32(), want, std::vector<double>(want.size(), tol));
-}
-
-// Strides of a contiguous shape, in elements.
-std::vector<int64_t> strides_of(const Shape& s) {
-  std::vector<int64_t> st(s.size(), 1);
-  for (int d = int(s.size()) - 2; d >= 0; --d) st[d] = st[d + 1] * s[d + 1];
-  return st;
-}
-
-// The multi-index of flat index i in shape s.
-std::vector<int64_t> unravel(int64_t i, const Shape& s) {
-  std::vector<int64_t> idx(s.size());
-  for (int d = int(s.size()) - 1; d >= 0; --d) {
-    idx[d] = i % s[d];
-    i /= s[d];
-  }
-  return idx;
 }
 
 // Output extent of a window as PyTorch computes it (ceil mode: the last window must start
@@ -595,9 +553,50 @@ int64_t broadcast_offset(const std::vector<int64_t>& idx, const Shape& xs) {
   return off;
 }
 
+double binary_ref(cpu::Binary op, double a, double b) {
+  switch (op) {
+    case cpu::Binary::Add:
+      return a + b;
+    case cpu::Binary::Mul:
+      return a * b;
+    case cpu::Binary::Sub:
+      return a - b;
+    case cpu::Binary::Div:
+      return a / b;
+    case cpu::Binary::Max:
+      return std::max(a, b);
+    case cpu::Binary::Min:
+      return std::min(a, b);
+  }
+  return NAN;
+}
+
 }  // namespace
 
 TEST_CASE("cpu kernels: binary worked examples", "[cpu][binary]") {
+  SECTION("sub, div, max and min of [2,2] and a row [2], NaN winning max and min") {
+    Tensor a = Tensor::from_vector({2, 2}, {1, 8, -3, NAN});
+    Tensor b = Tensor::from_vector({2}, {2, 4});
+    Tensor y = poisoned({2, 2});
+    cpu::binary(cpu::Binary::Sub, a, b, y);
+    CHECK(values(y)[0] == -1);
+    CHECK(values(y)[1] == 4);
+    CHECK(values(y)[2] == -5);
+    cpu::binary(cpu::Binary::Div, a, b, y);
+    CHECK(values(y)[0] == 0.5f);
+    CHECK(values(y)[1] == 2);
+    CHECK(values(y)[2] == -1.5f);
+    cpu::binary(cpu::Binary::Max, a, b, y);
+    CHECK(values(y)[0] == 2);
+    CHECK(values(y)[1] == 8);
+    CHECK(values(y)[2] == 2);
+    CHECK(std::isnan(values(y)[3]));
+    cpu::binary(cpu::Binary::Min, b, a, y);
+    CHECK(values(y)[0] == 1);
+    CHECK(values(y)[1] == 4);
+    CHECK(values(y)[2] == -3);
+    CHECK(std::isnan(values(y)[3]));
+  }
   SECTION("[2,3] + [3] adds the row to each row") {
     Tensor a = Tensor::from_vector({2, 3}, {1, 2, 3, 4, 5, 6});
     Tensor b = Tensor::from_vector({3}, {10, 20, 30});
@@ -642,9 +641,9 @@ TEST_CASE("cpu kernels: binary broadcasting random against float64", "[cpu][bina
   };
   uint64_t seed = 4000;
   for (const auto& [sa, sb] : cases)
-    for (cpu::Binary op : {cpu::Binary::Add, cpu::Binary::Mul}) {
-      INFO(epilog::shape_str(sa) << (op == cpu::Binary::Add ? " + " : " * ")
-                                 << epilog::shape_str(sb));
+    for (cpu::Binary op : {cpu::Binary::Add, cpu::Binary::Mul, cpu::Binary::Sub, cpu::Binary::Div,
+                           cpu::Binary::Max, cpu::Binary::Min}) {
+      INFO(epilog::shape_str(sa) << " op " << int(op) << " " << epilog::shape_str(sb));
       Tensor a = Tensor::randn(sa, ++seed), b = Tensor::randn(sb, ++seed);
       const Shape sy = broadcast(sa, sb);
       Tensor y = poisoned(sy);
@@ -654,7 +653,7 @@ TEST_CASE("cpu kernels: binary broadcasting random against float64", "[cpu][bina
         std::vector<int64_t> idx = unravel(i, sy);
         double va = a.f32()[broadcast_offset(idx, sa)], vb = b.f32()[broadcast_offset(idx, sb)];
         // One float operation rounds the exact result once: float(double) is that rounding.
-        ref[i] = static_cast<float>(op == cpu::Binary::Add ? va + vb : va * vb);
+        ref[i] = static_cast<float>(binary_ref(op, va, vb));
       }
       expect_exact(y.f32(), ref);
     }

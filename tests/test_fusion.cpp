@@ -516,3 +516,34 @@ TEST_CASE("fusion: a conv nothing fuses with still runs as fused_conv2d, its bia
     CHECK(r.summary() == "fused 1 conv2d, removed 0 dead nodes");
   }
 }
+
+TEST_CASE("canonicalize: GELU spelled with erf becomes gelu, then fuses into the conv", "[fusion]") {
+  const auto build = [](float root2, bool conv) {
+    Builder b(14);
+    std::map<std::string, Tensor> w = {{"root2", Tensor::from_vector({}, {root2})},
+                                       {"one", Tensor::from_vector({}, {1.0f})},
+                                       {"half", Tensor::from_vector({}, {0.5f})}};
+    b.set_weights(w);
+    Val x = b.input("x", {1, 3, 6, 6});
+    if (conv) x = b.conv2d(x, "c", ConvOpts(4, 3).padding(1).bias());
+    Val e = b.activation(b.div(x, b.weight("root2", {}, OpKind::Div, "b"), "div"),
+                         Activation::Erf, "erf");
+    Val in = b.mul(x, b.add(e, b.weight("one", {}, OpKind::Add, "b"), "add"), "inner");
+    b.output(b.mul(in, b.weight("half", {}, OpKind::Mul, "b"), "gelu"));
+    return b.build();
+  };
+  PassReport r;
+  Graph f = optimized(build(float(std::sqrt(2.0)), true), &r);
+  INFO(r.summary() << "\n" << fmt::format("{}", fmt::join(r.refusals, "\n")));
+  REQUIRE(f.nodes.size() == 1);
+  CHECK(conv_activation(f.nodes[0]) == Act(Activation::Gelu));
+  CHECK(f.nodes[0].outputs[0] == "gelu");
+  CHECK_THAT(r.summary(), Catch::Contains("canonicalized 1 gelu(erf)->gelu") &&
+                              Catch::Contains("fused 1 conv2d->gelu"));
+  // Another constant is another function: left as it is, and said why.
+  Graph g = optimized(build(1.5f, false), &r);
+  CHECK(count(g, OpKind::Gelu) == 0);
+  CHECK(count(g, OpKind::Erf) == 1);
+  REQUIRE(!r.refusals.empty());
+  CHECK_THAT(r.refusals.front(), Catch::Contains("'root2' is 1.5, not 1.414"));
+}

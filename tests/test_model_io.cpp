@@ -208,6 +208,27 @@ TEST_CASE("io: a yolo-like model survives the JSON round trip", "[io]") {
   require_same(g, parse_json_model(dump_json(g), "yolo.json", ""));
 }
 
+TEST_CASE("io: the layout, reduction, norm, resize and matmul ops survive the JSON round trip",
+          "[io]") {
+  Builder b(12);
+  Val x = b.input("x", {2, 8, 6, 6});
+  Val t = b.transpose(b.sub(x, b.div(x, b.binary(OpKind::Max, x, x))), {0, 2, 3, 1}, "t");
+  Val n = b.layer_norm(t, "ln");
+  Val m = b.matmul(b.reshape(n, {0, -1, 8}), b.softmax(b.reshape(n, {0, 8, -1}), 1), "mm");
+  Val r = b.reduce(OpKind::ReduceMean, m, {-1}, false, "mean");
+  b.output(r);
+  Val g = b.group_norm(b.instance_norm(x, "in"), "gn", 4);
+  Val p = b.pad(b.slice(g, {1}, {-1}, {2}, {2}), {0, 0, 1, 1, 0, 0, 1, 1}, "reflect");
+  b.output(b.resize(p, {2, 8, 9, 12}, "linear", "align_corners"));
+  b.output(b.transpose(b.binary(OpKind::Min, x, x), {}));
+  const Graph graph = b.build();
+  const Graph back = parse_json_model(dump_json(graph), "ops.json", "");
+  require_same(graph, back);
+  const auto in = test::random_inputs(graph, 3);
+  const auto want = test::run_cpu(graph, in), got = test::run_cpu(back, in);
+  for (const auto& [name, t] : want) CHECK(test::bit_equal(got.at(name), t));
+}
+
 TEST_CASE("io: dump_dot draws every value, node and edge, its names escaped", "[io]") {
   // Names with a quote and a backslash, which DOT strings must escape.
   Builder b(5);

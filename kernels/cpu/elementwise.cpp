@@ -1,4 +1,4 @@
-// Elementwise kernels: inference batchnorm, activations, and broadcasting add/mul.
+// Elementwise kernels: inference batchnorm, activations, and the broadcasting binary ops.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -54,22 +54,17 @@ std::vector<BroadcastDim> broadcast_dims(const Shape& a, const Shape& b, const S
   return merged;
 }
 
-template <Binary Op>
-float apply(float a, float b) {
-  return Op == Binary::Add ? a + b : a * b;
-}
-
 // One inner run of n elements; a and b each either step by one or stay put.
 template <Binary Op>
 void binary_run(const float* a, int64_t sa, const float* b, int64_t sb, float* y, int64_t n) {
   if (sa == 1 && sb == 1)
-    for (int64_t j = 0; j < n; ++j) y[j] = apply<Op>(a[j], b[j]);
+    for (int64_t j = 0; j < n; ++j) y[j] = binary_apply(Op, a[j], b[j]);
   else if (sa == 1)
-    for (int64_t j = 0; j < n; ++j) y[j] = apply<Op>(a[j], b[0]);
+    for (int64_t j = 0; j < n; ++j) y[j] = binary_apply(Op, a[j], b[0]);
   else if (sb == 1)
-    for (int64_t j = 0; j < n; ++j) y[j] = apply<Op>(a[0], b[j]);
+    for (int64_t j = 0; j < n; ++j) y[j] = binary_apply(Op, a[0], b[j]);
   else
-    for (int64_t j = 0; j < n; ++j) y[j] = apply<Op>(a[0], b[0]);
+    for (int64_t j = 0; j < n; ++j) y[j] = binary_apply(Op, a[0], b[0]);
 }
 
 template <Binary Op>
@@ -153,6 +148,14 @@ void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& y) {
       return binary_impl<Binary::Add>(dims, a.f32(), b.f32(), y.f32());
     case Binary::Mul:
       return binary_impl<Binary::Mul>(dims, a.f32(), b.f32(), y.f32());
+    case Binary::Sub:
+      return binary_impl<Binary::Sub>(dims, a.f32(), b.f32(), y.f32());
+    case Binary::Div:
+      return binary_impl<Binary::Div>(dims, a.f32(), b.f32(), y.f32());
+    case Binary::Max:
+      return binary_impl<Binary::Max>(dims, a.f32(), b.f32(), y.f32());
+    case Binary::Min:
+      return binary_impl<Binary::Min>(dims, a.f32(), b.f32(), y.f32());
   }
   EPILOG_ASSERT(false, "unknown binary op {}", static_cast<int>(op));
 }

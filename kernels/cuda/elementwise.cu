@@ -1,9 +1,10 @@
-// Elementwise CUDA kernels: inference batchnorm, activations, add/mul with broadcasting.
+// Elementwise CUDA kernels: inference batchnorm, activations, the binary ops with broadcasting.
 //
 // Math
 //   batchnorm   y[o, c, i] = (x[o, c, i] - mean[c]) * (gamma[c] / sqrt(var[c] + eps)) + beta[c]
 //   activation  y[i] = act(x[i]), act as in shapes.h (silu, relu, sigmoid, none)
-//   binary      y[p] = a[p mod a's shape] (+ or *) b[p mod b's shape], NumPy broadcasting
+//   binary      y[p] = binary_apply(op, a[p mod a's shape], b[p mod b's shape]) (shapes.h:
+//               add, mul, sub, div, max, min), NumPy broadcasting
 // Layout: float32, contiguous, device pointers; batchnorm sees x as [outer, channels, inner].
 //   Outputs must not alias inputs (inputs are read through the non-coherent cache).
 // Grid: 1-D and grid-stride, kThreads per block, at most one full wave (grid_for: full
@@ -169,7 +170,7 @@ struct ActivationOp {
 
 template <Binary Op>
 struct BinaryOp {
-  __device__ float operator()(float a, float b) const { return Op == Binary::Add ? a + b : a * b; }
+  __device__ float operator()(float a, float b) const { return binary_apply(Op, a, b); }
 };
 
 // The outer merged dims, innermost first, with each operand's element strides (0: broadcast).
@@ -294,6 +295,25 @@ void binary_items_impl(int64_t items, int64_t len, const float* a, int64_t a_str
   check_launch("binary (items)");
 }
 
+// Calls f(integral_constant<Binary, op>): one instantiation of a kernel per binary op.
+template <class F>
+void with_binary(Binary op, F&& f) {
+  switch (op) {
+    case Binary::Add:
+      return f(std::integral_constant<Binary, Binary::Add>{});
+    case Binary::Mul:
+      return f(std::integral_constant<Binary, Binary::Mul>{});
+    case Binary::Sub:
+      return f(std::integral_constant<Binary, Binary::Sub>{});
+    case Binary::Div:
+      return f(std::integral_constant<Binary, Binary::Div>{});
+    case Binary::Max:
+      return f(std::integral_constant<Binary, Binary::Max>{});
+    case Binary::Min:
+      return f(std::integral_constant<Binary, Binary::Min>{});
+  }
+}
+
 }  // namespace
 
 void batchnorm(int64_t outer, int64_t channels, int64_t inner, const float* x, const float* gamma,
@@ -312,18 +332,15 @@ void activation(Act act, int64_t n, const float* x, float* y, Stream stream) {
 void binary(Binary op, const BroadcastShape& s, const float* a, const float* b, float* y,
             Stream stream) {
   EPILOG_CUDA_REQUIRE(s.rank >= 0 && s.rank <= kMaxRank);
-  if (op == Binary::Add)
-    binary_impl<Binary::Add>(s, a, b, y, stream);
-  else
-    binary_impl<Binary::Mul>(s, a, b, y, stream);
+  with_binary(op, [&](auto k) { binary_impl<decltype(k)::value>(s, a, b, y, stream); });
 }
 
 void binary_items(Binary op, int64_t items, int64_t len, const float* a, int64_t a_stride,
                   const float* b, int64_t b_stride, float* y, int64_t y_stride, Stream stream) {
-  if (op == Binary::Add)
-    binary_items_impl<Binary::Add>(items, len, a, a_stride, b, b_stride, y, y_stride, stream);
-  else
-    binary_items_impl<Binary::Mul>(items, len, a, a_stride, b, b_stride, y, y_stride, stream);
+  with_binary(op, [&](auto k) {
+    binary_items_impl<decltype(k)::value>(items, len, a, a_stride, b, b_stride, y, y_stride,
+                                          stream);
+  });
 }
 
 }  // namespace epilog::cuda

@@ -277,8 +277,8 @@ void activation(const Ctx& c, In in, Out out) {
   cuda::activation(*node_activation(c.node), in[0].numel(), dev(in[0]), dev(out[0]), c.stream);
 }
 
-template <cuda::Binary Op>
 void binary(const Ctx& c, In in, Out out) {
+  const Binary op = *binary_kind(c.node.op);
   const Shape &a = in[0].shape(), &b = in[1].shape(), &y = out[0].shape();
   if (!in[0].contiguous() || !in[1].contiguous() || !out[0].contiguous()) {
     // Channel slabs of a batch (Tensor::part): the executor only makes them for equal shapes.
@@ -286,7 +286,7 @@ void binary(const Ctx& c, In in, Out out) {
       fail("[{}] node '{}': strided operands need equal shapes, got {} and {} into {}",
            op_name(c.node.op), c.node.name, shape_str(a), shape_str(b), shape_str(y));
     const int64_t items = y[0], len = items == 0 ? 0 : out[0].numel() / items;
-    return cuda::binary_items(Op, items, len, dev(in[0]), in[0].item_stride(), dev(in[1]),
+    return cuda::binary_items(op, items, len, dev(in[0]), in[0].item_stride(), dev(in[1]),
                               in[1].item_stride(), dev(out[0]), out[0].item_stride(), c.stream);
   }
   if (y.size() > size_t(cuda::kMaxRank))
@@ -300,7 +300,7 @@ void binary(const Ctx& c, In in, Out out) {
     s.b[d] = i < b.size() ? b[b.size() - 1 - i] : 1;
     s.out[d] = y[d];
   }
-  cuda::binary(Op, s, dev(in[0]), dev(in[1]), dev(out[0]), c.stream);
+  cuda::binary(op, s, dev(in[0]), dev(in[1]), dev(out[0]), c.stream);
 }
 
 int64_t norm_axis(const Node& n, int rank) {
@@ -344,6 +344,100 @@ void split(const Ctx& c, In in, Out out) {
   }
 }
 
+void check_rank(const Ctx& c, const Shape& s) {
+  if (s.size() > size_t(cuda::kMaxRank))
+    fail("[{}] node '{}': {} has more than {} dims", op_name(c.node.op), c.node.name, shape_str(s),
+         cuda::kMaxRank);
+}
+
+// transpose and slice: a strided view of x (GatherView) copied out.
+void gather(const Ctx& c, In in, Out out) {
+  const Shape& y = out[0].shape();
+  check_rank(c, y);
+  const GatherView g = gather_view(c.node, in[0].shape());
+  cuda::StridedView v{};
+  v.rank = static_cast<int>(y.size());
+  v.offset = g.offset;
+  for (size_t d = 0; d < y.size(); ++d) v.size[d] = y[d], v.stride[d] = g.strides[d];
+  cuda::gather(v, dev(in[0]), dev(out[0]), c.stream);
+}
+
+void pad(const Ctx& c, In in, Out out) {
+  const Shape &x = in[0].shape(), &y = out[0].shape();
+  check_rank(c, x);
+  const std::string& mode = c.node.attrs.s("mode");
+  cuda::PadShape s{};
+  s.rank = static_cast<int>(x.size());
+  for (size_t d = 0; d < x.size(); ++d)
+    s.in[d] = x[d], s.out[d] = y[d], s.begin[d] = c.node.attrs.ints("pads")[d];
+  cuda::pad(s,
+            mode == "constant"  ? PadMode::Constant
+            : mode == "reflect" ? PadMode::Reflect
+                                : PadMode::Edge,
+            float(c.node.attrs.f("value")), dev(in[0]), dev(out[0]), c.stream);
+}
+
+void reduce(const Ctx& c, In in, Out out) {
+  const Shape& x = in[0].shape();
+  check_rank(c, x);
+  const std::vector<bool> reduced = reduced_dims(c.node, x);
+  cuda::ReduceShape s{};
+  int64_t stride = 1;
+  std::vector<std::pair<int64_t, int64_t>> kept, red;  // (size, stride), outermost first
+  for (size_t d = x.size(); d-- > 0;) {
+    (reduced[d] ? red : kept).insert((reduced[d] ? red : kept).begin(), {x[d], stride});
+    stride *= x[d];
+  }
+  s.kept_rank = static_cast<int>(kept.size());
+  s.reduced_rank = static_cast<int>(red.size());
+  for (size_t i = 0; i < kept.size(); ++i)
+    s.kept[i] = kept[i].first, s.kept_stride[i] = kept[i].second;
+  for (size_t i = 0; i < red.size(); ++i)
+    s.reduced[i] = red[i].first, s.reduced_stride[i] = red[i].second;
+  const Reduce op = c.node.op == OpKind::ReduceMean  ? Reduce::Mean
+                    : c.node.op == OpKind::ReduceSum ? Reduce::Sum
+                                                     : Reduce::Max;
+  cuda::reduce(op, s, dev(in[0]), dev(out[0]), c.stream);
+}
+
+void norm(const Ctx& c, In in, Out out) {
+  const Tensor& x = in[0];
+  cuda::RowNorm s;
+  s.eps = float(c.node.attrs.f("eps"));
+  if (c.node.op == OpKind::LayerNorm) {
+    const AxisView v = axis_view(x.shape(), axis_attr(c.node, x.rank()));
+    s.rows = v.outer;
+    s.len = v.outer == 0 ? 0 : x.numel() / v.outer;
+  } else {
+    const int64_t channels = x.dim(1);
+    s.groups = c.node.op == OpKind::GroupNorm ? c.node.attrs.i("groups") : channels;
+    s.inner = x.numel() / (x.dim(0) * channels);
+    s.rows = x.dim(0) * s.groups;
+    s.len = channels / s.groups * s.inner;
+  }
+  cuda::row_norm(s, dev(x), dev(in[1]), opt(in, 2), dev(out[0]), c.stream);
+}
+
+void matmul(const Ctx& c, In in, Out out) {
+  const Shape &a = in[0].shape(), &b = in[1].shape(), &y = out[0].shape();
+  check_rank(c, y);
+  cuda::MatmulShape s{};
+  s.m = a[a.size() - 2], s.k = a.back(), s.n = b.back();
+  s.batch_rank = static_cast<int>(y.size()) - 2;
+  int64_t step_a = s.m * s.k, step_b = s.k * s.n;
+  for (int i = 0; i < s.batch_rank; ++i) {  // from the back, where batch dims align
+    const int d = s.batch_rank - 1 - i;
+    const int64_t da = size_t(i) + 2 < a.size() ? a[a.size() - 3 - size_t(i)] : 1;
+    const int64_t db = size_t(i) + 2 < b.size() ? b[b.size() - 3 - size_t(i)] : 1;
+    s.batch[d] = y[size_t(d)];
+    s.a_stride[d] = da == 1 ? 0 : step_a;
+    s.b_stride[d] = db == 1 ? 0 : step_b;
+    step_a *= da;
+    step_b *= db;
+  }
+  cuda::matmul(s, dev(in[0]), dev(in[1]), dev(out[0]), c.stream);
+}
+
 const std::array<CudaKernel, kNumOps>& kernels() {
   static const std::array<CudaKernel, kNumOps> table = [] {
     std::array<CudaKernel, kNumOps> t{};
@@ -359,8 +453,8 @@ const std::array<CudaKernel, kNumOps>& kernels() {
     };
     for (int op = 0; op < kNumOps; ++op)
       if (is_activation_op(OpKind(op))) t[size_t(op)] = activation;
-    at(OpKind::Add) = binary<cuda::Binary::Add>;
-    at(OpKind::Mul) = binary<cuda::Binary::Mul>;
+    for (int op = 0; op < kNumOps; ++op)
+      if (binary_kind(OpKind(op))) t[size_t(op)] = binary;
     at(OpKind::Concat) = concat;
     at(OpKind::Split) = split;
     at(OpKind::MaxPool2d) = [](const Ctx& c, In in, Out out) {
@@ -404,6 +498,29 @@ const std::array<CudaKernel, kNumOps>& kernels() {
       const Tensor &x = in[0], &w = in[1];
       cuda::linear(x.dim(0), w.dim(0), x.dim(1), dev(x), dev(w), opt(in, 2), dev(out[0]), c.stream);
     };
+    at(OpKind::Transpose) = gather;
+    at(OpKind::Slice) = gather;
+    at(OpKind::Reshape) = at(OpKind::Flatten);
+    at(OpKind::Pad) = pad;
+    at(OpKind::ReduceMean) = reduce;
+    at(OpKind::ReduceSum) = reduce;
+    at(OpKind::ReduceMax) = reduce;
+    at(OpKind::Softmax) = [](const Ctx& c, In in, Out out) {
+      const Tensor& x = in[0];
+      const int64_t axis = axis_attr(c.node, x.rank());
+      const AxisView v = axis_view(x.shape(), axis);
+      cuda::softmax(v.outer, x.dim(int(axis)), v.inner, dev(x), dev(out[0]), c.stream);
+    };
+    at(OpKind::LayerNorm) = norm;
+    at(OpKind::GroupNorm) = norm;
+    at(OpKind::InstanceNorm) = norm;
+    at(OpKind::Resize) = [](const Ctx& c, In in, Out out) {
+      const Tensor &x = in[0], &y = out[0];
+      const int64_t h = x.dim(-2), w = x.dim(-1);
+      cuda::resize(x.numel() / (h * w), h, w, y.dim(-2), y.dim(-1), resize_mode(c.node), dev(x),
+                   dev(out[0]), c.stream);
+    };
+    at(OpKind::MatMul) = matmul;
     return t;
   }();
   return table;

@@ -256,6 +256,120 @@ Val Builder::flatten(Val x, int64_t axis, const std::string& name) {
   return single(OpKind::Flatten, {x}, a, name);
 }
 
+Val Builder::binary(OpKind op, Val a, Val b, const std::string& name) {
+  return single(op, {a, b}, {}, name);
+}
+Val Builder::sub(Val a, Val b, const std::string& name) {
+  return single(OpKind::Sub, {a, b}, {}, name);
+}
+Val Builder::div(Val a, Val b, const std::string& name) {
+  return single(OpKind::Div, {a, b}, {}, name);
+}
+
+Val Builder::transpose(Val x, const std::vector<int64_t>& perm, const std::string& name) {
+  Attrs a;
+  a.set("perm", perm);
+  return single(OpKind::Transpose, {x}, a, name);
+}
+
+Val Builder::reshape(Val x, const std::vector<int64_t>& shape, const std::string& name) {
+  Attrs a;
+  a.set("shape", shape);
+  return single(OpKind::Reshape, {x}, a, name);
+}
+
+Val Builder::slice(Val x, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                   const std::vector<int64_t>& axes, const std::vector<int64_t>& steps,
+                   const std::string& name) {
+  Attrs a;
+  a.set("starts", starts);
+  a.set("ends", ends);
+  a.set("axes", axes);
+  a.set("steps", steps);
+  return single(OpKind::Slice, {x}, a, name);
+}
+
+Val Builder::pad(Val x, const std::vector<int64_t>& pads, const std::string& mode, double value,
+                 const std::string& name) {
+  Attrs a;
+  a.set("pads", pads);
+  a.set("mode", mode);
+  a.set("value", value);
+  return single(OpKind::Pad, {x}, a, name);
+}
+
+Val Builder::reduce(OpKind op, Val x, const std::vector<int64_t>& axes, bool keepdims,
+                    const std::string& name) {
+  Attrs a;
+  a.set("axes", axes);
+  a.set("keepdims", int64_t{keepdims});
+  return single(op, {x}, a, name);
+}
+
+Val Builder::softmax(Val x, int64_t axis, const std::string& name) {
+  Attrs a;
+  a.set("axis", axis);
+  return single(OpKind::Softmax, {x}, a, name);
+}
+
+Val Builder::resize(Val x, const std::vector<int64_t>& sizes, const std::string& mode,
+                    const std::string& coordinate_mode, const std::string& nearest_mode,
+                    const std::string& name) {
+  Attrs a;
+  a.set("sizes", sizes);
+  a.set("mode", mode);
+  a.set("coordinate_mode", coordinate_mode);
+  a.set("nearest_mode", nearest_mode);
+  return single(OpKind::Resize, {x}, a, name);
+}
+
+Val Builder::matmul(Val a, Val b, const std::string& name) {
+  return single(OpKind::MatMul, {a, b}, {}, name);
+}
+
+Val Builder::layer_norm(Val x, const std::string& name, int64_t axis, double eps) {
+  return transactional([&] {
+    const Shape& xs = shape(x);
+    const int64_t rank = int64_t(xs.size()), ax = axis < 0 ? axis + rank : axis;
+    if (ax < 0 || ax >= rank)
+      fail("[layer_norm] node '{}': axis {} is out of range for {}", name, axis, shape_str(xs));
+    const Shape tail(xs.begin() + ax, xs.end());
+    Attrs a;
+    a.set("axis", axis);
+    a.set("eps", eps);
+    return single(OpKind::LayerNorm,
+                  {x, weight(name + ".weight", tail, OpKind::LayerNorm, "scale"),
+                   weight(name + ".bias", tail, OpKind::LayerNorm, "bias")},
+                  a, name);
+  });
+}
+
+Val Builder::group_norm(Val x, const std::string& name, int64_t groups, double eps) {
+  Attrs a;
+  a.set("groups", groups);
+  a.set("eps", eps);
+  return channel_norm(OpKind::GroupNorm, x, name, a);
+}
+
+Val Builder::instance_norm(Val x, const std::string& name, double eps) {
+  Attrs a;
+  a.set("eps", eps);
+  return channel_norm(OpKind::InstanceNorm, x, name, a);
+}
+
+Val Builder::channel_norm(OpKind op, Val x, const std::string& name, const Attrs& attrs) {
+  return transactional([&] {
+    const Shape& xs = shape(x);
+    if (xs.size() < 2)
+      fail("[{}] node '{}': input '{}' has shape {}, expected at least 2 dims", op_name(op), name,
+           x.name, shape_str(xs));
+    return single(op,
+                  {x, weight(name + ".weight", {xs[1]}, op, "scale"),
+                   weight(name + ".bias", {xs[1]}, op, "bias")},
+                  attrs, name);
+  });
+}
+
 Graph Builder::build() {
   for (const auto& [name, t] : data_)
     if (!graph_.weights.count(name))

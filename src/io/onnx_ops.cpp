@@ -4,35 +4,47 @@
 // ONNX op                  -> epilog
 // Conv                     -> conv2d (auto_pad resolved to explicit padding; 4-D input only)
 // BatchNormalization       -> batchnorm (inference form only)
-// Relu, Sigmoid            -> relu, sigmoid (Sigmoid * Mul becomes silu in canonicalization)
-// Add, Mul                 -> add, mul (legacy opset < 7 axis broadcasting on constants too)
+// LayerNormalization, GroupNormalization, InstanceNormalization -> layer_norm, group_norm,
+//                             instance_norm (constant scales and biases that broadcast, or per
+//                             group in GroupNormalization-18, spread out at import)
+// Relu, Sigmoid, Tanh, HardSwish, Mish, Softplus, Exp, Erf, Sqrt, Reciprocal, Neg, Abs,
+// LeakyRelu, Elu, HardSigmoid, Gelu -> the activation op of the same name (Sigmoid * Mul
+//                             becomes silu in canonicalization); Pow by a constant -> pow
+// Add, Mul, Sub, Div       -> add, mul, sub, div (legacy opset < 7 axis broadcasting on
+//                             constants too); Max, Min of one or more inputs -> a chain of
+//                             max, min
 // Sum, Mean                -> a chain of adds (Mean then a mul by 1/n)
 // Concat, Split            -> concat, split (sizes: the 'split' attribute before opset 13, the
 //                             input from 13, or 'num_outputs' from 18)
-// Slice                    -> split on each sliced axis (step 1), keeping the wanted part
+// Slice                    -> split on each sliced axis (steps 1: views), or one slice
+// Pad                      -> pad (constant, reflect, edge; pads of the listed axes from 18)
 // MaxPool, AveragePool     -> maxpool2d, avgpool2d (2-D, dilations 1); GlobalAveragePool ->
 //                             global_avgpool
-// ReduceMean               -> global_avgpool, over axes 2 and 3 (or -2 and -1) of a 4-D tensor
-//                             only; with keepdims 0 a flatten follows (axes: an attribute before
-//                             opset 18, the input from 18)
+// ReduceMean, ReduceSum, ReduceMax -> reduce_mean, reduce_sum, reduce_max (axes: an attribute
+//                             before opset 18, 13 for ReduceSum, the input from then on); the
+//                             mean over H and W of a 4-D tensor -> global_avgpool (with keepdims
+//                             0 a flatten follows)
+// Softmax                  -> softmax (before opset 13, over the dims from axis as one: reshapes
+//                             around it)
 // Resize, Upsample         -> upsample_nearest (nearest, integer scales of H and W, the
-//                             coordinate modes that read input floor(x / scale); scales or sizes,
-//                             from opset 18 for 'axes' only, keep_aspect_ratio_policy too)
+//                             coordinate modes that read input floor(x / scale)); otherwise
+//                             resize (nearest or linear, half_pixel, pytorch_half_pixel,
+//                             align_corners, asymmetric; the last two dims; scales or sizes, from
+//                             opset 18 'axes' and keep_aspect_ratio_policy too)
 // Flatten                  -> flatten; Reshape/Unsqueeze/Squeeze of a run-time tensor -> flatten
-//                             when the target is a 2-D flatten, nothing when the shape is kept
+//                             when the target is a 2-D flatten, nothing when the shape is kept,
+//                             else reshape (a view)
+// Transpose                -> transpose
 // Gemm (alpha 1, transA 0) -> linear (+ add for a bias that is not per output feature)
-// MatMul [+ Add]           -> linear, the constant matrix transposed at import, the bias of a
-//                             following Add taken in
-// Clip                     -> clip; relu for min 0 and no max; nothing without bounds (min and
-//                             max: attributes before opset 11, inputs from 11)
-// LeakyRelu, HardSigmoid, HardSwish, Tanh, Gelu, Mish, Softplus, Elu, Exp, Erf, Sqrt,
-// Reciprocal, Neg, Abs     -> the op of the same name (activations: a conv's epilogue takes them)
-// Pow                      -> pow, for a constant exponent of one value
+// MatMul [+ Add]           -> linear for a 2-D tensor by a constant matrix (transposed at import,
+//                             the bias of a following Add taken in); else matmul (batched)
+// Clip                     -> relu for min 0 and no max; nothing without bounds; else clip (min
+//                             and max: attributes before opset 11, inputs from 11)
 // Identity, Dropout (at inference, no mask), Cast and CastLike to float, Pad by zeros -> nothing
 //                             (the output names the input's value)
 // Constant, Shape, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
-// Add, Sub, Mul, Div, Sum, Mean, Transpose, Flatten, ConstantOfShape on constants -> folded at
-// import
+// Add, Sub, Mul, Div, Sum, Mean, Pow, Transpose, Flatten, ConstantOfShape on constants -> folded
+// at import
 //
 // Everything else throws OnnxUnsupported naming the node, the op and the attribute.
 #ifdef EPILOG_HAVE_ONNX
@@ -43,6 +55,7 @@
 #include <limits>
 #include <set>
 
+#include "epilog/graph/activation.h"
 #include "onnx_import.h"
 
 namespace epilog::onnx_import {
@@ -102,8 +115,7 @@ std::vector<int64_t> padding(Importer& im, const Shape& x, const std::vector<int
 }
 
 // Input 0 given new dims: a constant folds; a run-time tensor is named again when they are its
-// own, flattened when they are a 2-D flatten of it, else unsupported (epilog has no general
-// reshape).
+// own, flattened when they are a 2-D flatten of it, else reshaped (a view: no kernel).
 void reshape_to(Importer& im, const Shape& target) {
   if (const Const* c = im.const_in(0)) {
     Const r = *c;
@@ -121,10 +133,10 @@ void reshape_to(Importer& im, const Shape& target) {
         return im.emit(OpKind::Flatten, {x}, im.attrs({{"axis", int64_t(axis)}}), {im.out(0)});
     }
   }
-  im.unsupported(
-      "reshaping the run-time tensor '{}' from {} to {} is not supported (epilog "
-      "reshapes only to a 2-D flatten)",
-      x, shape_str(s), shape_str(target));
+  if (std::any_of(target.begin(), target.end(), [](int64_t d) { return d < 1; }))
+    im.unsupported("reshaping the run-time tensor '{}' from {} to the empty {} is not supported", x,
+                   shape_str(s), shape_str(target));
+  im.emit(OpKind::Reshape, {x}, im.attrs({{"shape", std::vector<int64_t>(target)}}), {im.out(0)});
 }
 
 // Unsqueeze and Squeeze: their attributes and input counts, and the axes (the attribute before
@@ -170,71 +182,89 @@ void op_sigmoid(Importer& im) {
   unary(im, OpKind::Sigmoid);
 }
 
-// The pointwise activations (graph/activation.h): each ONNX op is one epilog op, its
-// parameters attributes of the same meaning.
-template <OpKind Kind>
-void op_activation(Importer& im) {
-  unary(im, Kind);
+void op_tanh(Importer& im) {
+  unary(im, OpKind::Tanh);
+}
+void op_hardswish(Importer& im) {
+  unary(im, OpKind::HardSwish);
+}
+void op_mish(Importer& im) {
+  unary(im, OpKind::Mish);
+}
+void op_softplus(Importer& im) {
+  unary(im, OpKind::Softplus);
+}
+void op_exp(Importer& im) {
+  unary(im, OpKind::Exp);
+}
+void op_erf(Importer& im) {
+  unary(im, OpKind::Erf);
+}
+void op_sqrt(Importer& im) {
+  unary(im, OpKind::Sqrt);
+}
+void op_reciprocal(Importer& im) {
+  unary(im, OpKind::Reciprocal);
+}
+void op_neg(Importer& im) {
+  unary(im, OpKind::Neg);
+}
+void op_abs(Importer& im) {
+  unary(im, OpKind::Abs);
 }
 
-// An activation with float attributes: (onnx name, epilog name, ONNX default) each.
-struct FloatAttr {
-  const char* onnx;
-  const char* name;
-  float fallback;
-};
-// The caller allows the attributes (Importer::allow takes literals).
-void activation_with(Importer& im, OpKind kind, std::initializer_list<FloatAttr> attrs) {
-  im.arity(1, 1);
-  Attrs given;
-  for (const FloatAttr& a : attrs) given.set(a.name, double(im.attr_float(a.onnx, a.fallback)));
-  im.emit(kind, {im.dyn(0)}, given, {im.out(0)});
-}
-
-void op_leaky_relu(Importer& im) {
+// Activations with parameters in attributes: alpha (LeakyRelu, Elu), alpha and beta
+// (HardSigmoid), approximate (Gelu, opset 20).
+void with_alpha(Importer& im, Activation kind, float fallback) {
   im.allow({"alpha"});
-  activation_with(im, OpKind::LeakyRelu, {{"alpha", "alpha", 0.01f}});
+  im.arity(1, 1);
+  const auto [op, attrs] = activation_op(Act(kind, im.attr_float("alpha", fallback)));
+  im.emit(op, {im.dyn(0)}, attrs, {im.out(0)});
+}
+void op_leaky_relu(Importer& im) {
+  with_alpha(im, Activation::LeakyRelu, 0.01f);
+}
+void op_elu(Importer& im) {
+  with_alpha(im, Activation::Elu, 1.0f);
 }
 
 void op_hardsigmoid(Importer& im) {
   im.allow({"alpha", "beta"});
-  activation_with(im, OpKind::HardSigmoid, {{"alpha", "alpha", 0.2f}, {"beta", "beta", 0.5f}});
+  im.arity(1, 1);
+  const auto [op, attrs] = activation_op(
+      Act(Activation::HardSigmoid, im.attr_float("alpha", 0.2f), im.attr_float("beta", 0.5f)));
+  im.emit(op, {im.dyn(0)}, attrs, {im.out(0)});
 }
 
-void op_elu(Importer& im) {
-  im.allow({"alpha"});
-  activation_with(im, OpKind::Elu, {{"alpha", "alpha", 1.0f}});
-}
-
-// Gelu (opset 20): approximate "none" (erf) or "tanh".
 void op_gelu(Importer& im) {
   im.allow({"approximate"});
   im.arity(1, 1);
-  const std::string approximate = im.attr_string("approximate", "none");
-  if (approximate != "none" && approximate != "tanh")
-    im.bad("approximate '{}' is not one of none, tanh", approximate);
-  Attrs given;
-  given.set("approximate", approximate);
-  im.emit(OpKind::Gelu, {im.dyn(0)}, given, {im.out(0)});
+  const std::string approx = im.attr_string("approximate", "none");
+  if (approx != "none" && approx != "tanh")
+    im.bad_attr("approximate", "is '{}', expected none or tanh", approx);
+  im.emit(OpKind::Gelu, {im.dyn(0)}, im.attrs({{"approximate", approx}}), {im.out(0)});
 }
 
-// Pow with a constant exponent (one value): x^e; on constants, folded.
+// Pow by a constant exponent of one value.
 void op_pow(Importer& im) {
   im.allow({});
   im.arity(2, 2);
-  const Const& c = im.cst(1, "exponent");
-  if (c.numel() != 1)
-    im.unsupported("exponent '{}' has {} values (epilog raises to one constant power)",
-                   im.in_name(1), c.numel());
-  const double e = scalar_in(im, 1, "exponent");
-  if (e == 1.0) return pass_through(im);
-  Attrs given;
-  given.set("exponent", e);
-  im.emit(OpKind::Pow, {im.dyn(0)}, given, {im.out(0)});
+  const Const* e = im.const_in(1);
+  if (!e || e->numel() != 1)
+    im.unsupported("the exponent '{}' must be a constant of one value", im.in_name(1));
+  const double exponent = scalar_in(im, 1, "exponent");
+  if (const Const* c = im.const_in(0)) {
+    if (!c->is_float()) im.unsupported("Pow of the integer constant '{}'", im.in_name(0));
+    Const r = *c;
+    for (float& v : r.f) v = std::pow(v, float(exponent));
+    return im.set_const(0, r);
+  }
+  const auto [op, attrs] = activation_op(Act(Activation::Pow, float(exponent)));
+  im.emit(op, {im.dyn(0)}, attrs, {im.out(0)});
 }
 
 // Clip: 'min' and 'max' attributes before opset 11, optional inputs from then on (absent:
-// unbounded). No bounds is the input itself, min 0 alone is relu, anything else clip.
+// unbounded). No bounds is the input itself, min 0 alone is relu, other bounds a clip.
 void op_clip(Importer& im) {
   if (im.opset() < 11)
     im.allow({"min", "max"});
@@ -250,11 +280,12 @@ void op_clip(Importer& im) {
   if (hi >= std::numeric_limits<float>::max()) hi = inf;
   if (lo == -inf && hi == inf) return pass_through(im);
   if (lo == 0 && hi == inf) return im.emit(OpKind::Relu, {im.dyn(0)}, {}, {im.out(0)});
-  if (!(lo <= hi)) im.bad("min {} is above max {}", lo, hi);
-  Attrs given;
-  given.set("min", std::max(lo, double(std::numeric_limits<float>::lowest())));
-  given.set("max", std::min(hi, double(std::numeric_limits<float>::max())));
-  im.emit(OpKind::Clip, {im.dyn(0)}, given, {im.out(0)});
+  if (lo > hi) im.bad("min {} is above max {}", lo, hi);
+  const float big = std::numeric_limits<float>::max();
+  im.emit(
+      OpKind::Clip, {im.dyn(0)},
+      im.attrs({{"min", lo == -inf ? -double(big) : lo}, {"max", hi == inf ? double(big) : hi}}),
+      {im.out(0)});
 }
 
 // Add(MatMul(x, W), b) with a bias per output feature: the bias joins the linear node that
@@ -313,9 +344,6 @@ void binary(Importer& im, char op) {
     if (b_dims) b.dims = *b_dims;
     return im.set_const(0, fold_binary(*ca, b, op));
   }
-  if (op == '-' || op == '/')
-    im.unsupported("{} of run-time tensors is not supported (only constant shape arithmetic folds)",
-                   im.op());
   std::string b_value;
   if (b_dims) {
     if (!cb)
@@ -328,7 +356,11 @@ void binary(Importer& im, char op) {
   }
   if (op == '+' && !b_dims && take_bias(im)) return;
   std::string a = im.dyn(0), b = b_dims ? b_value : im.dyn(1);
-  im.emit(op == '+' ? OpKind::Add : OpKind::Mul, {a, b}, {}, {im.out(0)});
+  const OpKind kind = op == '+'   ? OpKind::Add
+                      : op == '*' ? OpKind::Mul
+                      : op == '-' ? OpKind::Sub
+                                  : OpKind::Div;
+  im.emit(kind, {a, b}, {}, {im.out(0)});
 }
 
 void op_add(Importer& im) {
@@ -368,6 +400,27 @@ void sum_of(Importer& im, bool mean) {
   const std::string scale = im.fresh_value(im.node().output(0) + ".scale");
   im.add_weight(scale, Const{TensorProto::FLOAT, {1}, {float(1.0 / n)}, {}});
   im.emit(OpKind::Mul, {acc, scale}, {}, {im.out(0)}, "scale");
+}
+
+// Max and Min of one or more run-time tensors: a chain of max or min.
+void extremum(Importer& im, OpKind kind) {
+  im.allow({});
+  im.arity(std::max(im.n_in(), 1), INT_MAX);
+  const int n = im.n_in();
+  if (n == 1) return pass_through(im);
+  std::string acc = im.dyn(0);
+  for (int k = 1; k < n; ++k) {
+    const std::string y =
+        k == n - 1 ? im.out(0) : im.fresh_value(fmt::format("{}.{}", im.node().output(0), k));
+    im.emit(kind, {acc, im.dyn(k)}, {}, {y}, k == 1 ? "" : fmt::format("{}", k));
+    acc = y;
+  }
+}
+void op_max(Importer& im) {
+  extremum(im, OpKind::Max);
+}
+void op_min(Importer& im) {
+  extremum(im, OpKind::Min);
 }
 
 void op_sum(Importer& im) {
@@ -431,6 +484,111 @@ void op_batchnorm(Importer& im) {
   std::vector<std::string> ins;
   for (int k = 0; k < 5; ++k) ins.push_back(im.dyn(k));
   im.emit(OpKind::BatchNorm, ins, im.attrs({{"eps", eps}}), {im.out(0)});
+}
+
+// epsilon as batchnorm reads it: the float32 attribute's shortest decimal.
+double epsilon_attr(Importer& im) {
+  const float epsilon = im.attr_float("epsilon", 1e-5f);
+  if (!(epsilon >= 0 && std::isfinite(epsilon)))
+    im.bad_attr("epsilon", "is {}, expected a finite number >= 0", epsilon);
+  return std::stod(fmt::format("{}", epsilon));
+}
+
+// Outputs past the first (mean and inverse standard deviation of the training forms) are refused.
+void first_output_only(Importer& im) {
+  for (int k = 1; k < im.n_out(); ++k)
+    if (im.used_out(k))
+      im.unsupported("output {} ('{}') is a statistic; epilog imports the normalized output only",
+                     k, im.node().output(k));
+}
+
+void op_layer_norm(Importer& im) {
+  im.allow({"axis", "epsilon", "stash_type"});
+  im.arity(2, 3, 3);
+  first_output_only(im);
+  const std::string x = im.dyn(0);
+  const Shape& s = im.value_shape(x);
+  const int64_t axis = axis_of(im.attr_int("axis", -1), s.size());
+  const Shape tail(s.begin() + axis, s.end());
+  std::vector<std::string> ins{x};
+  for (int k = 1; k < 3 && im.has_in(k); ++k) {
+    // Scale and bias broadcast to the normalized dims: constants are spread out at import.
+    const Const* c = im.const_in(k);
+    if (c && c->dims != tail && c->is_float()) {
+      if (c->numel() != 1 && c->numel() != shape_numel(tail))
+        im.unsupported("input '{}' {} does not broadcast to the normalized dims {}", im.in_name(k),
+                       shape_str(c->dims), shape_str(tail));
+      Const full = take(*c, tail, std::vector<int64_t>(size_t(shape_numel(tail)), 0));
+      if (c->numel() != 1) full.f = c->f;
+      const std::string w = im.fresh_value(im.in_name(k) + ".full");
+      im.add_weight(w, full);
+      ins.push_back(w);
+    } else {
+      ins.push_back(im.dyn(k));
+    }
+  }
+  im.emit(OpKind::LayerNorm, ins, im.attrs({{"axis", axis}, {"eps", epsilon_attr(im)}}),
+          {im.out(0)});
+}
+
+// GroupNormalization: scale and bias per channel (opset 21) or, in opset 18, per group (each
+// group's value then spread over its channels at import).
+void op_group_norm(Importer& im) {
+  im.allow({"epsilon", "num_groups", "stash_type"});
+  im.arity(3, 3);
+  const std::string x = im.dyn(0);
+  const Shape& s = im.value_shape(x);
+  const int64_t groups = im.attr_int_req("num_groups");
+  if (s.size() < 2 || groups < 1 || s[1] % groups != 0)
+    im.bad_attr("num_groups", "{} does not divide the channels of {}", groups, shape_str(s));
+  std::vector<std::string> ins{x};
+  for (int k = 1; k < 3; ++k) {
+    const Shape ps = im.shape_in(k);
+    if (ps == Shape{s[1]}) {
+      ins.push_back(im.dyn(k));
+      continue;
+    }
+    const Const* c = im.const_in(k);
+    if (ps != Shape{groups} || !c || !c->is_float())
+      im.unsupported(
+          "input '{}' has shape {}, expected [{}] per channel or a constant [{}] per "
+          "group",
+          im.in_name(k), shape_str(ps), s[1], groups);
+    std::vector<int64_t> at;
+    for (int64_t ch = 0; ch < s[1]; ++ch) at.push_back(ch / (s[1] / groups));
+    const std::string w = im.fresh_value(im.in_name(k) + ".per_channel");
+    im.add_weight(w, take(*c, {s[1]}, at));
+    ins.push_back(w);
+  }
+  im.emit(OpKind::GroupNorm, ins, im.attrs({{"groups", groups}, {"eps", epsilon_attr(im)}}),
+          {im.out(0)});
+}
+
+void op_instance_norm(Importer& im) {
+  im.allow({"epsilon"});
+  im.arity(3, 3);
+  im.emit(OpKind::InstanceNorm, {im.dyn(0), im.dyn(1), im.dyn(2)},
+          im.attrs({{"eps", epsilon_attr(im)}}), {im.out(0)});
+}
+
+// Softmax: over one axis from opset 13 (default -1); before, over the dims from `axis` on
+// (default 1) as one, which is a reshape around a softmax over the last dim.
+void op_softmax(Importer& im) {
+  im.allow({"axis"});
+  im.arity(1, 1);
+  const std::string x = im.dyn(0);
+  const Shape& s = im.value_shape(x);
+  const int64_t axis = axis_of(im.attr_int("axis", im.opset() < 13 ? 1 : -1), s.size());
+  if (im.opset() >= 13 || axis == int64_t(s.size()) - 1)
+    return im.emit(OpKind::Softmax, {x}, im.attrs({{"axis", axis}}), {im.out(0)});
+  Shape flat{1, 1};
+  for (size_t d = 0; d < s.size(); ++d) flat[int64_t(d) < axis ? 0 : 1] *= s[d];
+  const std::string f = im.fresh_value(im.node().output(0) + ".flat");
+  const std::string y = im.fresh_value(im.node().output(0) + ".softmax");
+  im.emit(OpKind::Reshape, {x}, im.attrs({{"shape", std::vector<int64_t>(flat)}}), {f}, "flat");
+  im.emit(OpKind::Softmax, {f}, im.attrs({{"axis", int64_t(-1)}}), {y});
+  im.emit(OpKind::Reshape, {y}, im.attrs({{"shape", std::vector<int64_t>(s)}}), {im.out(0)},
+          "unflat");
 }
 
 // -- handlers: pooling and resizing --
@@ -527,9 +685,12 @@ void upsample(Importer& im, const std::string& x, const std::vector<double>& sca
   im.emit(OpKind::UpsampleNearest, {x}, im.attrs({{"scale", factor}}), {im.out(0)});
 }
 
+// Resize: nearest with integer up-scales whose coordinate mode reads input floor(x / scale)
+// becomes upsample_nearest (which convs take in); everything else the resize op, nearest or
+// linear, in the coordinate modes PyTorch exports, to static sizes.
 void op_resize(Importer& im) {
   // Opset 18 adds 'axes' (scales or sizes for these axes only), 'keep_aspect_ratio_policy' (with
-  // sizes) and 'antialias' (for linear and cubic downscaling only, so nothing here).
+  // sizes) and 'antialias' (for linear and cubic downscaling only).
   if (im.opset() < 18)
     im.allow({"coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
               "extrapolation_value", "mode", "nearest_mode"});
@@ -539,32 +700,14 @@ void op_resize(Importer& im) {
               "nearest_mode"});
   im.arity(im.opset() < 11 ? 2 : 1, im.opset() < 11 ? 2 : 4);
   const std::string mode = im.attr_string("mode", "nearest");
-  if (mode != "nearest")
-    im.unsupported_attr("mode", "is '{}'; epilog imports nearest-neighbour resizing only", mode);
-  // Resize-10 maps coordinates like Upsample: x / scale, rounded down.
+  if (mode != "nearest" && mode != "linear")
+    im.unsupported_attr("mode", "is '{}'; epilog imports nearest and linear resizing", mode);
+  // Resize-10 maps coordinates like Upsample: x / scale (nearest rounded down).
   const std::string ctm = im.opset() < 11
                               ? "asymmetric"
                               : im.attr_string("coordinate_transformation_mode", "half_pixel");
   const std::string nearest =
       im.opset() < 11 ? "floor" : im.attr_string("nearest_mode", "round_prefer_floor");
-  // With an integer scale s, output x = q*s + r (0 <= r < s) must read input q:
-  //   asymmetric: x/s = q + r/s, floored -> q.
-  //   half_pixel: (x + 0.5)/s - 0.5 = q + (r + 0.5)/s - 0.5 lies strictly within q +- 0.5, so
-  //   either rounding gives q (pytorch_half_pixel is the same for outputs longer than 1, and
-  //   half_pixel_symmetric where the output is exactly s times the input, as here).
-  //   tf_half_pixel_for_nn: (x + 0.5)/s = q + (r + 0.5)/s < q + 1, floored -> q.
-  const bool rounds = nearest == "round_prefer_floor" || nearest == "round_prefer_ceil";
-  const bool floors = nearest == "floor";
-  const bool half_pixel =
-      ctm == "half_pixel" || ctm == "pytorch_half_pixel" || ctm == "half_pixel_symmetric";
-  const bool ok = (ctm == "asymmetric" && floors) || (half_pixel && rounds) ||
-                  (ctm == "tf_half_pixel_for_nn" && floors);
-  if (!ok)
-    im.unsupported(
-        "coordinate_transformation_mode '{}' with nearest_mode '{}' is not supported "
-        "(epilog's nearest upsampling reads input floor(x / scale): asymmetric with "
-        "floor, or half_pixel with rounding)",
-        ctm, nearest);
   std::string x = im.dyn(0);
   const Shape& s = im.value_shape(x);
   // The axes that scales or sizes list, in their order.
@@ -580,47 +723,99 @@ void op_resize(Importer& im) {
   } else {
     for (size_t d = 0; d < s.size(); ++d) axes.push_back(int64_t(d));
   }
+  // -- the scale and output size of every dim --
   std::vector<double> factors(s.size(), 1.0);
+  std::vector<int64_t> sizes(s.begin(), s.end());
+  bool from_scales = false;
   const int scales_at = im.opset() < 11 ? 1 : 2;
   const Const* scales = im.has_in(scales_at) ? &im.cst(scales_at, "scales") : nullptr;
   if (scales && scales->numel() == 0) scales = nullptr;
   if (im.has_in(3)) {
     if (scales) im.bad("has both scales and sizes; give one");
-    std::vector<int64_t> sizes = im.ints_in(3, "sizes");
-    if (sizes.size() != axes.size())
-      im.bad("sizes has {} values for {} axes of the {}-D input", sizes.size(), axes.size(),
+    std::vector<int64_t> given = im.ints_in(3, "sizes");
+    if (given.size() != axes.size())
+      im.bad("sizes has {} values for {} axes of the {}-D input", given.size(), axes.size(),
              s.size());
     // keep_aspect_ratio_policy scales every listed axis alike, by the smallest (not_larger)
-    // or largest (not_smaller) ratio of sizes to the input.
+    // or largest (not_smaller) ratio of sizes to the input; sizes are then rounded.
     const std::string policy = im.attr_string("keep_aspect_ratio_policy", "stretch");
     if (policy != "stretch" && policy != "not_larger" && policy != "not_smaller")
       im.bad_attr("keep_aspect_ratio_policy",
                   "is '{}', expected stretch, not_larger or not_smaller", policy);
-    if (policy != "stretch") {
-      double f = policy == "not_larger" ? std::numeric_limits<double>::infinity() : 0.0;
-      for (size_t k = 0; k < axes.size(); ++k) {
-        const double ratio = double(sizes[k]) / double(s[size_t(axes[k])]);
-        f = policy == "not_larger" ? std::min(f, ratio) : std::max(f, ratio);
-      }
-      for (int64_t a : axes) factors[size_t(a)] = f;
-      return upsample(im, x, factors, "sizes");
+    double f = policy == "not_larger" ? std::numeric_limits<double>::infinity() : 0.0;
+    for (size_t k = 0; k < axes.size(); ++k) {
+      const double ratio = double(given[k]) / double(s[size_t(axes[k])]);
+      f = policy == "not_larger" ? std::min(f, ratio) : std::max(f, ratio);
     }
     for (size_t k = 0; k < axes.size(); ++k) {
-      const int64_t in = s[size_t(axes[k])];
-      if (sizes[k] < 1 || sizes[k] % in != 0)
-        im.unsupported("sizes {} are not integer multiples of the input {}", shape_str(sizes),
-                       shape_str(s));
-      factors[size_t(axes[k])] = double(sizes[k] / in);
+      const size_t d = size_t(axes[k]);
+      factors[d] = policy == "stretch" ? double(given[k]) / double(s[d]) : f;
+      sizes[d] = policy == "stretch" ? given[k] : int64_t(std::round(f * double(s[d])));
     }
-    return upsample(im, x, factors, "sizes");
+  } else {
+    if (!scales) im.bad("has neither scales nor sizes");
+    if (!scales->is_float()) im.bad("scales are {}, expected float", dtype_str(scales->dtype));
+    if (scales->f.size() != axes.size())
+      im.bad("scales has {} values for {} axes of the {}-D input", scales->f.size(), axes.size(),
+             s.size());
+    from_scales = true;
+    for (size_t k = 0; k < axes.size(); ++k) {
+      const size_t d = size_t(axes[k]);
+      factors[d] = scales->f[k];
+      if (!(factors[d] > 0 && factors[d] * double(s[d]) <= double(kMaxDim)))
+        im.bad("scale {} of axis {} is out of range", factors[d], d);
+      sizes[d] = int64_t(std::floor(factors[d] * double(s[d])));
+    }
   }
-  if (!scales) im.bad("has neither scales nor sizes");
-  if (!scales->is_float()) im.bad("scales are {}, expected float", dtype_str(scales->dtype));
-  if (scales->f.size() != axes.size())
-    im.bad("scales has {} values for {} axes of the {}-D input", scales->f.size(), axes.size(),
-           s.size());
-  for (size_t k = 0; k < axes.size(); ++k) factors[size_t(axes[k])] = scales->f[k];
-  upsample(im, x, factors, "scales");
+  // -- nearest by integer factors, reading input floor(x / scale): upsample_nearest --
+  // With an integer scale s, output x = q*s + r (0 <= r < s) must read input q:
+  //   asymmetric: x/s = q + r/s, floored -> q.
+  //   half_pixel: (x + 0.5)/s - 0.5 = q + (r + 0.5)/s - 0.5 lies strictly within q +- 0.5, so
+  //   either rounding gives q (pytorch_half_pixel is the same for outputs longer than 1, and
+  //   half_pixel_symmetric where the output is exactly s times the input, as here).
+  //   tf_half_pixel_for_nn: (x + 0.5)/s = q + (r + 0.5)/s < q + 1, floored -> q.
+  const bool rounds = nearest == "round_prefer_floor" || nearest == "round_prefer_ceil";
+  const bool floors = nearest == "floor";
+  const bool half_pixel =
+      ctm == "half_pixel" || ctm == "pytorch_half_pixel" || ctm == "half_pixel_symmetric";
+  const bool reads_floor = (ctm == "asymmetric" && floors) || (half_pixel && rounds) ||
+                           (ctm == "tf_half_pixel_for_nn" && floors);
+  bool integer = s.size() == 4 && factors[0] == 1 && factors[1] == 1;
+  for (size_t d = 2; integer && d < 4; ++d)
+    integer = factors[d] >= 1 && factors[d] == std::floor(factors[d]) &&
+              sizes[d] == int64_t(factors[d]) * s[d];
+  if (mode == "nearest" && reads_floor && integer) return upsample(im, x, factors, "scales");
+  // -- the resize op --
+  if (ctm != "half_pixel" && ctm != "pytorch_half_pixel" && ctm != "align_corners" &&
+      ctm != "asymmetric")
+    im.unsupported_attr("coordinate_transformation_mode",
+                        "'{}' is not supported (half_pixel, pytorch_half_pixel, align_corners "
+                        "and asymmetric are)",
+                        ctm);
+  if (mode == "nearest" && !rounds && !floors && nearest != "ceil")
+    im.bad_attr("nearest_mode", "is '{}'", nearest);
+  if (im.attr_int("exclude_outside", 0) != 0)
+    im.unsupported_attr("exclude_outside", "is 1; only 0 is supported");
+  for (size_t d = 0; d < s.size(); ++d) {
+    if (sizes[d] < 1) im.unsupported("resizes axis {} of {} to nothing", d, shape_str(s));
+    if (d + 2 < s.size() && sizes[d] != s[d])
+      im.unsupported("resizes axis {} of {}: epilog resizes the last two axes only", d,
+                     shape_str(s));
+    // Given scales, every coordinate mode maps by the scale (align_corners by the scaled
+    // length), which only equals sizes / input where that is whole.
+    if (from_scales && sizes[d] != s[d] && double(sizes[d]) != factors[d] * double(s[d]))
+      im.unsupported(
+          "scale {} of axis {} (size {}) gives no whole output size; epilog resizes "
+          "by sizes / input",
+          factors[d], d, s[d]);
+    if (mode == "linear" && im.attr_int("antialias", 0) != 0 && sizes[d] < s[d])
+      im.unsupported_attr("antialias", "linear downscaling with antialias is not supported");
+  }
+  im.emit(
+      OpKind::Resize, {x},
+      im.attrs(
+          {{"sizes", sizes}, {"mode", mode}, {"coordinate_mode", ctm}, {"nearest_mode", nearest}}),
+      {im.out(0)});
 }
 
 void op_upsample(Importer& im) {
@@ -685,21 +880,37 @@ ReduceArgs reduce_args(Importer& im, int64_t input_from) {
   return r;
 }
 
-// The mean over H and W of an NCHW tensor is global_avgpool (then a flatten without keepdims).
+// A reduction node over the axes, keepdims as given.
+void reduce(Importer& im, OpKind kind, const ReduceArgs& r) {
+  im.emit(kind, {im.dyn(0)}, im.attrs({{"axes", r.axes}, {"keepdims", int64_t(r.keepdims)}}),
+          {im.out(0)});
+}
+
+// The mean over H and W of an NCHW tensor is global_avgpool (then a flatten without keepdims);
+// other means a reduce_mean.
 void op_reduce_mean(Importer& im) {
   const ReduceArgs r = reduce_args(im, 18);
   if (r.noop) return pass_through(im);
   const std::string x = im.dyn(0);
   const Shape& s = im.value_shape(x);
   if (s.size() != 4 || r.axes != std::vector<int64_t>{2, 3})
-    im.unsupported(
-        "the mean over axes {} of the {}-D tensor '{}' is not supported (epilog imports the "
-        "mean over H and W of an NCHW tensor, as global_avgpool)",
-        shape_str(r.axes), s.size(), im.in_name(0));
+    return reduce(im, OpKind::ReduceMean, r);
   if (r.keepdims) return im.emit(OpKind::GlobalAvgPool, {x}, {}, {im.out(0)});
   const std::string pooled = im.fresh_value(im.node().output(0) + ".pool");
   im.emit(OpKind::GlobalAvgPool, {x}, {}, {pooled});
   im.emit(OpKind::Flatten, {pooled}, im.attrs({{"axis", int64_t(1)}}), {im.out(0)}, "flatten");
+}
+
+void op_reduce_sum(Importer& im) {
+  const ReduceArgs r = reduce_args(im, 13);
+  if (r.noop) return pass_through(im);
+  reduce(im, OpKind::ReduceSum, r);
+}
+
+void op_reduce_max(Importer& im) {
+  const ReduceArgs r = reduce_args(im, 18);
+  if (r.noop) return pass_through(im);
+  reduce(im, OpKind::ReduceMax, r);
 }
 
 // -- handlers: linear layers --
@@ -784,11 +995,14 @@ void op_matmul(Importer& im) {
   im.arity(2, 2);
   std::string a = im.dyn(0);
   const Const* b = im.const_in(1);
-  if (im.value_shape(a).size() != 2 || !b || b->dims.size() != 2)
-    im.unsupported(
-        "epilog imports MatMul of a 2-D tensor by a constant matrix only (here {} by "
-        "{} '{}')",
-        shape_str(im.value_shape(a)), b ? "the constant" : "the run-time tensor", im.in_name(1));
+  // A 2-D tensor by a constant matrix is a linear layer (which takes a following bias in);
+  // anything else of at least 2 dims each a batched matmul.
+  if (im.value_shape(a).size() != 2 || !b || b->dims.size() != 2) {
+    if (im.value_shape(a).size() < 2 || im.shape_in(1).size() < 2)
+      im.unsupported("MatMul of {} by {}: epilog multiplies tensors of at least 2 dims",
+                     shape_str(im.value_shape(a)), shape_str(im.shape_in(1)));
+    return im.emit(OpKind::MatMul, {a, im.dyn(1)}, {}, {im.out(0)});
+  }
   std::string w = transposed_weight(im, im.in_name(1), *b);
   im.linear_of()[im.node().output(0)] = im.graph().nodes.size();
   im.emit(OpKind::Linear, {a, w}, {}, {im.out(0)});
@@ -935,12 +1149,25 @@ void op_slice(Importer& im) {
   }
   if (const Const* c = im.const_in(0)) return im.set_const(0, fold_slice(*c, cut));
   std::string x = im.dyn(0);
+  for (const SliceAxis& c : cut)
+    if (c.count == 0) im.unsupported("the slice of axis {} is empty", c.axis);
+  // Steps other than 1: one slice node (start and end as clamped above, the end one step past
+  // the last element taken, or the clamp's -1 going backwards past the front).
+  if (std::any_of(cut.begin(), cut.end(), [](const SliceAxis& c) { return c.step != 1; })) {
+    std::vector<int64_t> b, e, a, st;
+    for (const SliceAxis& c : cut) {
+      const int64_t last = c.start + (c.count - 1) * c.step;
+      b.push_back(c.start);
+      e.push_back(c.step > 0 ? last + 1
+                             : (last == 0 ? std::numeric_limits<int64_t>::min() : last - 1));
+      a.push_back(c.axis);
+      st.push_back(c.step);
+    }
+    return im.emit(OpKind::Slice, {x},
+                   im.attrs({{"starts", b}, {"ends", e}, {"axes", a}, {"steps", st}}), {im.out(0)});
+  }
   for (size_t k = 0; k < cut.size(); ++k) {
     const SliceAxis& c = cut[k];
-    if (c.step != 1)
-      im.unsupported("step {} on axis {} of a run-time tensor is not supported (only 1)", c.step,
-                     c.axis);
-    if (c.count == 0) im.unsupported("the slice of axis {} is empty", c.axis);
     // A split into [before, wanted, after]; the unused parts are left to dead-code removal.
     const int64_t dim = im.value_shape(x)[size_t(c.axis)];
     std::vector<int64_t> sizes;
@@ -994,7 +1221,24 @@ void op_pad(Importer& im) {
     im.bad("has {} pads for {} axes, expected two per axis", pads.size(), axes);
   if (std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; }))
     return pass_through(im);
-  im.unsupported("padding by {} ({}) is not supported", shape_str(pads), mode);
+  if (mode == "wrap") im.unsupported_attr("mode", "'wrap' is not supported");
+  if (std::any_of(pads.begin(), pads.end(), [](int64_t p) { return p < 0; }))
+    im.unsupported("padding by {}: negative pads (cropping) are not supported", shape_str(pads));
+  // Pads of every dim: begins, then ends (those of the listed axes only from opset 18).
+  std::vector<int64_t> full(2 * rank, 0);
+  std::vector<int64_t> listed;
+  if (im.has_in(3))
+    for (int64_t a : im.ints_in(3, "axes")) listed.push_back(axis_of(a, rank, "axes value"));
+  else
+    for (size_t d = 0; d < rank; ++d) listed.push_back(int64_t(d));
+  for (size_t k = 0; k < axes; ++k) {
+    full[size_t(listed[k])] = pads[k];
+    full[rank + size_t(listed[k])] = pads[axes + k];
+  }
+  double value = im.attr_float("value", 0);
+  if (im.opset() >= 11 && im.has_in(2)) value = scalar_in(im, 2, "constant_value");
+  im.emit(OpKind::Pad, {im.dyn(0)}, im.attrs({{"pads", full}, {"mode", mode}, {"value", value}}),
+          {im.out(0)});
 }
 
 void op_flatten(Importer& im) {
@@ -1078,7 +1322,7 @@ void op_transpose(Importer& im) {
   if (const Const* c = im.const_in(0)) return im.set_const(0, fold_transpose(*c, perm));
   for (size_t k = 0; k < perm.size(); ++k)
     if (perm[k] != int64_t(k))
-      im.unsupported("transposing a run-time tensor is not supported (only constants fold)");
+      return im.emit(OpKind::Transpose, {im.dyn(0)}, im.attrs({{"perm", perm}}), {im.out(0)});
   im.set_alias(0, im.dyn(0));
 }
 
@@ -1215,7 +1459,7 @@ void op_cast_like(Importer& im) {
 
 const std::map<std::string, OpHandler>& op_handlers() {
   static const std::map<std::string, OpHandler> table = {
-      {"Abs", op_activation<OpKind::Abs>},
+      {"Abs", op_abs},
       {"Add", op_add},
       {"AveragePool", op_avgpool},
       {"BatchNormalization", op_batchnorm},
@@ -1227,42 +1471,50 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"ConstantOfShape", op_constant_of_shape},
       {"Conv", op_conv},
       {"Div", op_div},
-      {"Elu", op_elu},
-      {"Erf", op_activation<OpKind::Erf>},
-      {"Exp", op_activation<OpKind::Exp>},
-      {"Gelu", op_gelu},
-      {"HardSigmoid", op_hardsigmoid},
-      {"HardSwish", op_activation<OpKind::HardSwish>},
-      {"LeakyRelu", op_leaky_relu},
-      {"Mish", op_activation<OpKind::Mish>},
-      {"Neg", op_activation<OpKind::Neg>},
-      {"Pow", op_pow},
-      {"Reciprocal", op_activation<OpKind::Reciprocal>},
-      {"Softplus", op_activation<OpKind::Softplus>},
-      {"Sqrt", op_activation<OpKind::Sqrt>},
-      {"Tanh", op_activation<OpKind::Tanh>},
       {"Dropout", op_dropout},
+      {"Elu", op_elu},
+      {"Erf", op_erf},
+      {"Exp", op_exp},
       {"Flatten", op_flatten},
       {"Gather", op_gather},
+      {"Gelu", op_gelu},
       {"Gemm", op_gemm},
       {"GlobalAveragePool", op_global_avgpool},
+      {"GroupNormalization", op_group_norm},
+      {"HardSigmoid", op_hardsigmoid},
+      {"HardSwish", op_hardswish},
       {"Identity", op_identity},
+      {"InstanceNormalization", op_instance_norm},
+      {"LayerNormalization", op_layer_norm},
+      {"LeakyRelu", op_leaky_relu},
       {"MatMul", op_matmul},
+      {"Max", op_max},
       {"MaxPool", op_maxpool},
       {"Mean", op_mean},
+      {"Min", op_min},
+      {"Mish", op_mish},
       {"Mul", op_mul},
+      {"Neg", op_neg},
       {"Pad", op_pad},
+      {"Pow", op_pow},
+      {"Reciprocal", op_reciprocal},
+      {"ReduceMax", op_reduce_max},
       {"ReduceMean", op_reduce_mean},
+      {"ReduceSum", op_reduce_sum},
       {"Relu", op_relu},
       {"Reshape", op_reshape},
       {"Resize", op_resize},
       {"Shape", op_shape},
       {"Sigmoid", op_sigmoid},
       {"Slice", op_slice},
+      {"Softmax", op_softmax},
+      {"Softplus", op_softplus},
       {"Split", op_split},
+      {"Sqrt", op_sqrt},
       {"Squeeze", op_squeeze},
       {"Sub", op_sub},
       {"Sum", op_sum},
+      {"Tanh", op_tanh},
       {"Transpose", op_transpose},
       {"Unsqueeze", op_unsqueeze},
       {"Upsample", op_upsample},

@@ -23,8 +23,7 @@ void conv(const Node& n, In in, Out out) {
     cpu::conv2d(cs, in[0].f32(), in[1].f32(), nullptr, opt(in, 2), Activation::None, out[0].f32());
   else
     cpu::conv2d(cs, in[0].f32(), in[1].f32(), in[2].f32(), in[3].f32(), conv_activation(n),
-                out[0].f32(), residual ? residual->f32() : nullptr,
-                fused_residual_first(n));
+                out[0].f32(), residual ? residual->f32() : nullptr, fused_residual_first(n));
 }
 
 const std::array<CpuKernel, kNumOps>& kernels() {
@@ -41,12 +40,11 @@ const std::array<CpuKernel, kNumOps>& kernels() {
         t[size_t(op)] = [](const Node& n, In in, Out out) {
           cpu::activation(*node_activation(n), in[0], out[0]);
         };
-    at(OpKind::Add) = [](const Node&, In in, Out out) {
-      cpu::binary(cpu::Binary::Add, in[0], in[1], out[0]);
-    };
-    at(OpKind::Mul) = [](const Node&, In in, Out out) {
-      cpu::binary(cpu::Binary::Mul, in[0], in[1], out[0]);
-    };
+    for (int op = 0; op < kNumOps; ++op)
+      if (binary_kind(OpKind(op)))
+        t[size_t(op)] = [](const Node& n, In in, Out out) {
+          cpu::binary(*binary_kind(n.op), in[0], in[1], out[0]);
+        };
     at(OpKind::Concat) = [](const Node& n, In in, Out out) {
       std::vector<const Tensor*> xs;
       for (const Tensor& t : in) xs.push_back(&t);
@@ -76,6 +74,45 @@ const std::array<CpuKernel, kNumOps>& kernels() {
     at(OpKind::Linear) = [](const Node&, In in, Out out) {
       cpu::linear(in[0], in[1], in.size() > 2 ? in[2] : Tensor{}, out[0]);
     };
+    for (OpKind op : {OpKind::Transpose, OpKind::Slice})
+      at(op) = [](const Node& n, In in, Out out) {
+        const GatherView v = gather_view(n, in[0].shape());
+        cpu::gather(in[0], v.offset, v.strides, out[0]);
+      };
+    at(OpKind::Reshape) = at(OpKind::Flatten);
+    at(OpKind::Pad) = [](const Node& n, In in, Out out) {
+      const std::string& mode = n.attrs.s("mode");
+      const auto& pads = n.attrs.ints("pads");
+      cpu::pad(in[0], {pads.begin(), pads.begin() + in[0].rank()},
+               mode == "constant"  ? cpu::PadMode::Constant
+               : mode == "reflect" ? cpu::PadMode::Reflect
+                                   : cpu::PadMode::Edge,
+               float(n.attrs.f("value")), out[0]);
+    };
+    for (OpKind op : {OpKind::ReduceMean, OpKind::ReduceSum, OpKind::ReduceMax})
+      at(op) = [](const Node& n, In in, Out out) {
+        const cpu::Reduce r = n.op == OpKind::ReduceMean  ? cpu::Reduce::Mean
+                              : n.op == OpKind::ReduceSum ? cpu::Reduce::Sum
+                                                          : cpu::Reduce::Max;
+        cpu::reduce(r, in[0], reduced_dims(n, in[0].shape()), out[0]);
+      };
+    at(OpKind::Softmax) = [](const Node& n, In in, Out out) {
+      cpu::softmax(in[0], axis_attr(n, in[0].rank()), out[0]);
+    };
+    at(OpKind::LayerNorm) = [](const Node& n, In in, Out out) {
+      cpu::layer_norm(in[0], axis_attr(n, in[0].rank()), in[1], in.size() > 2 ? in[2] : Tensor{},
+                      n.attrs.f("eps"), out[0]);
+    };
+    at(OpKind::GroupNorm) = [](const Node& n, In in, Out out) {
+      cpu::group_norm(in[0], n.attrs.i("groups"), in[1], in[2], n.attrs.f("eps"), out[0]);
+    };
+    at(OpKind::InstanceNorm) = [](const Node& n, In in, Out out) {
+      cpu::group_norm(in[0], in[0].dim(1), in[1], in[2], n.attrs.f("eps"), out[0]);
+    };
+    at(OpKind::Resize) = [](const Node& n, In in, Out out) {
+      cpu::resize(in[0], resize_mode(n), out[0]);
+    };
+    at(OpKind::MatMul) = [](const Node&, In in, Out out) { cpu::matmul(in[0], in[1], out[0]); };
     return t;
   }();
   return table;

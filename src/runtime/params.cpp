@@ -45,4 +45,68 @@ PoolShape pool_shape(const Node& node, const Tensor& x, const Tensor& y) {
   return s;
 }
 
+std::optional<Binary> binary_kind(OpKind op) {
+  switch (op) {
+    case OpKind::Add:
+      return Binary::Add;
+    case OpKind::Mul:
+      return Binary::Mul;
+    case OpKind::Sub:
+      return Binary::Sub;
+    case OpKind::Div:
+      return Binary::Div;
+    case OpKind::Max:
+      return Binary::Max;
+    case OpKind::Min:
+      return Binary::Min;
+    default:
+      return std::nullopt;
+  }
+}
+
+GatherView gather_view(const Node& node, const Shape& x) {
+  const std::vector<Shape> shapes{x};
+  const InferContext ctx{node.op, node.name, node.attrs, shapes};
+  std::vector<int64_t> stride(x.size(), 1);
+  for (size_t d = x.size(); d-- > 1;) stride[d - 1] = stride[d] * x[d];
+  GatherView v;
+  if (node.op == OpKind::Transpose) {
+    for (int64_t p : transpose_perm(ctx)) v.strides.push_back(stride[size_t(p)]);
+    return v;
+  }
+  EPILOG_ASSERT(node.op == OpKind::Slice, "gather_view of a {}", op_name(node.op));
+  const SliceDims s = slice_dims(ctx);
+  for (size_t d = 0; d < x.size(); ++d) {
+    v.offset += s.start[d] * stride[d];
+    v.strides.push_back(s.step[d] * stride[d]);
+  }
+  return v;
+}
+
+ResizeMode resize_mode(const Node& node) {
+  ResizeMode m;
+  m.linear = node.attrs.s("mode") == "linear";
+  const std::string& c = node.attrs.s("coordinate_mode");
+  m.coord = c == "half_pixel"           ? ResizeCoord::HalfPixel
+            : c == "pytorch_half_pixel" ? ResizeCoord::PytorchHalfPixel
+            : c == "align_corners"      ? ResizeCoord::AlignCorners
+                                        : ResizeCoord::Asymmetric;
+  const std::string& r = node.attrs.s("nearest_mode");
+  m.nearest = r == "round_prefer_floor"  ? NearestMode::RoundPreferFloor
+              : r == "round_prefer_ceil" ? NearestMode::RoundPreferCeil
+              : r == "floor"             ? NearestMode::Floor
+                                         : NearestMode::Ceil;
+  return m;
+}
+
+std::vector<bool> reduced_dims(const Node& node, const Shape& x) {
+  const std::vector<Shape> shapes{x};
+  return reduce_axes(InferContext{node.op, node.name, node.attrs, shapes});
+}
+
+int64_t axis_attr(const Node& node, int64_t rank, const char* attr) {
+  const int64_t axis = node.attrs.i(attr);
+  return axis < 0 ? axis + rank : axis;
+}
+
 }  // namespace epilog

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -129,21 +131,69 @@ inline Closeness closeness(const float* gpu, const float* cpu, int64_t n, const 
 // element, as `cpu`; see Tolerance). A failure names the first element out of bounds, its two
 // values and bound, and how many elements failed. Returns the comparison.
 inline Closeness check_close(const Tensor& gpu, const Tensor& cpu, const Tolerance& tol,
-                        const std::string& what, const Tensor* mag = nullptr) {
+                             const std::string& what, const Tensor* mag = nullptr) {
   REQUIRE(gpu.shape() == cpu.shape());
   if (mag) REQUIRE(mag->shape() == cpu.shape());
   const Tensor g = gpu.to(Device::CPU);
   const Closeness c = closeness(g.f32(), cpu.f32(), cpu.numel(), tol, mag ? mag->f32() : nullptr);
   std::ostringstream msg;
-  msg << what << ": " << c.failed << " of " << c.n << " elements outside |gpu - cpu| <= "
-      << tol.atol << (mag ? " * magnitude" : "") << " + " << tol.rtol << " * |cpu| (" << tol.kind
-      << "), the nearest at " << c.worst << " of its bound";
+  msg << what << ": " << c.failed << " of " << c.n
+      << " elements outside |gpu - cpu| <= " << tol.atol << (mag ? " * magnitude" : "") << " + "
+      << tol.rtol << " * |cpu| (" << tol.kind << "), the nearest at " << c.worst << " of its bound";
   if (c.failed)
     msg << "; the first, element " << c.first << ": gpu " << c.gpu << ", cpu " << c.cpu
         << ", bound " << c.bound;
   INFO(msg.str());
   CHECK(c.failed == 0);
   return c;
+}
+
+// check_close as a requirement: the test case stops at the first output out of bounds.
+inline void require_close(const Tensor& gpu, const Tensor& cpu, const std::string& what,
+                          const Tolerance& tol = kFloat32Op, const Tensor* mag = nullptr) {
+  REQUIRE(check_close(gpu, cpu, tol, what + " " + shape_str(cpu.shape()), mag).failed == 0);
+}
+
+inline Backend& cuda_backend() {
+  static std::unique_ptr<Backend> backend = make_cuda_backend();
+  REQUIRE(backend);
+  return *backend;
+}
+
+// Runs the graph's single node on both backends with the given inputs (host tensors; inputs
+// not given are drawn from randn), poisoning the device outputs first. `device_inputs`
+// overrides the device copy of an input (views at odd offsets). Returns cpu and gpu outputs.
+struct Outputs {
+  std::vector<Tensor> cpu, gpu;
+  std::vector<Tensor> inputs;  // the node's host inputs, in order
+};
+inline Outputs run_node(const Graph& g, std::map<std::string, Tensor> feeds = {},
+                        const std::map<std::string, Tensor>& device_inputs = {},
+                        const NodePlan& plan = {}) {
+  REQUIRE(g.nodes.size() == 1);
+  const Node& node = g.nodes[0];
+  uint64_t seed = 100;
+  for (const std::string& in : g.inputs)
+    if (!feeds.count(in)) feeds[in] = Tensor::randn(g.value(in).shape, seed++);
+  std::vector<Tensor> cpu_in, gpu_in;
+  for (const std::string& in : node.inputs) {
+    const Tensor& host = g.is_weight(in) ? g.weights.at(in).data : feeds.at(in);
+    cpu_in.push_back(host);
+    auto d = device_inputs.find(in);
+    gpu_in.push_back(d != device_inputs.end() ? d->second : host.to(Device::CUDA));
+  }
+  Outputs o;
+  o.inputs = cpu_in;
+  for (const std::string& out : node.outputs) {
+    const Shape& s = g.value(out).shape;
+    o.cpu.push_back(Tensor::empty(s));
+    o.gpu.push_back(Tensor::full(s, std::numeric_limits<float>::quiet_NaN()).to(Device::CUDA));
+  }
+  make_cpu_backend()->run(node, NodePlan{}, cpu_in, o.cpu);
+  Backend& gpu = cuda_backend();
+  gpu.run(node, plan, gpu_in, o.gpu);
+  gpu.synchronize();
+  return o;
 }
 
 }  // namespace epilog::test

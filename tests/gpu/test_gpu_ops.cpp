@@ -25,53 +25,10 @@ namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// test::check_close as a requirement: the test case stops at the first output out of bounds.
-void require_close(const Tensor& gpu, const Tensor& cpu, const std::string& what,
-                   const test::Tolerance& tol = test::kFloat32Op, const Tensor* mag = nullptr) {
-  REQUIRE(test::check_close(gpu, cpu, tol, what + " " + shape_str(cpu.shape()), mag).failed == 0);
-}
-
-Backend& cuda_backend() {
-  static std::unique_ptr<Backend> backend = make_cuda_backend();
-  REQUIRE(backend);
-  return *backend;
-}
-
-// Runs the graph's single node on both backends with the given inputs (host tensors; inputs
-// not given are drawn from randn), poisoning the device outputs first. `device_inputs`
-// overrides the device copy of an input (views at odd offsets). Returns cpu and gpu outputs.
-struct Outputs {
-  std::vector<Tensor> cpu, gpu;
-  std::vector<Tensor> inputs;  // the node's host inputs, in order
-};
-Outputs run_node(const Graph& g, std::map<std::string, Tensor> feeds = {},
-                 const std::map<std::string, Tensor>& device_inputs = {},
-                 const NodePlan& plan = {}) {
-  REQUIRE(g.nodes.size() == 1);
-  const Node& node = g.nodes[0];
-  uint64_t seed = 100;
-  for (const std::string& in : g.inputs)
-    if (!feeds.count(in)) feeds[in] = Tensor::randn(g.value(in).shape, seed++);
-  std::vector<Tensor> cpu_in, gpu_in;
-  for (const std::string& in : node.inputs) {
-    const Tensor& host = g.is_weight(in) ? g.weights.at(in).data : feeds.at(in);
-    cpu_in.push_back(host);
-    auto d = device_inputs.find(in);
-    gpu_in.push_back(d != device_inputs.end() ? d->second : host.to(Device::CUDA));
-  }
-  Outputs o;
-  o.inputs = cpu_in;
-  for (const std::string& out : node.outputs) {
-    const Shape& s = g.value(out).shape;
-    o.cpu.push_back(Tensor::empty(s));
-    o.gpu.push_back(Tensor::full(s, kNaN).to(Device::CUDA));
-  }
-  make_cpu_backend()->run(node, NodePlan{}, cpu_in, o.cpu);
-  Backend& gpu = cuda_backend();
-  gpu.run(node, plan, gpu_in, o.gpu);
-  gpu.synchronize();
-  return o;
-}
+using test::cuda_backend;
+using test::Outputs;
+using test::require_close;
+using test::run_node;
 
 // Runs and compares every output (test::kFloat32Op).
 void check(const Graph& g) {
@@ -154,7 +111,7 @@ TEST_CASE("gpu ops: add and mul broadcast as NumPy does", "[gpu][ops]") {
       {{8, 64, 40, 40}, {8, 64, 40, 40}},        // several waves
       {{8, 64, 40, 40}, {1, 64, 1, 1}},
   };
-  for (OpKind op : {OpKind::Add, OpKind::Mul})
+  for (OpKind op : {OpKind::Add, OpKind::Mul, OpKind::Sub, OpKind::Div, OpKind::Max, OpKind::Min})
     for (const auto& [sa, sb] : cases) {
       Builder b(3);
       Val a = b.input("a", sa), c = b.input("b", sb);

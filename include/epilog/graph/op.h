@@ -94,6 +94,17 @@ Attrs normalize_attrs(OpKind op, const std::string& node, const Attrs& given);
 std::vector<Shape> infer_shapes(OpKind op, const std::string& node, const Attrs& attrs,
                                 const std::vector<Shape>& inputs);
 
+// Attributes of layout ops as shape inference reads them (checked; errors name op and node), for
+// the backends too: transpose's permutation of input 0's dims, slice's start and step of every
+// dim of input 0 with the output shape (ONNX clamping done), the dims a reduction reduces.
+std::vector<int64_t> transpose_perm(const InferContext& ctx);
+struct SliceDims {
+  std::vector<int64_t> start, step;
+  Shape out;
+};
+SliceDims slice_dims(const InferContext& ctx);
+std::vector<bool> reduce_axes(const InferContext& ctx);
+
 template <typename... Args>
 void InferContext::fail(fmt::format_string<Args...> format, Args&&... args) const {
   throw Error(fmt::format("[{}] node '{}': {}", op_name(op), node,

@@ -10,7 +10,8 @@
 
 namespace epilog {
 
-// mul(x, sigmoid(x)) -> silu(x), in either operand order (PyTorch's ONNX export of SiLU).
+// mul(x, sigmoid(x)) -> silu(x), in either operand order (PyTorch's ONNX export of SiLU); GELU
+// as x * (erf(x / sqrt(2)) + 1) * 0.5 (its export below opset 20) -> gelu(x).
 std::vector<Rule> canonicalize_rules();
 
 // Every conv becomes one fused_conv2d: conv2d [-> batchnorm] [-> activation], the batchnorm

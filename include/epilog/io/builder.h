@@ -108,6 +108,33 @@ class Builder {
   Val global_avgpool(Val x, const std::string& name = "");
   Val upsample_nearest(Val x, int64_t scale, const std::string& name = "");
   Val flatten(Val x, int64_t axis = 1, const std::string& name = "");
+  // Binary elementwise ops with NumPy broadcasting: add, mul, sub, div, max or min.
+  Val binary(OpKind op, Val a, Val b, const std::string& name = "");
+  Val sub(Val a, Val b, const std::string& name = "");
+  Val div(Val a, Val b, const std::string& name = "");
+  Val transpose(Val x, const std::vector<int64_t>& perm, const std::string& name = "");
+  // ONNX Reshape: 0 keeps the dim, one -1 takes what is left.
+  Val reshape(Val x, const std::vector<int64_t>& shape, const std::string& name = "");
+  // ONNX Slice (axes empty: the first starts.size() dims; steps empty: 1).
+  Val slice(Val x, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+            const std::vector<int64_t>& axes = {}, const std::vector<int64_t>& steps = {},
+            const std::string& name = "");
+  // pads: begins of every dim, then ends; mode "constant", "reflect" or "edge".
+  Val pad(Val x, const std::vector<int64_t>& pads, const std::string& mode = "constant",
+          double value = 0, const std::string& name = "");
+  // reduce_mean, reduce_sum or reduce_max over `axes` (all when empty).
+  Val reduce(OpKind op, Val x, const std::vector<int64_t>& axes, bool keepdims = true,
+             const std::string& name = "");
+  Val softmax(Val x, int64_t axis = -1, const std::string& name = "");
+  // ONNX Resize to `sizes` (only the last two dims may change).
+  Val resize(Val x, const std::vector<int64_t>& sizes, const std::string& mode = "nearest",
+             const std::string& coordinate_mode = "half_pixel",
+             const std::string& nearest_mode = "round_prefer_floor", const std::string& name = "");
+  Val matmul(Val a, Val b, const std::string& name = "");
+  // Normalizations with weights "<name>.weight" and "<name>.bias" (PyTorch's names).
+  Val layer_norm(Val x, const std::string& name, int64_t axis = -1, double eps = 1e-5);
+  Val group_norm(Val x, const std::string& name, int64_t groups, double eps = 1e-5);
+  Val instance_norm(Val x, const std::string& name, double eps = 1e-5);
 
   // A named weight, filled from set_weights() or the seed (initialized as input `role` of
   // `op` would be, e.g. {BatchNorm, "running_var"} is positive).
@@ -130,6 +157,8 @@ class Builder {
   // a failed call leaves the graph as it was.
   Val transactional(const std::function<Val()>& body);
   std::string fresh_name(OpKind op, const std::string& name);
+  // group_norm and instance_norm: x [N, C, ...] with a scale and a bias per channel.
+  Val channel_norm(OpKind op, Val x, const std::string& name, const Attrs& attrs);
 
   uint64_t seed_;
   Graph graph_;

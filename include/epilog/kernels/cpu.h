@@ -27,7 +27,7 @@ void batchnorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const T
 
 void activation(Act act, const Tensor& x, Tensor& y);
 
-enum class Binary : uint8_t { Add, Mul };
+using epilog::Binary;
 // NumPy broadcasting; y has the broadcast shape.
 void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& y);
 
@@ -45,5 +45,30 @@ void global_avgpool(const Tensor& x, Tensor& y);
 void upsample_nearest(const Tensor& x, int64_t scale_h, int64_t scale_w, Tensor& y);
 // y[m, n] = sum_k x[m, k] * w[n, k] + b[n]; b may be undefined.
 void linear(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
+
+// -- layout: x and y contiguous, y shaped as the op's shape inference says --
+// y = x viewed as y's shape with element strides `strides` from element `offset`:
+// y[i_0, ..., i_r] = x[offset + sum_d i_d * strides[d]]. Transpose and slice are such views.
+void gather(const Tensor& x, int64_t offset, const std::vector<int64_t>& strides, Tensor& y);
+using epilog::PadMode;
+// `begins`: the padding before each dim of x (y's shape gives the rest).
+void pad(const Tensor& x, const std::vector<int64_t>& begins, PadMode mode, float value, Tensor& y);
+// x's last two dims resized to y's (the dims before equal).
+void resize(const Tensor& x, const ResizeMode& mode, Tensor& y);
+
+// -- reductions and normalization, accumulated in double --
+using epilog::Reduce;
+// Over the dims where `reduced` is set; y holds the kept dims in order (any 1s, keepdims's, too).
+void reduce(Reduce op, const Tensor& x, const std::vector<bool>& reduced, Tensor& y);
+void softmax(const Tensor& x, int64_t axis, Tensor& y);
+// Rows of x's dims from `axis` on, normalized, * scale + bias (bias may be undefined).
+void layer_norm(const Tensor& x, int64_t axis, const Tensor& scale, const Tensor& bias, double eps,
+                Tensor& y);
+// x [N, C, ...]: each group of C / groups channels normalized, * scale[c] + bias[c].
+void group_norm(const Tensor& x, int64_t groups, const Tensor& scale, const Tensor& bias,
+                double eps, Tensor& y);
+
+// y[..., m, n] = sum_k a[..., m, k] * b[..., k, n], batch dims broadcast (NumPy matmul, 2-D+).
+void matmul(const Tensor& a, const Tensor& b, Tensor& y);
 
 }  // namespace epilog::cpu

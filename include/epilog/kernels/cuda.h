@@ -33,8 +33,7 @@ struct ConvResidual {
   ConvResidual(const float* r = nullptr, Act after = {}) : x(r), post(after) {}  // NOLINT
 };
 void conv_scalar(const ConvShape& s, const float* x, const float* w, const float* scale,
-                 const float* shift, Act act, float* y, Stream stream,
-                 ConvResidual residual = {});
+                 const float* shift, Act act, float* y, Stream stream, ConvResidual residual = {});
 void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                 const float* scale, const float* shift, Act act, float* y, Stream stream,
                 ConvResidual residual = {});
@@ -60,8 +59,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const flo
 // the wgmma kernels need (wgmma_available); else, or on other shapes, it throws.
 void conv_pair(const ConvShape& a, const ConvShape& b, const float* x, const float* wa,
                const float* scale_a, const float* shift_a, Act act_a, const float* wb,
-               const float* scale_b, const float* shift_b, Act act_b, float* y,
-               Stream stream);
+               const float* scale_b, const float* shift_b, Act act_b, float* y, Stream stream);
 // A 3x3 conv and the 1x1 conv that alone reads its output as one kernel (conv_chain_fits): y =
 // B(A(x)), A's output never stored; A on tiles t, b's input is A's output. `packed`: A's weights
 // packed for t (pack_wgmma_weights), then B's weights, scale and shift (pack_conv_chain). Needs
@@ -77,8 +75,7 @@ bool wgmma_available();
 // y = act(x * scale[c] + shift[c]). Another library's convolution followed by this is the
 // anchor of the conv bench.
 void scale_shift_act(int64_t outer, int64_t channels, int64_t inner, const float* x,
-                     const float* scale, const float* shift, Act act, float* y,
-                     Stream stream);
+                     const float* scale, const float* shift, Act act, float* y, Stream stream);
 
 // -- elementwise --
 // Inference batchnorm over axis 1 of [outer, channels, inner].
@@ -94,11 +91,11 @@ struct BroadcastShape {
   int rank;
   int64_t a[kMaxRank], b[kMaxRank], out[kMaxRank];
 };
-enum class Binary : uint8_t { Add, Mul };
+using epilog::Binary;
 void binary(Binary op, const BroadcastShape& s, const float* a, const float* b, float* y,
             Stream stream);
 // Equal shapes seen as [items, len], each operand's items its own stride apart (channel slabs of
-// a larger batch): y[i, j] = a[i, j] (+ or *) b[i, j].
+// a larger batch): y[i, j] = binary_apply(op, a[i, j], b[i, j]).
 void binary_items(Binary op, int64_t items, int64_t len, const float* a, int64_t a_stride,
                   const float* b, int64_t b_stride, float* y, int64_t y_stride, Stream stream);
 
@@ -112,6 +109,58 @@ void copy_slab(int64_t outer, int64_t count, int64_t inner, const float* src, in
 // x_image, y_image: floats between consecutive images (c*h*w and c*ho*wo when contiguous).
 void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_h, int64_t scale_w,
                       const float* x, int64_t x_image, float* y, int64_t y_image, Stream stream);
+
+// -- layout (transpose, slice, pad, resize); y contiguous, x and y must not overlap --
+// A view of x of `rank` dims: element i_0, ..., i_r at x[offset + sum_d i_d * stride[d]].
+struct StridedView {
+  int rank;
+  int64_t size[kMaxRank], stride[kMaxRank];
+  int64_t offset;
+};
+// y[i] = the view's element i (y has the view's shape): transpose and slice.
+void gather(const StridedView& v, const float* x, float* y, Stream stream);
+// x of `rank` dims in[], y of out[]: begin[d] padded before dim d (PadMode as the CPU's).
+struct PadShape {
+  int rank;
+  int64_t in[kMaxRank], out[kMaxRank], begin[kMaxRank];
+};
+void pad(const PadShape& s, PadMode mode, float value, const float* x, float* y, Stream stream);
+// `planes` planes of h x w resized to ho x wo (shapes.h resize_source and its kin).
+void resize(int64_t planes, int64_t h, int64_t w, int64_t ho, int64_t wo, const ResizeMode& mode,
+            const float* x, float* y, Stream stream);
+
+// -- reductions and normalization --
+// y[o] = op over the reduced dims of x, o running over the kept dims (both as sizes and x's
+// element strides, outermost first; y contiguous over the kept dims).
+struct ReduceShape {
+  int kept_rank, reduced_rank;
+  int64_t kept[kMaxRank], kept_stride[kMaxRank];
+  int64_t reduced[kMaxRank], reduced_stride[kMaxRank];
+};
+void reduce(Reduce op, const ReduceShape& s, const float* x, float* y, Stream stream);
+// Softmax over the middle dim of x viewed as [outer, n, inner].
+void softmax(int64_t outer, int64_t n, int64_t inner, const float* x, float* y, Stream stream);
+// Rows of x [rows, len] normalized (mean 0, biased variance + eps to 1), then * scale + bias:
+// per element of a row (layer_norm: groups == 0), or per channel c = (row % groups) *
+// (len / inner) + j / inner for element j of a row (group_norm, instance_norm: rows are
+// (image, group), inner the positions of a channel). bias may be null.
+struct RowNorm {
+  int64_t rows, len;
+  int64_t groups = 0, inner = 1;
+  float eps;
+};
+void row_norm(const RowNorm& s, const float* x, const float* scale, const float* bias, float* y,
+              Stream stream);
+
+// -- matmul: y[b, m, n] = sum_k a[b, m, k] * b[b, k, n] over `batches` of y's batch dims (sizes
+// batch[], outermost first), a's and b's matrices at element offsets sum_d i_d * a_stride[d]
+// (b_stride[d]); 0 where one broadcasts. All row-major, contiguous matrices, y contiguous.
+struct MatmulShape {
+  int64_t m, n, k;
+  int batch_rank;
+  int64_t batch[kMaxRank], a_stride[kMaxRank], b_stride[kMaxRank];
+};
+void matmul(const MatmulShape& s, const float* a, const float* b, float* y, Stream stream);
 
 // -- pooling --
 void maxpool2d(const PoolShape& p, const float* x, float* y, Stream stream);

@@ -57,6 +57,93 @@ inline bool operator!=(const Act& x, const Act& y) {
   return !(x == y);
 }
 
+// The elementwise binary ops (NumPy broadcasting), applied by one binary_apply() that the CPU
+// kernel and the CUDA kernel share. Max and min propagate NaN, as NumPy's maximum and minimum.
+enum class Binary : uint8_t { Add, Mul, Sub, Div, Max, Min };
+
+EPILOG_HD inline float binary_apply(Binary op, float a, float b) {
+  switch (op) {
+    case Binary::Add:
+      return a + b;
+    case Binary::Mul:
+      return a * b;
+    case Binary::Sub:
+      return a - b;
+    case Binary::Div:
+      return a / b;
+    case Binary::Max:
+      return a != a || a > b ? a : b;
+    case Binary::Min:
+      return a != a || a < b ? a : b;
+  }
+  return a;
+}
+
+// pad's modes and the reductions, as the CPU and CUDA kernels take them.
+enum class PadMode : uint8_t { Constant, Reflect, Edge };
+enum class Reduce : uint8_t { Mean, Sum, Max };
+
+// Resize (ONNX): where output index o of a dim resized from `in` to `out` samples its input, in
+// input coordinates, and which input element nearest mode takes. Shared by the CPU and CUDA
+// kernels: this is the definition the tests check against PyTorch's and ONNX's worked numbers.
+enum class ResizeCoord : uint8_t { HalfPixel, PytorchHalfPixel, AlignCorners, Asymmetric };
+enum class NearestMode : uint8_t { RoundPreferFloor, RoundPreferCeil, Floor, Ceil };
+struct ResizeMode {
+  bool linear = false;
+  ResizeCoord coord = ResizeCoord::HalfPixel;
+  NearestMode nearest = NearestMode::RoundPreferFloor;
+};
+
+EPILOG_HD inline float resize_source(ResizeCoord c, int64_t o, int64_t in, int64_t out) {
+  const float ratio = float(in) / float(out);  // 1 / scale, as PyTorch computes it
+  switch (c) {
+    case ResizeCoord::HalfPixel:
+      return (float(o) + 0.5f) * ratio - 0.5f;
+    case ResizeCoord::PytorchHalfPixel:
+      return out > 1 ? (float(o) + 0.5f) * ratio - 0.5f : 0.0f;
+    case ResizeCoord::AlignCorners:
+      return out > 1 ? float(o) * float(in - 1) / float(out - 1) : 0.0f;
+    case ResizeCoord::Asymmetric:
+      return float(o) * ratio;
+  }
+  return 0.0f;
+}
+
+// The input index nearest mode reads for source coordinate x, clamped to [0, in).
+EPILOG_HD inline int64_t resize_nearest(NearestMode m, float x, int64_t in) {
+  float r;
+  switch (m) {
+    case NearestMode::RoundPreferFloor:
+      r = ceilf(x - 0.5f);
+      break;
+    case NearestMode::RoundPreferCeil:
+      r = floorf(x + 0.5f);
+      break;
+    case NearestMode::Floor:
+      r = floorf(x);
+      break;
+    default:
+      r = ceilf(x);
+      break;
+  }
+  const int64_t i = int64_t(r);
+  return i < 0 ? 0 : i >= in ? in - 1 : i;
+}
+
+// Linear mode's two input indices and the weight of the second: x clamped below at 0, as
+// PyTorch's and ONNX's bilinear do; past the last input both indices are the last.
+struct LinearTap {
+  int64_t i0, i1;
+  float w1;
+};
+EPILOG_HD inline LinearTap resize_linear(float x, int64_t in) {
+  if (x < 0.0f) x = 0.0f;
+  int64_t i0 = int64_t(x);
+  if (i0 > in - 1) i0 = in - 1;
+  const int64_t i1 = i0 < in - 1 ? i0 + 1 : i0;
+  return {i0, i1, x - float(i0)};
+}
+
 // q = n / d for 0 <= n < 2^31 and 0 < d < 2^31 as a multiply-high and a shift
 // (Granlund-Montgomery): for the index decodes a kernel runs per item or tile, where a real
 // division (about 20 instructions in 32 bits, far more in 64) would cost more than the work it

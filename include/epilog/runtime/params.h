@@ -1,6 +1,8 @@
 // Kernel geometry read off graph nodes, shared by the backends and the kernel selector.
 #pragma once
 
+#include <optional>
+
 #include "epilog/graph/activation.h"
 #include "epilog/graph/graph.h"
 #include "epilog/kernels/shapes.h"
@@ -19,5 +21,22 @@ const Tensor* conv_residual(const Node& node, const std::vector<Tensor>& in);
 // For maxpool2d and avgpool2d nodes.
 PoolShape pool_shape(const Node& node, const Shape& x, const Shape& y);
 PoolShape pool_shape(const Node& node, const Tensor& x, const Tensor& y);  // with image strides
+
+// The binary elementwise op (add, mul, sub, div, max, min) a node kind computes, or nullopt.
+std::optional<Binary> binary_kind(OpKind op);
+
+// transpose and slice as a strided view of x (contiguous, shape x): y[i_0, ..., i_r] =
+// x[offset + sum_d i_d * strides[d]], y shaped as the node's output.
+struct GatherView {
+  int64_t offset = 0;
+  std::vector<int64_t> strides;
+};
+GatherView gather_view(const Node& node, const Shape& x);
+// resize's mode, coordinate mode and nearest rounding.
+ResizeMode resize_mode(const Node& node);
+// reduce_mean, reduce_sum, reduce_max: the dims of x (shape) they reduce.
+std::vector<bool> reduced_dims(const Node& node, const Shape& x);
+// An axis attribute made non-negative for rank `rank`.
+int64_t axis_attr(const Node& node, int64_t rank, const char* attr = "axis");
 
 }  // namespace epilog

@@ -1,0 +1,108 @@
+// Layout kernels: strided gathers (transpose, slice), padding and resizing. Naive on purpose: each
+// output element is computed from its own index, as the op's definition states it.
+#include <vector>
+
+#include "detail.h"
+#include "epilog/kernels/cpu.h"
+
+namespace epilog::cpu {
+namespace {
+
+// Visits every index of `shape` in row-major order, calling f(flat index, multi-index).
+template <class F>
+void for_each_index(const Shape& shape, F&& f) {
+  const int64_t n = shape_numel(shape);
+  std::vector<int64_t> idx(shape.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    f(i, idx);
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+std::vector<int64_t> strides_of(const Shape& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) s[d - 1] = s[d] * shape[d];
+  return s;
+}
+
+// The index of a padded dim's element o in the input of size n, or -1 for the constant.
+int64_t pad_source(PadMode mode, int64_t o, int64_t n) {
+  if (o >= 0 && o < n) return o;
+  switch (mode) {
+    case PadMode::Constant:
+      return -1;
+    case PadMode::Edge:
+      return o < 0 ? 0 : n - 1;
+    case PadMode::Reflect:
+      return o < 0 ? -o : 2 * (n - 1) - o;
+  }
+  return -1;
+}
+
+}  // namespace
+
+void gather(const Tensor& x, int64_t offset, const std::vector<int64_t>& strides, Tensor& y) {
+  EPILOG_ASSERT(strides.size() == y.shape().size() && x.contiguous() && y.contiguous(),
+                "gather from {} into {}", shape_str(x.shape()), shape_str(y.shape()));
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  for_each_index(y.shape(), [&](int64_t i, const std::vector<int64_t>& idx) {
+    int64_t src = offset;
+    for (size_t d = 0; d < idx.size(); ++d) src += idx[d] * strides[d];
+    EPILOG_ASSERT(src >= 0 && src < x.numel());
+    yp[i] = xp[src];
+  });
+}
+
+void pad(const Tensor& x, const std::vector<int64_t>& begins, PadMode mode, float value,
+         Tensor& y) {
+  const Shape& xs = x.shape();
+  EPILOG_ASSERT(begins.size() == xs.size() && y.rank() == x.rank(), "pad {} into {}", shape_str(xs),
+                shape_str(y.shape()));
+  const std::vector<int64_t> st = strides_of(xs);
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  for_each_index(y.shape(), [&](int64_t i, const std::vector<int64_t>& idx) {
+    int64_t src = 0;
+    for (size_t d = 0; d < idx.size() && src >= 0; ++d) {
+      const int64_t s = pad_source(mode, idx[d] - begins[d], xs[d]);
+      src = s < 0 ? -1 : src + s * st[d];
+    }
+    yp[i] = src < 0 ? value : xp[src];
+  });
+}
+
+void resize(const Tensor& x, const ResizeMode& mode, Tensor& y) {
+  EPILOG_ASSERT(x.rank() >= 2 && y.rank() == x.rank(), "resize {} into {}", shape_str(x.shape()),
+                shape_str(y.shape()));
+  const int64_t h = x.dim(-2), w = x.dim(-1), ho = y.dim(-2), wo = y.dim(-1);
+  const int64_t planes = x.numel() / (h * w);
+  EPILOG_ASSERT(planes * ho * wo == y.numel(), "resize {} into {}", shape_str(x.shape()),
+                shape_str(y.shape()));
+  const float* xp = x.f32();
+  float* yp = y.f32();
+#pragma omp parallel for schedule(static) if (detail::worth_threads(y.numel()))
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* src = xp + p * h * w;
+    for (int64_t oh = 0; oh < ho; ++oh)
+      for (int64_t ow = 0; ow < wo; ++ow) {
+        const float sy = resize_source(mode.coord, oh, h, ho);
+        const float sx = resize_source(mode.coord, ow, w, wo);
+        float v;
+        if (!mode.linear) {
+          v = src[resize_nearest(mode.nearest, sy, h) * w + resize_nearest(mode.nearest, sx, w)];
+        } else {
+          const LinearTap ty = resize_linear(sy, h), tx = resize_linear(sx, w);
+          const float top = src[ty.i0 * w + tx.i0] * (1 - tx.w1) + src[ty.i0 * w + tx.i1] * tx.w1;
+          const float bot = src[ty.i1 * w + tx.i0] * (1 - tx.w1) + src[ty.i1 * w + tx.i1] * tx.w1;
+          v = top * (1 - ty.w1) + bot * ty.w1;
+        }
+        yp[(p * ho + oh) * wo + ow] = v;
+      }
+  }
+}
+
+}  // namespace epilog::cpu

@@ -1,0 +1,244 @@
+// Reduction and normalization CUDA kernels: reduce_{mean,sum,max}, softmax, and the row
+// normalization behind layer_norm, group_norm and instance_norm.
+//
+// Rows: a row (the reduced elements of one output, contiguous) takes one warp when it has at most
+//   kWarpRowMax floats (8 rows a block of 256), else a whole block; lanes stride through it
+//   (coalesced), then a shuffle reduction, and one through shared memory across a block's warps.
+//   Grid-stride over rows, at most one full wave. Used for reductions over the innermost dims
+//   (a last axis, H x W per (n, c)), softmax over the last axis, and every normalization.
+// Strided (reduce and softmax when the reduced dims are not innermost): one output (reduce) or one
+//   (outer, inner) column (softmax) per thread, looping over the reduced elements; consecutive
+//   threads read consecutive elements of the kept inner dims, so the reads stay coalesced.
+// Math: float32 sums (the CPU reference sums in double; the tests bound the difference). Max
+//   propagates NaN. softmax: y = e^(x - max) / sum e^(x - max), three passes over the row.
+//   Normalization: mean, then the biased variance of x - mean (two passes), then
+//   (x - mean) * rsqrt(var + eps) * scale + bias (a third).
+// Layout: float32, contiguous, device pointers; x and y must not overlap. 64-bit indices.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "epilog/kernels/cuda.h"
+#include "launch.cuh"
+
+namespace epilog::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int64_t kWarpRowMax = 1024;
+using namespace detail;
+
+__device__ __forceinline__ float combine(Reduce op, float a, float b) {
+  return op == Reduce::Max ? (a != a || a > b ? a : b) : a + b;
+}
+
+__device__ __forceinline__ float identity(Reduce op) {
+  return op == Reduce::Max ? -INFINITY : 0.0f;
+}
+
+// The combination of v over a warp (kBlock false) or the block (true); every thread gets it.
+template <bool kBlock>
+__device__ __forceinline__ float row_all(Reduce op, float v, float* scratch) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = combine(op, v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if constexpr (kBlock) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = identity(op);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v = combine(op, v, scratch[w]);
+    __syncthreads();  // scratch is rewritten by the next reduction
+  }
+  return v;
+}
+
+// Calls f(row index, lane, lanes) for each row this warp or block owns.
+template <bool kBlock, class F>
+__device__ __forceinline__ void for_rows(int64_t rows, F&& f) {
+  if constexpr (kBlock) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) f(r, int(threadIdx.x), kThreads);
+  } else {
+    const int64_t warps = int64_t(gridDim.x) * kWarps;
+    for (int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; r < rows; r += warps)
+      f(r, int(threadIdx.x % 32), 32);
+  }
+}
+
+// -- reduce --
+
+template <bool kBlock>
+__global__ void __launch_bounds__(kThreads)
+    reduce_rows_kernel(Reduce op, int64_t rows, int64_t len, const float* __restrict__ x,
+                       float* __restrict__ y) {
+  pdl_begin();
+  __shared__ float scratch[kWarps];
+  for_rows<kBlock>(rows, [&](int64_t r, int lane, int lanes) {
+    const float* row = x + r * len;
+    float v = identity(op);
+    for (int64_t j = lane; j < len; j += lanes) v = combine(op, v, __ldg(row + j));
+    v = row_all<kBlock>(op, v, scratch);
+    if (lane == 0) y[r] = op == Reduce::Mean ? v / float(len) : v;
+  });
+}
+
+__global__ void __launch_bounds__(kThreads)
+    reduce_strided_kernel(Reduce op, ReduceShape s, int64_t outputs, int64_t count,
+                          const float* __restrict__ x, float* __restrict__ y) {
+  pdl_begin();
+  for (int64_t o = int64_t(blockIdx.x) * kThreads + threadIdx.x; o < outputs;
+       o += int64_t(gridDim.x) * kThreads) {
+    int64_t rest = o, base = 0;
+    for (int d = s.kept_rank - 1; d >= 0; --d) {
+      base += rest % s.kept[d] * s.kept_stride[d];
+      rest /= s.kept[d];
+    }
+    float v = identity(op);
+    for (int64_t j = 0; j < count; ++j) {
+      int64_t r = j, at = base;
+      for (int d = s.reduced_rank - 1; d >= 0; --d) {
+        at += r % s.reduced[d] * s.reduced_stride[d];
+        r /= s.reduced[d];
+      }
+      v = combine(op, v, __ldg(x + at));
+    }
+    y[o] = op == Reduce::Mean ? v / float(count) : v;
+  }
+}
+
+// -- softmax --
+
+template <bool kBlock>
+__global__ void __launch_bounds__(kThreads)
+    softmax_rows_kernel(int64_t rows, int64_t len, const float* __restrict__ x,
+                        float* __restrict__ y) {
+  pdl_begin();
+  __shared__ float scratch[kWarps];
+  for_rows<kBlock>(rows, [&](int64_t r, int lane, int lanes) {
+    const float* row = x + r * len;
+    float top = -INFINITY;
+    for (int64_t j = lane; j < len; j += lanes) top = combine(Reduce::Max, top, __ldg(row + j));
+    top = row_all<kBlock>(Reduce::Max, top, scratch);
+    float sum = 0.0f;
+    for (int64_t j = lane; j < len; j += lanes) sum += expf(__ldg(row + j) - top);
+    sum = row_all<kBlock>(Reduce::Sum, sum, scratch);
+    const float inv = 1.0f / sum;
+    for (int64_t j = lane; j < len; j += lanes) y[r * len + j] = expf(__ldg(row + j) - top) * inv;
+  });
+}
+
+__global__ void __launch_bounds__(kThreads)
+    softmax_strided_kernel(int64_t outer, int64_t n, int64_t inner, const float* __restrict__ x,
+                           float* __restrict__ y) {
+  pdl_begin();
+  for (int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x; c < outer * inner;
+       c += int64_t(gridDim.x) * kThreads) {
+    const int64_t base = c / inner * n * inner + c % inner;
+    float top = -INFINITY, sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) top = combine(Reduce::Max, top, __ldg(x + base + j * inner));
+    for (int64_t j = 0; j < n; ++j) sum += expf(__ldg(x + base + j * inner) - top);
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < n; ++j)
+      y[base + j * inner] = expf(__ldg(x + base + j * inner) - top) * inv;
+  }
+}
+
+// -- row normalization --
+
+template <bool kBlock>
+__global__ void __launch_bounds__(kThreads)
+    row_norm_kernel(RowNorm s, const float* __restrict__ x, const float* __restrict__ scale,
+                    const float* __restrict__ bias, float* __restrict__ y) {
+  pdl_begin();
+  __shared__ float scratch[kWarps];
+  const int64_t per_group = s.groups ? s.len / s.inner : 0;  // channels a row covers
+  for_rows<kBlock>(s.rows, [&](int64_t r, int lane, int lanes) {
+    const float* row = x + r * s.len;
+    float sum = 0.0f;
+    for (int64_t j = lane; j < s.len; j += lanes) sum += __ldg(row + j);
+    const float mean = row_all<kBlock>(Reduce::Sum, sum, scratch) / float(s.len);
+    float var = 0.0f;
+    for (int64_t j = lane; j < s.len; j += lanes) {
+      const float d = __ldg(row + j) - mean;
+      var += d * d;
+    }
+    const float rstd = rsqrtf(row_all<kBlock>(Reduce::Sum, var, scratch) / float(s.len) + s.eps);
+    const int64_t c0 = s.groups ? r % s.groups * per_group : 0;
+    for (int64_t j = lane; j < s.len; j += lanes) {
+      const int64_t p = s.groups ? c0 + j / s.inner : j;
+      const float b = bias ? __ldg(bias + p) : 0.0f;
+      y[r * s.len + j] = (__ldg(row + j) - mean) * rstd * __ldg(scale + p) + b;
+    }
+  });
+}
+
+// Launches kernel<false> (a warp a row) or kernel<true> (a block a row) over `rows` rows of `len`.
+#define EPILOG_LAUNCH_ROWS(kernel, rows, len, stream, ...)                         \
+  do {                                                                             \
+    if ((len) <= kWarpRowMax)                                                      \
+      kernel<false><<<grid_for(rows, kWarps), kThreads, 0, stream>>>(__VA_ARGS__); \
+    else                                                                           \
+      kernel<true><<<grid_for(rows, 1), kThreads, 0, stream>>>(__VA_ARGS__);       \
+  } while (0)
+
+}  // namespace
+
+void reduce(Reduce op, const ReduceShape& shape, const float* x, float* y, Stream stream) {
+  EPILOG_CUDA_REQUIRE(shape.kept_rank <= kMaxRank && shape.reduced_rank <= kMaxRank);
+  // -- merge: drop size-1 dims, join neighbours x walks as one --
+  ReduceShape s{};
+  auto merge = [](int rank, const int64_t* size, const int64_t* stride, int& out_rank,
+                  int64_t* out_size, int64_t* out_stride) {
+    for (int d = 0; d < rank; ++d) {
+      if (size[d] == 1) continue;
+      if (out_rank > 0 && out_stride[out_rank - 1] == stride[d] * size[d]) {
+        out_size[out_rank - 1] *= size[d];
+        out_stride[out_rank - 1] = stride[d];
+        continue;
+      }
+      out_size[out_rank] = size[d];
+      out_stride[out_rank] = stride[d];
+      ++out_rank;
+    }
+  };
+  merge(shape.kept_rank, shape.kept, shape.kept_stride, s.kept_rank, s.kept, s.kept_stride);
+  merge(shape.reduced_rank, shape.reduced, shape.reduced_stride, s.reduced_rank, s.reduced,
+        s.reduced_stride);
+  int64_t outputs = 1, count = 1;
+  for (int d = 0; d < s.kept_rank; ++d) outputs *= s.kept[d];
+  for (int d = 0; d < s.reduced_rank; ++d) count *= s.reduced[d];
+  if (outputs == 0) return;
+  // Rows: the reduced elements of an output are one contiguous run, and outputs follow runs.
+  const bool rows = (s.reduced_rank == 0 || (s.reduced_rank == 1 && s.reduced_stride[0] == 1)) &&
+                    (s.kept_rank == 0 || (s.kept_rank == 1 && s.kept_stride[0] == count));
+  if (rows)
+    EPILOG_LAUNCH_ROWS(reduce_rows_kernel, outputs, count, stream, op, outputs, count, x, y);
+  else
+    reduce_strided_kernel<<<grid_for(outputs, kThreads), kThreads, 0, stream>>>(op, s, outputs,
+                                                                                count, x, y);
+  check_launch("reduce");
+}
+
+void softmax(int64_t outer, int64_t n, int64_t inner, const float* x, float* y, Stream stream) {
+  const int64_t rows = outer * inner;
+  if (rows == 0 || n == 0) return;
+  if (inner == 1)
+    EPILOG_LAUNCH_ROWS(softmax_rows_kernel, rows, n, stream, rows, n, x, y);
+  else
+    softmax_strided_kernel<<<grid_for(rows, kThreads), kThreads, 0, stream>>>(outer, n, inner, x,
+                                                                              y);
+  check_launch("softmax");
+}
+
+void row_norm(const RowNorm& s, const float* x, const float* scale, const float* bias, float* y,
+              Stream stream) {
+  if (s.rows == 0 || s.len == 0) return;
+  EPILOG_CUDA_REQUIRE(s.inner > 0 && (s.groups == 0 || s.len % s.inner == 0));
+  EPILOG_LAUNCH_ROWS(row_norm_kernel, s.rows, s.len, stream, s, x, scale, bias, y);
+  check_launch("row_norm");
+}
+
+}  // namespace epilog::cuda

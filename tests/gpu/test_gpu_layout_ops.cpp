@@ -1,0 +1,173 @@
+// The layout, reduction, normalization, resampling and matmul ops' CUDA kernels against the CPU
+// reference on one-node graphs (test::run_node: random inputs, device outputs poisoned with NaN,
+// so any element a kernel does not write fails). Tolerance test::kFloat32Op, except where noted:
+// copies must match exactly; sums and normalizations in float32 against the CPU's float64 sums.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "epilog/io/builder.h"
+#include "gpu_util.h"
+
+using namespace epilog;
+
+namespace {
+
+// Sums in float32 (reductions, matmul) against the magnitude: the same op on |inputs|, the sum of
+// the terms' sizes; a float32 sum of K terms in any order is off by at most (K + 1) u of it, and
+// the kernels' sums are at most 130 terms deep in a chain (lanes, then shuffles).
+constexpr test::Tolerance kFloat32Sum{1e-5, 1e-5, "float32 sum"};
+// Softmax and the normalizations: results of order 1 after float32 sums of up to 4100 terms.
+constexpr test::Tolerance kFloat32Norm{2e-5, 2e-5, "float32 normalization"};
+constexpr test::Tolerance kExact{0, 0, "copy"};
+
+// Runs the op `make` adds to a graph of inputs of `shapes` ("x", or "a" and "b") on both backends.
+// With `magnitude`, the bound scales with the op's result on the inputs' absolute values.
+void check_op(const std::vector<Shape>& shapes,
+              const std::function<Val(Builder&, std::vector<Val>)>& make,
+              const test::Tolerance& tol = test::kFloat32Op, bool magnitude = false) {
+  Builder b(5);
+  std::vector<Val> xs;
+  const char* names[] = {"a", "b"};
+  for (size_t i = 0; i < shapes.size(); ++i)
+    xs.push_back(b.input(shapes.size() == 1 ? "x" : names[i], shapes[i]));
+  b.output(make(b, xs));
+  const Graph g = b.build();
+  INFO(op_name(g.nodes[0].op) << " of " << shape_str(shapes[0]));
+  const test::Outputs o = test::run_node(g);
+  Tensor mag;
+  if (magnitude) {
+    std::vector<Tensor> abs_in;
+    for (const Tensor& t : o.inputs) {
+      abs_in.push_back(t.clone());
+      for (int64_t i = 0; i < t.numel(); ++i) abs_in.back().f32()[i] = std::abs(t.f32()[i]);
+    }
+    std::vector<Tensor> out{Tensor::empty(o.cpu[0].shape())};
+    make_cpu_backend()->run(g.nodes[0], NodePlan{}, abs_in, out);
+    mag = out[0];
+  }
+  test::require_close(o.gpu[0], o.cpu[0], g.nodes[0].name, tol, magnitude ? &mag : nullptr);
+}
+
+}  // namespace
+
+TEST_CASE("gpu layout ops: transpose, any permutation, tiled and generic", "[gpu][ops]") {
+  const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {
+      {{2, 64, 56, 56}, {0, 2, 3, 1}},        // NCHW -> NHWC (tiled: x's innermost moves)
+      {{2, 56, 56, 96}, {0, 3, 1, 2}},        // NHWC -> NCHW
+      {{3, 33, 17, 65}, {0, 2, 3, 1}},        // partial tiles
+      {{1, 2, 58, 28, 28}, {0, 2, 1, 3, 4}},  // channel shuffle (generic: inner runs kept)
+      {{5, 7}, {1, 0}},
+      {{4, 1, 3, 1, 6}, {4, 3, 2, 1, 0}},
+      {{2, 3, 4, 5, 6, 7}, {5, 0, 4, 1, 3, 2}}};
+  for (const auto& [shape, perm] : cases)
+    check_op(
+        {shape}, [&](Builder& b, std::vector<Val> v) { return b.transpose(v[0], perm); }, kExact);
+}
+
+TEST_CASE("gpu layout ops: reshape is a view on the device too", "[gpu][ops]") {
+  check_op(
+      {{2, 116, 28, 28}},
+      [](Builder& b, std::vector<Val> v) {
+        return b.reshape(v[0], {0, 2, 58, 28, 28});
+      },
+      kExact);
+}
+
+TEST_CASE("gpu layout ops: slice, steps and clamping", "[gpu][ops]") {
+  const Shape s{2, 7, 9, 10};
+  const std::vector<std::vector<std::vector<int64_t>>> cases = {
+      // starts, ends, axes, steps
+      {{1, 2}, {5, 100}, {1, 3}, {1, 1}},
+      {{-1, 0}, {INT64_MIN, 9}, {2, 3}, {-2, 3}},
+      {{0}, {1}, {0}, {1}},
+      {{3, 4, 1}, {-1, 8, 9}, {1, 2, 3}, {2, 1, 4}}};
+  for (const auto& c : cases)
+    check_op(
+        {s}, [&](Builder& b, std::vector<Val> v) { return b.slice(v[0], c[0], c[1], c[2], c[3]); },
+        kExact);
+}
+
+TEST_CASE("gpu layout ops: pad in every mode", "[gpu][ops]") {
+  for (const char* mode : {"constant", "reflect", "edge"})
+    for (const std::vector<int64_t>& pads : {std::vector<int64_t>{0, 0, 1, 2, 0, 0, 3, 1},
+                                             std::vector<int64_t>{1, 2, 0, 0, 0, 1, 2, 2}})
+      check_op(
+          {{2, 3, 9, 11}},
+          [&](Builder& b, std::vector<Val> v) { return b.pad(v[0], pads, mode, 0.5); }, kExact);
+}
+
+TEST_CASE("gpu layout ops: resize, nearest and bilinear in every coordinate mode", "[gpu][ops]") {
+  for (const char* coord : {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"})
+    for (const std::vector<int64_t>& sizes :
+         {std::vector<int64_t>{2, 3, 26, 30}, std::vector<int64_t>{2, 3, 5, 4},
+          std::vector<int64_t>{2, 3, 1, 1}}) {
+      check_op({{2, 3, 13, 15}}, [&](Builder& b, std::vector<Val> v) {
+        return b.resize(v[0], sizes, "linear", coord);
+      });
+      for (const char* nearest : {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"})
+        check_op(
+            {{2, 3, 13, 15}},
+            [&](Builder& b, std::vector<Val> v) {
+              return b.resize(v[0], sizes, "nearest", coord, nearest);
+            },
+            kExact);
+    }
+}
+
+TEST_CASE("gpu layout ops: reductions over rows and strided axes", "[gpu][ops]") {
+  const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {
+      {{4, 96, 28, 28}, {2, 3}},                    // SE: H x W per (n, c), a warp a row
+      {{2, 8, 64, 64}, {2, 3}},                     // rows of 4096: a block a row
+      {{4, 96, 28, 28}, {1}},                       // over channels: strided
+      {{3, 5, 7}, {0, 2}},                          // two reduced runs apart
+      {{6, 1000}, {-1}},         {{3, 4, 5}, {}}};  // everything
+  for (OpKind op : {OpKind::ReduceMean, OpKind::ReduceSum, OpKind::ReduceMax})
+    for (const auto& [shape, axes] : cases)
+      check_op(
+          {shape}, [&](Builder& b, std::vector<Val> v) { return b.reduce(op, v[0], axes); },
+          kFloat32Sum, true);
+}
+
+TEST_CASE("gpu layout ops: softmax over the last and inner axes", "[gpu][ops]") {
+  const std::vector<std::pair<Shape, int64_t>> cases = {
+      {{8, 1000}, -1}, {{2, 3, 4100}, -1}, {{4, 16, 49}, 1}, {{2, 5, 7, 3}, 0}};
+  for (const auto& [shape, axis] : cases)
+    check_op(
+        {shape}, [&](Builder& b, std::vector<Val> v) { return b.softmax(v[0], axis); },
+        kFloat32Norm);
+}
+
+TEST_CASE("gpu layout ops: layer_norm, group_norm and instance_norm", "[gpu][ops]") {
+  check_op(
+      {{2, 56, 56, 96}}, [](Builder& b, std::vector<Val> v) { return b.layer_norm(v[0], "ln"); },
+      kFloat32Norm);
+  check_op(
+      {{2, 7, 1500}}, [](Builder& b, std::vector<Val> v) { return b.layer_norm(v[0], "ln"); },
+      kFloat32Norm);
+  check_op(
+      {{2, 4, 6, 5}}, [](Builder& b, std::vector<Val> v) { return b.layer_norm(v[0], "ln", 1); },
+      kFloat32Norm);
+  for (int64_t groups : {1, 4, 32})
+    check_op(
+        {{2, 64, 14, 14}},
+        [&](Builder& b, std::vector<Val> v) { return b.group_norm(v[0], "gn", groups); },
+        kFloat32Norm);
+  check_op(
+      {{2, 16, 9, 9}}, [](Builder& b, std::vector<Val> v) { return b.instance_norm(v[0], "in"); },
+      kFloat32Norm);
+}
+
+TEST_CASE("gpu layout ops: batched matmul with broadcasting", "[gpu][ops]") {
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{2, 56, 56, 96}, {96, 384}},      // convnext's linear: folded into one matrix
+      {{3, 1, 37, 70}, {1, 4, 70, 65}},  // both broadcast, partial tiles
+      {{4, 65, 130}, {4, 130, 33}},
+      {{50, 7}, {2, 3, 7, 9}}};
+  for (const auto& [sa, sb] : cases)
+    check_op(
+        {sa, sb}, [](Builder& b, std::vector<Val> v) { return b.matmul(v[0], v[1]); }, kFloat32Sum,
+        true);
+}
