@@ -19,25 +19,25 @@ std::optional<DeviceProfile> cuda_device_profile() {
 #endif
 
 Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backend_(backend) {
-  verify(graph_, "executor");
-  if (plan_.device != backend_.device() || plan_.nodes.size() != graph_.nodes.size())
+  verify(graph(), "executor");
+  if (plan_.device != backend_.device() || plan_.nodes.size() != graph().nodes.size())
     fail("executor: the plan was lowered for {}, the backend runs on {}", device_name(plan_.device),
          device_name(backend_.device()));
-  for (const auto& [name, w] : graph_.weights) weights_[name] = w.data.to(backend_.device());
+  for (const auto& [name, w] : graph().weights) weights_[name] = w.data.to(backend_.device());
   for (NodePlan& np : plan_.nodes)
     if (np.packed.defined()) np.packed = np.packed.to(backend_.device());
   in_place_on_ = plan_.in_place;
   in_place_ = plan_in_place(plan_);
   // The node named `name` where copy avoidance folds it, else -1.
   const auto folded_at = [&](const std::string& name) {
-    const Node* n = graph_.find_node(name);
-    const int at = n ? int(n - graph_.nodes.data()) : -1;
+    const Node* n = graph().find_node(name);
+    const int at = n ? int(n - graph().nodes.data()) : -1;
     return at >= 0 && in_place_.folded[size_t(at)] ? at : -1;
   };
-  fold_of_.assign(graph_.nodes.size(), -1);
-  pair_of_.assign(graph_.nodes.size(), -1);
-  chain_of_.assign(graph_.nodes.size(), -1);
-  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
+  fold_of_.assign(graph().nodes.size(), -1);
+  pair_of_.assign(graph().nodes.size(), -1);
+  chain_of_.assign(graph().nodes.size(), -1);
+  for (size_t i = 0; i < graph().nodes.size(); ++i) {
     if (plan_.nodes[i].up) fold_of_[i] = folded_at(plan_.nodes[i].up->node);
     if (plan_.nodes[i].pre) pair_of_[i] = folded_at(plan_.nodes[i].pre->node);
     if (plan_.nodes[i].post) chain_of_[i] = folded_at(plan_.nodes[i].post->node);
@@ -45,16 +45,16 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
   // Free each intermediate right after its last reader (a conv that reads through a folded
   // upsampling reads its source, a conv pair the folded conv's input).
   std::map<std::string, size_t> last_use;
-  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
-    for (const std::string& in : graph_.nodes[i].inputs) last_use[in] = i;
+  for (size_t i = 0; i < graph().nodes.size(); ++i) {
+    for (const std::string& in : graph().nodes[i].inputs) last_use[in] = i;
     if (fold_of_[i] >= 0) last_use[plan_.nodes[i].up->source] = i;
     if (pair_of_[i] >= 0)
-      for (const std::string& in : graph_.nodes[size_t(pair_of_[i])].inputs) last_use[in] = i;
-    for (const std::string& out : graph_.nodes[i].outputs) last_use.emplace(out, i);
+      for (const std::string& in : graph().nodes[size_t(pair_of_[i])].inputs) last_use[in] = i;
+    for (const std::string& out : graph().nodes[i].outputs) last_use.emplace(out, i);
   }
-  release_after_.resize(graph_.nodes.size());
+  release_after_.resize(graph().nodes.size());
   for (const auto& [value, i] : last_use)
-    if (!graph_.is_output(value) && !graph_.is_weight(value) && !graph_.is_input(value))
+    if (!graph().is_output(value) && !graph().is_weight(value) && !graph().is_input(value))
       release_after_[i].push_back(value);
 }
 
@@ -216,24 +216,24 @@ std::vector<bool> in_place_mask(const Plan& plan) {
 std::vector<std::string> Executor::in_place_nodes() const {
   std::vector<std::string> out;
   if (!in_place_on_) return out;
-  for (size_t i = 0; i < graph_.nodes.size(); ++i)
-    if (in_place_.no_kernel(i)) out.push_back(graph_.nodes[i].name);
+  for (size_t i = 0; i < graph().nodes.size(); ++i)
+    if (in_place_.no_kernel(i)) out.push_back(graph().nodes[i].name);
   return out;
 }
 
 std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>& inputs) {
   for (const auto& [name, t] : inputs) {
-    if (!graph_.is_input(name))
+    if (!graph().is_input(name))
       fail("run: '{}' is not an input of the graph (inputs: {})", name,
-           fmt::join(graph_.inputs, ", "));
-    const Shape& want = graph_.value(name).shape;
+           fmt::join(graph().inputs, ", "));
+    const Shape& want = graph().value(name).shape;
     if (t.shape() != want)
       fail("run: input '{}' has shape {}, the graph expects {}", name, shape_str(t.shape()),
            shape_str(want));
     if (t.dtype() != DType::F32)
       fail("run: input '{}' is {}, expected f32", name, dtype_name(t.dtype()));
   }
-  for (const std::string& name : graph_.inputs)
+  for (const std::string& name : graph().inputs)
     if (!inputs.count(name)) fail("run: input '{}' was not given", name);
 
   timings_.clear();
@@ -260,7 +260,7 @@ std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>&
   }
   backend_.synchronize();
   std::map<std::string, Tensor> result;
-  for (const std::string& out : graph_.outputs) {
+  for (const std::string& out : graph().outputs) {
     auto w = weights_.find(out);
     result[out] = w != weights_.end() ? w->second : env.at(out);
   }
@@ -279,23 +279,23 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     auto w = weights_.find(name);
     return w != weights_.end() ? w->second : env.at(name);
   };
-  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
-    const Node& node = graph_.nodes[i];
+  for (size_t i = 0; i < graph().nodes.size(); ++i) {
+    const Node& node = graph().nodes[i];
     if (in_place_on_ && in_place_.folded[i] && node.op == OpKind::FusedConv2d) {
       // A conv whose work a neighbour's kernel does (a conv pair or chain): nothing runs here.
       if (profile_) timings_.push_back({node.name, node.op, 0.0});
-      if (progress_) progress_(i + 1, graph_.nodes.size());
+      if (progress_) progress_(i + 1, graph().nodes.size());
       continue;
     }
     std::vector<Tensor> ins;
     const Node* first =
-        in_place_on_ && pair_of_[i] >= 0 ? &graph_.nodes[size_t(pair_of_[i])] : nullptr;
+        in_place_on_ && pair_of_[i] >= 0 ? &graph().nodes[size_t(pair_of_[i])] : nullptr;
     for (const std::string& in : node.inputs)
       ins.push_back(first && in == first->outputs[0] ? value(first->inputs[0]) : value(in));
     // A folded conv's weight, scale and shift follow (FoldedConv): for a pair its input took its
     // output's place; a chain makes the 1x1's outputs instead of its own.
     const Node* second =
-        in_place_on_ && chain_of_[i] >= 0 ? &graph_.nodes[size_t(chain_of_[i])] : nullptr;
+        in_place_on_ && chain_of_[i] >= 0 ? &graph().nodes[size_t(chain_of_[i])] : nullptr;
     for (const Node* f : {first, second})
       if (f)
         for (size_t j = 1; j < f->inputs.size(); ++j) ins.push_back(value(f->inputs[j]));
@@ -306,7 +306,7 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     if (in_place_on_ && fold_of_[i] >= 0) ins.push_back(env.at(plan_.nodes[i].up->source));
     // A kernel's output: kept from the recording run, made by a chain's first pool, or made.
     const auto output = [&](const std::string& out, bool made) {
-      const Shape& shape = graph_.value(out).shape;
+      const Shape& shape = graph().value(out).shape;
       auto kept = env.find(out);
       auto slot = in_place_.slots.find(out);
       if ((keep || made) && kept != env.end()) return kept->second;
@@ -315,7 +315,7 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
         Tensor& buffer = env[slot->second.buffer];
         if (!buffer.defined())
           buffer =
-              Tensor::empty(graph_.value(slot->second.buffer).shape, DType::F32, backend_.device());
+              Tensor::empty(graph().value(slot->second.buffer).shape, DType::F32, backend_.device());
         return buffer.part(slot->second.offset, shape);
       }
       return Tensor::empty(shape, DType::F32, backend_.device());
@@ -332,19 +332,19 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     // The first pool of a chain makes the outputs of the ones after it.
     if (in_place_on_)
       for (const std::string& next : plan_.nodes[i].chain) {
-        const std::string& out = graph_.find_node(next)->outputs[0];
+        const std::string& out = graph().find_node(next)->outputs[0];
         outs.push_back(env[out] = output(out, false));
       }
     auto t0 = Clock::now();
     if (view) {
       int64_t offset = 0;
       for (size_t j = 0; j < outs.size(); ++j) {
-        const Shape& shape = graph_.value(node.outputs[j]).shape;
+        const Shape& shape = graph().value(node.outputs[j]).shape;
         outs[j] = ins[0].part(offset, shape);
         offset += item_count(shape);
       }
     } else if (!in_place && !folded) {
-      if (!takes_strided(graph_, node))
+      if (!takes_strided(graph(), node))
         for (const std::vector<Tensor>* ts : {&ins, &outs})
           for (const Tensor& t : *ts)
             if (!t.contiguous())
@@ -360,7 +360,7 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     for (size_t j = 0; j < out_names.size(); ++j) env[out_names[j]] = std::move(outs[j]);
     if (!keep)
       for (const std::string& dead : release_after_[i]) env.erase(dead);
-    if (progress_) progress_(i + 1, graph_.nodes.size());
+    if (progress_) progress_(i + 1, graph().nodes.size());
   }
 }
 

@@ -120,8 +120,8 @@ class Executor {
   std::vector<std::string> in_place_nodes() const;
 
  private:
+  // No member refers into another: an executor may be moved (kept in a growing vector).
   Plan plan_;
-  const Graph& graph_ = plan_.graph;
   Backend& backend_;
   std::map<std::string, Tensor> weights_;                // on the backend's device
   std::vector<std::vector<std::string>> release_after_;  // values dead after node i
