@@ -45,7 +45,9 @@ Compiled compile(Graph graph, const CompileOptions& options) {
   LowerOptions lo;
   lo.device = options.device;
   lo.force = options.force_conv;
-  if (auto local = cuda_device_profile()) lo.profile = *local;
+  // Only a CUDA target asks for the local GPU: a compile for the CPU leaves CUDA uninitialised.
+  if (options.device == Device::CUDA)
+    if (auto local = cuda_device_profile()) lo.profile = *local;
   if (options.sm_count > 0) {
     lo.profile.sm_count = options.sm_count;
     lo.profile.name += fmt::format(", {} SMs given", options.sm_count);

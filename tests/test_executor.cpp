@@ -415,3 +415,17 @@ TEST_CASE("executor: a moved executor runs its own plan", "[executor]") {
     for (const auto& [name, t] : want) CHECK(test::bit_equal(got.at(name), t));
   }
 }
+
+TEST_CASE("executor: compiling and running on the CPU asks nothing of CUDA", "[executor]") {
+  const Graph g = test::random_convnet(12);
+  const int before = cuda_probes();
+  const Compiled c = compile(g, {});
+  auto backend = make_cpu_backend();
+  Executor(c.plan, *backend).run(test::random_inputs(c.plan.graph, 12));
+  CHECK(cuda_probes() == before);
+  // A CUDA target does ask, for the local GPU's profile (none in a CPU-only build).
+  CompileOptions cuda;
+  cuda.device = Device::CUDA;
+  compile(g, cuda);
+  CHECK(cuda_probes() > before);
+}

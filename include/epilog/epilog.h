@@ -1,5 +1,6 @@
 // The whole pipeline in one call: optimize (canonicalize, fuse, dead-code elimination) and lower
-// a graph for a device, with the debug switches read from the environment:
+// a graph for a device. compile() reads no environment; CompileOptions::with_env() applies the
+// debug switches:
 //   EPILOG_DISABLE_FUSION=1            skip the fusion pass (A/B comparisons)
 //   EPILOG_DUMP_DIR=DIR                dump the graph before and after every pass (text, DOT, JSON)
 //   EPILOG_FORCE_CONV_KERNEL=scalar|tiled|gemm   one kernel for every fused conv on CUDA

@@ -477,7 +477,12 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+namespace detail {
+void count_cuda_probe();  // src/runtime/executor.cpp
+}  // namespace detail
+
 bool cuda_available() {
+  detail::count_cuda_probe();
   static const bool available = [] {
     int count = 0;
     // cudaFree(nullptr) creates the context: a device that is present but unusable (busy,

@@ -1,19 +1,36 @@
 #include "epilog/runtime/executor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <set>
 
 namespace epilog {
+
+namespace {
+std::atomic<int> cuda_probe_count{0};
+}  // namespace
+
+namespace detail {
+void count_cuda_probe() {
+  ++cuda_probe_count;
+}
+}  // namespace detail
+
+int cuda_probes() {
+  return cuda_probe_count;
+}
 
 #ifndef EPILOG_HAVE_CUDA
 std::unique_ptr<Backend> make_cuda_backend() {
   return nullptr;
 }
 bool cuda_available() {
+  detail::count_cuda_probe();
   return false;
 }
 std::optional<DeviceProfile> cuda_device_profile() {
+  cuda_available();
   return std::nullopt;
 }
 #endif

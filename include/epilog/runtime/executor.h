@@ -43,7 +43,11 @@ class Backend {
 std::unique_ptr<Backend> make_cpu_backend();
 // Null when this build or machine has no CUDA device.
 std::unique_ptr<Backend> make_cuda_backend();
+// Asks the CUDA runtime for a usable device once (later calls answer from memory).
 bool cuda_available();
+// How often this process called cuda_available (so also cuda_device_profile and
+// make_cuda_backend): tests check that compiling for the CPU asks nothing of CUDA.
+int cuda_probes();
 // The local GPU's name and SM count; nullopt without one.
 std::optional<DeviceProfile> cuda_device_profile();
 
