@@ -14,6 +14,8 @@ CompileOptions CompileOptions::with_env() const {
   if (const char* v = std::getenv("EPILOG_DUMP_DIR"); v && *v) o.dump_dir = v;
   if (const char* v = std::getenv("EPILOG_DISABLE_IN_PLACE"); v && std::string(v) == "1")
     o.in_place = false;
+  if (const char* v = std::getenv("EPILOG_DISABLE_MEMORY_PLAN"); v && std::string(v) == "1")
+    o.share_memory = false;
   if (const char* v = std::getenv("EPILOG_FORCE_CONV_KERNEL"); v && *v) {
     o.force_conv = parse_conv_kernel(v);
     if (!o.force_conv) fail("EPILOG_FORCE_CONV_KERNEL='{}': expected scalar, tiled or gemm", v);
@@ -55,6 +57,7 @@ Compiled compile(Graph graph, const CompileOptions& options) {
   c.profile = lo.profile;
   c.plan = lower(std::move(graph), lo);
   c.plan.in_place = options.in_place;
+  c.plan.share_memory = options.share_memory;
   if (!options.dump_dir.empty()) {
     std::ofstream f(options.dump_dir + "/lowered.txt");
     f << explain(c.plan, in_place_mask(c.plan));

@@ -154,6 +154,7 @@ TEST_CASE("cli: explain shows kernel, rule and tiles without a GPU", "[cli]") {
   Result r = cli("explain models/yolo_like.json");
   REQUIRE(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("132 SMs") && Catch::Contains("fused 45"));
+  CHECK_THAT(r.out, Catch::Contains("memory: weights ") && Catch::Contains(" MiB at peak"));
   CHECK_THAT(r.out, Catch::Contains("gemm") && Catch::Contains("reduction 144 >= 16") &&
                         Catch::Contains("stages="));
   // The 8 splits and 13 concats that the executor runs in place, and none with that off.
@@ -177,6 +178,7 @@ TEST_CASE("cli: bench reports median, min, max and a per-node breakdown", "[cli]
   CHECK_THAT(r.out, Catch::Contains("median") && Catch::Contains("min") && Catch::Contains("max") &&
                         Catch::Contains("per node"));
   CHECK_THAT(r.out, Catch::Contains("block.conv") && Catch::Contains("%"));
+  CHECK_THAT(r.out, Catch::Contains("memory: weights ") && Catch::Contains("workspace"));
   CHECK_THAT(r.out, Catch::Contains("over 2 iterations") &&
                         Catch::Contains("per node (median of 2 profiled runs"));
   // Nodes that run without a kernel say so, as in explain.

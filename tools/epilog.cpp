@@ -229,6 +229,7 @@ int cmd_run(const Parsed& p) {
   }
   std::printf("time: load+compile %.1f ms, run %.2f ms on %s\n", prep_ms, run_ms,
               device_name(device));
+  std::printf("memory: %s\n", memory_use(c.plan).summary().c_str());
   return 0;
 }
 
@@ -284,6 +285,7 @@ int cmd_explain(const Parsed& p) {
   std::printf("target: %s, %s (%d SMs)\npasses: %s\n", device_name(device), c.profile.name.c_str(),
               c.profile.sm_count, c.report.summary().c_str());
   for (const std::string& r : c.report.refusals) std::printf("not fused: %s\n", r.c_str());
+  std::printf("memory: %s\n", memory_use(c.plan).summary().c_str());
   std::printf("%s", explain(c.plan, in_place_mask(c.plan)).c_str());
   return 0;
 }
@@ -311,6 +313,7 @@ int cmd_bench(const Parsed& p) {
   }
   std::sort(times.begin(), times.end());
   std::printf("%s on %s, %s\n", p.model.c_str(), device_name(device), c.report.summary().c_str());
+  std::printf("memory: %s\n", memory_use(c.plan).summary().c_str());
   std::printf("end to end: median %.3f ms, min %.3f ms, max %.3f ms over %lld iterations\n",
               times[times.size() / 2], times.front(), times.back(), (long long)times.size());
   if (ex.replaying()) {

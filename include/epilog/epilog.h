@@ -5,6 +5,7 @@
 //   EPILOG_DUMP_DIR=DIR                dump the graph before and after every pass (text, DOT, JSON)
 //   EPILOG_FORCE_CONV_KERNEL=scalar|tiled|gemm   one kernel for every fused conv on CUDA
 //   EPILOG_DISABLE_IN_PLACE=1          copy every concat and split (A/B comparisons)
+//   EPILOG_DISABLE_MEMORY_PLAN=1       every activation in its own buffer (A/B comparisons)
 #pragma once
 
 #include <optional>
@@ -22,7 +23,8 @@ struct CompileOptions {
   std::string dump_dir;  // empty: no dumps
   std::optional<ConvKernel> force_conv;
   int sm_count = 0;      // 0: the local GPU's, else the default H200 profile
-  bool in_place = true;  // the executor's copy avoidance (Plan::in_place)
+  bool in_place = true;      // the executor's copy avoidance (Plan::in_place)
+  bool share_memory = true;  // the executor's memory plan (Plan::share_memory)
 
   // Applies the EPILOG_* environment switches on top of these options.
   CompileOptions with_env() const;

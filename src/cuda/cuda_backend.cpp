@@ -48,9 +48,12 @@ class DeviceCache {
 
   // 512-byte steps up to 1 MiB keep small tensors tight; powers of two above that bound the
   // number of distinct sizes (and so the memory parked in free lists) for large activations.
+  // Above 64 MiB (an executor's activation arena, made once) 2 MiB steps: a power of two would
+  // waste up to half of it.
   static size_t bucket(size_t bytes) {
-    constexpr size_t kSmall = 512, kLarge = size_t(1) << 20;
+    constexpr size_t kSmall = 512, kLarge = size_t(1) << 20, kHuge = size_t(64) << 20;
     if (bytes <= kLarge) return bytes == 0 ? kSmall : (bytes + kSmall - 1) / kSmall * kSmall;
+    if (bytes > kHuge) return (bytes + 2 * kLarge - 1) / (2 * kLarge) * (2 * kLarge);
     size_t b = kLarge;
     while (b < bytes) b <<= 1;
     return b;

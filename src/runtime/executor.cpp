@@ -45,28 +45,15 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
     if (np.packed.defined()) np.packed = np.packed.to(backend_.device());
   in_place_on_ = plan_.in_place;
   in_place_ = plan_in_place(plan_);
-  // The node named `name` where copy avoidance folds it, else -1.
-  const auto folded_at = [&](const std::string& name) {
-    const Node* n = graph().find_node(name);
-    const int at = n ? int(n - graph().nodes.data()) : -1;
-    return at >= 0 && in_place_.folded[size_t(at)] ? at : -1;
-  };
-  fold_of_.assign(graph().nodes.size(), -1);
-  pair_of_.assign(graph().nodes.size(), -1);
-  chain_of_.assign(graph().nodes.size(), -1);
-  for (size_t i = 0; i < graph().nodes.size(); ++i) {
-    if (plan_.nodes[i].up) fold_of_[i] = folded_at(plan_.nodes[i].up->node);
-    if (plan_.nodes[i].pre) pair_of_[i] = folded_at(plan_.nodes[i].pre->node);
-    if (plan_.nodes[i].post) chain_of_[i] = folded_at(plan_.nodes[i].post->node);
-  }
+  share_memory_ = plan_.share_memory;
   // Free each intermediate right after its last reader (a conv that reads through a folded
   // upsampling reads its source, a conv pair the folded conv's input).
   std::map<std::string, size_t> last_use;
   for (size_t i = 0; i < graph().nodes.size(); ++i) {
     for (const std::string& in : graph().nodes[i].inputs) last_use[in] = i;
-    if (fold_of_[i] >= 0) last_use[plan_.nodes[i].up->source] = i;
-    if (pair_of_[i] >= 0)
-      for (const std::string& in : graph().nodes[size_t(pair_of_[i])].inputs) last_use[in] = i;
+    if (in_place_.up[i] >= 0) last_use[plan_.nodes[i].up->source] = i;
+    if (in_place_.pre[i] >= 0)
+      for (const std::string& in : graph().nodes[size_t(in_place_.pre[i])].inputs) last_use[in] = i;
     for (const std::string& out : graph().nodes[i].outputs) last_use.emplace(out, i);
   }
   release_after_.resize(graph().nodes.size());
@@ -158,6 +145,7 @@ InPlacePlan plan_in_place(const Graph& g) {
     auto [base, offset] = owner(node.inputs[0]);
     for (const std::string& out : node.outputs) {
       alias[out] = {base, offset};
+      plan.base[out] = base;
       offset += item_count(g.value(out).shape);
     }
   }
@@ -219,6 +207,20 @@ InPlacePlan plan_in_place(const Plan& plan) {
     const std::vector<int>& readers = uses.consumers(g.nodes[i].outputs[0]);
     ip.folded[i] = readers.size() == 1 && ip.concat[size_t(readers[0])];
   }
+  // The node named `name` where copy avoidance folds it, else -1.
+  const auto folded_at = [&](const std::string& name) {
+    const Node* n = g.find_node(name);
+    const int at = n ? int(n - g.nodes.data()) : -1;
+    return at >= 0 && ip.folded[size_t(at)] ? at : -1;
+  };
+  ip.up.assign(g.nodes.size(), -1);
+  ip.pre.assign(g.nodes.size(), -1);
+  ip.post.assign(g.nodes.size(), -1);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (plan.nodes[i].up) ip.up[i] = folded_at(plan.nodes[i].up->node);
+    if (plan.nodes[i].pre) ip.pre[i] = folded_at(plan.nodes[i].pre->node);
+    if (plan.nodes[i].post) ip.post[i] = folded_at(plan.nodes[i].post->node);
+  }
   return ip;
 }
 
@@ -253,6 +255,12 @@ std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>&
   for (const std::string& name : graph().inputs)
     if (!inputs.count(name)) fail("run: input '{}' was not given", name);
 
+  if (share_memory_ && !memory_) {
+    memory_ = std::make_unique<MemoryPlan>(plan_memory(plan_, in_place_, in_place_on_));
+    arena_ = Tensor::empty({int64_t(memory_->arena_bytes / sizeof(float))}, DType::F32,
+                           backend_.device());
+  }
+  if (!share_memory_) arena_ = Tensor();
   timings_.clear();
   std::map<std::string, Tensor> env;
   const bool record = recording_on_ && !profile_ && backend_.can_record();
@@ -290,6 +298,18 @@ void Executor::replay() {
   backend_.synchronize();
 }
 
+Tensor Executor::allocate(const std::string& name) {
+  const Shape& shape = graph().value(name).shape;
+  if (memory_) {
+    auto b = memory_->blocks.find(name);
+    if (b != memory_->blocks.end()) {
+      const int64_t at = int64_t(b->second.offset / sizeof(float));
+      return arena_.slice(at, at + shape_numel(shape)).reshape(shape);
+    }
+  }
+  return Tensor::empty(shape, DType::F32, backend_.device());
+}
+
 void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
   using Clock = std::chrono::steady_clock;
   const auto value = [&](const std::string& name) {
@@ -306,13 +326,13 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     }
     std::vector<Tensor> ins;
     const Node* first =
-        in_place_on_ && pair_of_[i] >= 0 ? &graph().nodes[size_t(pair_of_[i])] : nullptr;
+        in_place_on_ && in_place_.pre[i] >= 0 ? &graph().nodes[size_t(in_place_.pre[i])] : nullptr;
     for (const std::string& in : node.inputs)
       ins.push_back(first && in == first->outputs[0] ? value(first->inputs[0]) : value(in));
     // A folded conv's weight, scale and shift follow (FoldedConv): for a pair its input took its
     // output's place; a chain makes the 1x1's outputs instead of its own.
     const Node* second =
-        in_place_on_ && chain_of_[i] >= 0 ? &graph().nodes[size_t(chain_of_[i])] : nullptr;
+        in_place_on_ && in_place_.post[i] >= 0 ? &graph().nodes[size_t(in_place_.post[i])] : nullptr;
     for (const Node* f : {first, second})
       if (f)
         for (size_t j = 1; j < f->inputs.size(); ++j) ins.push_back(value(f->inputs[j]));
@@ -320,7 +340,7 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     const bool view = in_place_on_ && in_place_.view[i];
     const bool in_place = in_place_on_ && in_place_.concat[i];
     const bool folded = in_place_on_ && in_place_.folded[i];
-    if (in_place_on_ && fold_of_[i] >= 0) ins.push_back(env.at(plan_.nodes[i].up->source));
+    if (in_place_on_ && in_place_.up[i] >= 0) ins.push_back(env.at(plan_.nodes[i].up->source));
     // A kernel's output: kept from the recording run, made by a chain's first pool, or made.
     const auto output = [&](const std::string& out, bool made) {
       const Shape& shape = graph().value(out).shape;
@@ -330,12 +350,10 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
       if (in_place_on_ && slot != in_place_.slots.end()) {
         // The first value made for a concat allocates its buffer.
         Tensor& buffer = env[slot->second.buffer];
-        if (!buffer.defined())
-          buffer =
-              Tensor::empty(graph().value(slot->second.buffer).shape, DType::F32, backend_.device());
+        if (!buffer.defined()) buffer = allocate(slot->second.buffer);
         return buffer.part(slot->second.offset, shape);
       }
-      return Tensor::empty(shape, DType::F32, backend_.device());
+      return allocate(out);
     };
     std::vector<Tensor> outs;
     for (const std::string& out : out_names) {
