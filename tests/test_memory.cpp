@@ -7,6 +7,7 @@
 
 #include "epilog/epilog.h"
 #include "epilog/io/model.h"
+#include "error_matcher.h"
 #include "test_graphs.h"
 #include "test_util.h"
 #include "yolo_like.h"
@@ -164,4 +165,46 @@ TEST_CASE("memory: sharing can be switched off by option and environment", "[mem
   ::unsetenv("EPILOG_DISABLE_MEMORY_PLAN");
   CHECK_FALSE(from_env.share_memory);
   CHECK(CompileOptions{}.with_env().share_memory);
+}
+
+namespace {
+
+// The host allocator, refusing any one allocation over kLimit bytes as a device out of memory
+// would.
+constexpr size_t kLimit = size_t(256) << 10;
+AllocFn host = nullptr;
+std::shared_ptr<Storage> limited(size_t bytes) {
+  if (bytes > kLimit) throw OutOfMemory("no room", bytes, kLimit, 2 * kLimit);
+  return host(bytes);
+}
+
+}  // namespace
+
+TEST_CASE("memory: out of memory names what was allocated and what would fit, and stays usable",
+          "[memory]") {
+  Builder big(3), small(3);
+  const Plan at8 = compile(yolo::yolo_like(big, /*batch=*/8, /*size=*/64), {}).plan;
+  const Plan at1 = compile(yolo::yolo_like(small, /*batch=*/1, /*size=*/64), {}).plan;
+  REQUIRE(memory_use(at8).activations > kLimit);
+  REQUIRE(memory_use(at1).activations < kLimit);
+  auto cpu = make_cpu_backend();
+  const std::map<std::string, Tensor> want =
+      Executor(at1, *cpu).run(test::random_inputs(at1.graph, 1));
+  const std::map<std::string, Tensor> inputs = test::random_inputs(at8.graph, 1);
+  host = registered_allocator(Device::CPU);
+  register_allocator(Device::CPU, limited);
+  struct Restore {
+    ~Restore() { register_allocator(Device::CPU, host); }
+  } restore;
+  Executor ex(at8, *cpu);
+  REQUIRE_ERROR(ex.run(inputs), "executor: out of cpu memory",
+                "allocating the activations", "MiB needed, 0.2 MiB free of 0.5 MiB",
+                "a batch under 8 needs less", "no room");
+  // Without sharing: the first value too large.
+  ex.set_memory_plan(false);
+  REQUIRE_ERROR(ex.run(inputs), "allocating value '");
+  // The next, smaller run succeeds.
+  const std::map<std::string, Tensor> got =
+      Executor(at1, *cpu).run(test::random_inputs(at1.graph, 1));
+  for (const auto& [name, t] : want) CHECK(test::bit_equal(got.at(name), t));
 }

@@ -95,6 +95,15 @@ class DeviceCache {
     // Out of memory, perhaps only because blocks of other sizes sit in the free lists.
     const size_t released = trim();
     const cudaError_t err = cudaMalloc(&p, size);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free = 0, total = 0;
+      if (cudaMemGetInfo(&free, &total) != cudaSuccess) cudaGetLastError();
+      throw OutOfMemory(fmt::format("CUDA error: cudaMalloc of {} bytes failed: {} ({} bytes free "
+                                    "of {}, after releasing {} cached bytes)",
+                                    size, cudaGetErrorString(err), free, total, released),
+                        size, free, total);
+    }
     if (err != cudaSuccess) {
       cudaGetLastError();
       fail("CUDA error: cudaMalloc of {} bytes failed: {} (after releasing {} cached bytes)", size,

@@ -40,9 +40,12 @@ Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backen
   if (plan_.device != backend_.device() || plan_.nodes.size() != graph().nodes.size())
     fail("executor: the plan was lowered for {}, the backend runs on {}", device_name(plan_.device),
          device_name(backend_.device()));
-  for (const auto& [name, w] : graph().weights) weights_[name] = w.data.to(backend_.device());
-  for (NodePlan& np : plan_.nodes)
-    if (np.packed.defined()) np.packed = np.packed.to(backend_.device());
+  for (const auto& [name, w] : graph().weights)
+    weights_[name] = upload(w.data, fmt::format("weight '{}'", name));
+  for (size_t i = 0; i < plan_.nodes.size(); ++i)
+    if (plan_.nodes[i].packed.defined())
+      plan_.nodes[i].packed = upload(plan_.nodes[i].packed,
+                                     fmt::format("the packed weights of '{}'", graph().nodes[i].name));
   in_place_on_ = plan_.in_place;
   in_place_ = plan_in_place(plan_);
   share_memory_ = plan_.share_memory;
@@ -256,21 +259,22 @@ std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>&
     if (!inputs.count(name)) fail("run: input '{}' was not given", name);
 
   if (share_memory_ && !memory_) {
-    memory_ = std::make_unique<MemoryPlan>(plan_memory(plan_, in_place_, in_place_on_));
-    arena_ = Tensor::empty({int64_t(memory_->arena_bytes / sizeof(float))}, DType::F32,
-                           backend_.device());
+    auto mp = std::make_unique<MemoryPlan>(plan_memory(plan_, in_place_, in_place_on_));
+    arena_ = allocate({int64_t(mp->arena_bytes / sizeof(float))},
+                      fmt::format("the activations ({} values sharing one arena)", mp->blocks.size()));
+    memory_ = std::move(mp);
   }
   if (!share_memory_) arena_ = Tensor();
   timings_.clear();
   std::map<std::string, Tensor> env;
   const bool record = recording_on_ && !profile_ && backend_.can_record();
   if (!record) {
-    for (const auto& [name, t] : inputs) env[name] = t.to(backend_.device());
+    for (const auto& [name, t] : inputs) env[name] = upload(t, fmt::format("input '{}'", name));
     execute(env, false);
   } else {
     for (const auto& [name, t] : inputs) {
       Tensor& buffer = buffers_[name];
-      if (!buffer.defined()) buffer = Tensor::empty(t.shape(), DType::F32, backend_.device());
+      if (!buffer.defined()) buffer = allocate(t.shape(), fmt::format("input '{}'", name));
       buffer.copy_from(t);
     }
     if (recording_) {
@@ -307,7 +311,35 @@ Tensor Executor::allocate(const std::string& name) {
       return arena_.slice(at, at + shape_numel(shape)).reshape(shape);
     }
   }
-  return Tensor::empty(shape, DType::F32, backend_.device());
+  return allocate(shape, fmt::format("value '{}'", name));
+}
+
+Tensor Executor::upload(const Tensor& t, const std::string& what) const {
+  if (t.device() == backend_.device()) return t;
+  Tensor d = allocate(t.shape(), what);
+  d.copy_from(t);
+  return d;
+}
+
+Tensor Executor::allocate(const Shape& shape, const std::string& what) const {
+  try {
+    return Tensor::empty(shape, DType::F32, backend_.device());
+  } catch (const OutOfMemory& e) {
+    const auto mib = [](size_t bytes) { return double(bytes) / double(1 << 20); };
+    const Graph& g = graph();
+    const std::string batch =
+        g.inputs.empty() || g.value(g.inputs[0]).shape.empty()
+            ? std::string("a smaller input")
+            : fmt::format("a batch under {}", g.value(g.inputs[0]).shape[0]);
+    throw OutOfMemory(
+        fmt::format("executor: out of {} memory allocating {}: {:.1f} MiB needed, {:.1f} MiB free "
+                    "of {:.1f} MiB (the model's weights {:.1f} MiB, its activations {:.1f} MiB at "
+                    "peak); {} needs less ({})",
+                    device_name(backend_.device()), what, mib(e.bytes), mib(e.free), mib(e.total),
+                    mib(memory_use(plan_).weights), mib(memory_use(plan_).activations), batch,
+                    e.what()),
+        e.bytes, e.free, e.total);
+  }
 }
 
 void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {

@@ -122,6 +122,8 @@ struct NodeTiming {
 class Executor {
  public:
   // Copies weights to the backend's device once. The plan must be lowered for that device.
+  // Out of device memory here or in run(), throws OutOfMemory naming what was being allocated;
+  // what was allocated is released, so that a smaller batch can run after it.
   Executor(Plan plan, Backend& backend);
 
   // Inputs by name (on any device; checked against the graph's shapes). Outputs come back on
@@ -191,6 +193,11 @@ class Executor {
 
   // A fresh tensor for value `name`: its block of the arena where the memory plan has one.
   Tensor allocate(const std::string& name);
+  // Allocates a tensor of `shape` for `what`; out of device memory, throws OutOfMemory saying
+  // what, how much it needed, how much was free, and that a smaller batch needs less.
+  Tensor allocate(const Shape& shape, const std::string& what) const;
+  // `t` on the backend's device (itself where it is there), allocated as allocate() does.
+  Tensor upload(const Tensor& t, const std::string& what) const;
 
   // Runs every node; `keep` keeps all values in env (and reuses the buffers found there).
   void execute(std::map<std::string, Tensor>& env, bool keep);
