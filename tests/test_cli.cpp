@@ -189,6 +189,16 @@ TEST_CASE("cli: bench reports median, min, max and a per-node breakdown", "[cli]
   CHECK_THAT(yolo.out.substr(cat, yolo.out.find('\n', cat) - cat), Catch::Contains("in place"));
 }
 
+TEST_CASE("cli: bench --batch N,M sweeps one model over batch sizes", "[cli]") {
+  Result r = cli(std::string("bench ") + kDemo + " --device cpu --batch 1,2 --iters 1 --warmup 0");
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("batch 1 ") && Catch::Contains("batch 2 ") &&
+                        Catch::Contains("images/s"));
+  Result one = cli(std::string("run ") + kDemo + " --device cpu --batch 1,2");
+  CHECK(one.status == 1);
+  CHECK_THAT(one.err, Catch::Contains("one batch size here"));
+}
+
 TEST_CASE("cli: bad input is one clear error and exit status 1, never a crash", "[cli]") {
   struct Case {
     std::string args, message;

@@ -55,8 +55,7 @@ std::vector<std::pair<std::string, Graph>> models() {
 
 // Every pair of blocks live at a common node lies apart in the arena, and within it.
 void check_apart(const MemoryPlan& mp) {
-  std::vector<std::pair<std::string, MemoryPlan::Block>> blocks(mp.blocks.begin(),
-                                                                mp.blocks.end());
+  std::vector<std::pair<std::string, MemoryPlan::Block>> blocks(mp.blocks.begin(), mp.blocks.end());
   for (size_t a = 0; a < blocks.size(); ++a) {
     const MemoryPlan::Block& x = blocks[a].second;
     CHECK(x.offset % MemoryPlan::kAlign == 0);
@@ -197,9 +196,8 @@ TEST_CASE("memory: out of memory names what was allocated and what would fit, an
     ~Restore() { register_allocator(Device::CPU, host); }
   } restore;
   Executor ex(at8, *cpu);
-  REQUIRE_ERROR(ex.run(inputs), "executor: out of cpu memory",
-                "allocating the activations", "MiB needed, 0.2 MiB free of 0.5 MiB",
-                "a batch under 8 needs less", "no room");
+  REQUIRE_ERROR(ex.run(inputs), "executor: out of cpu memory", "allocating the activations",
+                "MiB needed, 0.2 MiB free of 0.5 MiB", "a batch under 8 needs less", "no room");
   // Without sharing: the first value too large.
   ex.set_memory_plan(false);
   REQUIRE_ERROR(ex.run(inputs), "allocating value '");

@@ -35,17 +35,23 @@ std::optional<DeviceProfile> cuda_device_profile() {
 }
 #endif
 
-Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backend_(backend) {
+Executor::Executor(Plan plan, Backend& backend,
+                   std::shared_ptr<const std::map<std::string, Tensor>> weights)
+    : plan_(std::move(plan)), backend_(backend), weights_(std::move(weights)) {
   verify(graph(), "executor");
   if (plan_.device != backend_.device() || plan_.nodes.size() != graph().nodes.size())
     fail("executor: the plan was lowered for {}, the backend runs on {}", device_name(plan_.device),
          device_name(backend_.device()));
-  for (const auto& [name, w] : graph().weights)
-    weights_[name] = upload(w.data, fmt::format("weight '{}'", name));
+  if (!weights_) {
+    auto uploaded = std::make_shared<std::map<std::string, Tensor>>();
+    for (const auto& [name, w] : graph().weights)
+      (*uploaded)[name] = upload(w.data, fmt::format("weight '{}'", name));
+    weights_ = std::move(uploaded);
+  }
   for (size_t i = 0; i < plan_.nodes.size(); ++i)
     if (plan_.nodes[i].packed.defined())
-      plan_.nodes[i].packed = upload(plan_.nodes[i].packed,
-                                     fmt::format("the packed weights of '{}'", graph().nodes[i].name));
+      plan_.nodes[i].packed = upload(
+          plan_.nodes[i].packed, fmt::format("the packed weights of '{}'", graph().nodes[i].name));
   in_place_on_ = plan_.in_place;
   in_place_ = plan_in_place(plan_);
   share_memory_ = plan_.share_memory;
@@ -260,8 +266,9 @@ std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>&
 
   if (share_memory_ && !memory_) {
     auto mp = std::make_unique<MemoryPlan>(plan_memory(plan_, in_place_, in_place_on_));
-    arena_ = allocate({int64_t(mp->arena_bytes / sizeof(float))},
-                      fmt::format("the activations ({} values sharing one arena)", mp->blocks.size()));
+    arena_ =
+        allocate({int64_t(mp->arena_bytes / sizeof(float))},
+                 fmt::format("the activations ({} values sharing one arena)", mp->blocks.size()));
     memory_ = std::move(mp);
   }
   if (!share_memory_) arena_ = Tensor();
@@ -290,8 +297,8 @@ std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>&
   backend_.synchronize();
   std::map<std::string, Tensor> result;
   for (const std::string& out : graph().outputs) {
-    auto w = weights_.find(out);
-    result[out] = w != weights_.end() ? w->second : env.at(out);
+    auto w = weights_->find(out);
+    result[out] = w != weights_->end() ? w->second : env.at(out);
   }
   return result;
 }
@@ -327,10 +334,9 @@ Tensor Executor::allocate(const Shape& shape, const std::string& what) const {
   } catch (const OutOfMemory& e) {
     const auto mib = [](size_t bytes) { return double(bytes) / double(1 << 20); };
     const Graph& g = graph();
-    const std::string batch =
-        g.inputs.empty() || g.value(g.inputs[0]).shape.empty()
-            ? std::string("a smaller input")
-            : fmt::format("a batch under {}", g.value(g.inputs[0]).shape[0]);
+    const std::string batch = g.inputs.empty() || g.value(g.inputs[0]).shape.empty()
+                                  ? std::string("a smaller input")
+                                  : fmt::format("a batch under {}", g.value(g.inputs[0]).shape[0]);
     throw OutOfMemory(
         fmt::format("executor: out of {} memory allocating {}: {:.1f} MiB needed, {:.1f} MiB free "
                     "of {:.1f} MiB (the model's weights {:.1f} MiB, its activations {:.1f} MiB at "
@@ -345,8 +351,8 @@ Tensor Executor::allocate(const Shape& shape, const std::string& what) const {
 void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
   using Clock = std::chrono::steady_clock;
   const auto value = [&](const std::string& name) {
-    auto w = weights_.find(name);
-    return w != weights_.end() ? w->second : env.at(name);
+    auto w = weights_->find(name);
+    return w != weights_->end() ? w->second : env.at(name);
   };
   for (size_t i = 0; i < graph().nodes.size(); ++i) {
     const Node& node = graph().nodes[i];
@@ -363,8 +369,9 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
       ins.push_back(first && in == first->outputs[0] ? value(first->inputs[0]) : value(in));
     // A folded conv's weight, scale and shift follow (FoldedConv): for a pair its input took its
     // output's place; a chain makes the 1x1's outputs instead of its own.
-    const Node* second =
-        in_place_on_ && in_place_.post[i] >= 0 ? &graph().nodes[size_t(in_place_.post[i])] : nullptr;
+    const Node* second = in_place_on_ && in_place_.post[i] >= 0
+                             ? &graph().nodes[size_t(in_place_.post[i])]
+                             : nullptr;
     for (const Node* f : {first, second})
       if (f)
         for (size_t j = 1; j < f->inputs.size(); ++j) ins.push_back(value(f->inputs[j]));

@@ -72,7 +72,8 @@ MemoryPlan plan_memory(const Plan& plan, const InPlacePlan& ip, bool in_place) {
     MemoryPlan::Block& b = mp.blocks.at(value);
     std::vector<std::pair<size_t, size_t>> taken;  // (offset, end) of the live ones
     for (const MemoryPlan::Block* p : placed)
-      if (p->first <= b.last && b.first <= p->last) taken.push_back({p->offset, p->offset + p->bytes});
+      if (p->first <= b.last && b.first <= p->last)
+        taken.push_back({p->offset, p->offset + p->bytes});
     std::sort(taken.begin(), taken.end());
     size_t offset = 0;
     for (const auto& [begin, end] : taken) {

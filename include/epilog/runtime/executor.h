@@ -124,7 +124,12 @@ class Executor {
   // Copies weights to the backend's device once. The plan must be lowered for that device.
   // Out of device memory here or in run(), throws OutOfMemory naming what was being allocated;
   // what was allocated is released, so that a smaller batch can run after it.
-  Executor(Plan plan, Backend& backend);
+  // `weights`: the graph's weights already on the backend's device, shared with other
+  // executors (a Model's); null: uploaded here.
+  Executor(Plan plan, Backend& backend,
+           std::shared_ptr<const std::map<std::string, Tensor>> weights = nullptr);
+  // The weights on the device, to share with another executor of the same graph's weights.
+  std::shared_ptr<const std::map<std::string, Tensor>> weights() const { return weights_; }
 
   // Inputs by name (on any device; checked against the graph's shapes). Outputs come back on
   // the backend's device. With recording on (the default) and a backend that can record, the
@@ -177,8 +182,8 @@ class Executor {
   // No member refers into another: an executor may be moved (kept in a growing vector).
   Plan plan_;
   Backend& backend_;
-  std::map<std::string, Tensor> weights_;                // on the backend's device
-  std::vector<std::vector<std::string>> release_after_;  // values dead after node i
+  std::shared_ptr<const std::map<std::string, Tensor>> weights_;  // on the backend's device
+  std::vector<std::vector<std::string>> release_after_;           // values dead after node i
   bool profile_ = false;
   std::vector<NodeTiming> timings_;
   std::function<void(size_t, size_t)> progress_;
