@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <iostream>
+#include <thread>
 
 #include "epilog/epilog.h"
 #include "gpu_util.h"
@@ -90,4 +91,36 @@ TEST_CASE("gpu memory: a batch that cannot fit is an error, and a smaller one th
   const auto got = on_host(Executor(compile(small, o).plan, *cuda).run(inputs));
   const auto want = test::run_cpu(small, inputs);
   for (const auto& [name, t] : want) CHECK(test::max_rel_err(got.at(name), t) <= 5e-3);
+}
+
+TEST_CASE("gpu model: 4 threads at mixed batch sizes get the outputs of serial runs",
+          "[gpu][model]") {
+  // One Model, each thread's runs on executors (CUDA streams, arenas, recordings) of their own.
+  Builder b(3);
+  const Graph g = yolo::yolo_like(b, /*batch=*/1, /*size=*/128);
+  CompileOptions o;
+  o.device = Device::CUDA;
+  Model model(g, o);
+  const int64_t batches[] = {1, 4, 2, 4};
+  std::map<int64_t, std::map<std::string, Tensor>> inputs, want;
+  for (const int64_t batch : batches) {
+    Shape shape = g.value(g.inputs[0]).shape;
+    shape[0] = batch;
+    inputs[batch] = {{g.inputs[0], Tensor::randn(shape, uint64_t(batch))}};
+    want[batch] = on_host(model.run(inputs[batch]));  // serial
+  }
+  std::vector<std::vector<std::map<std::string, Tensor>>> got(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (size_t i = 0; i < 6; ++i)
+        got[t].push_back(on_host(model.run(inputs[batches[(t + i) % 4]])));
+    });
+  for (std::thread& t : threads) t.join();
+  for (size_t t = 0; t < 4; ++t)
+    for (size_t i = 0; i < got[t].size(); ++i) {
+      INFO("thread " << t << ", run " << i);
+      for (const auto& [name, x] : want[batches[(t + i) % 4]])
+        CHECK(test::bit_equal(got[t][i].at(name), x));
+    }
 }
