@@ -133,9 +133,11 @@ class Executor {
 
   // Inputs by name (on any device; checked against the graph's shapes). Outputs come back on
   // the backend's device. With recording on (the default) and a backend that can record, the
-  // first run keeps every intermediate and records the launches, and later runs replay the
-  // recording: then the returned outputs share the executor's buffers and hold until the next
-  // run(). Without recording, intermediates are freed after their last reader.
+  // first run keeps every intermediate where it made it and records the launches, and later
+  // runs replay the recording: then the returned outputs share the executor's buffers and hold
+  // until the next run(). Without recording, the outputs own their memory. Either way the
+  // intermediates share the memory plan's arena (set_memory_plan); with it off, each has a
+  // buffer of its own, kept while recording, else freed after its last reader.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
   void set_recording(bool on) { recording_on_ = on; }
   bool replaying() const { return recording_ != nullptr; }
