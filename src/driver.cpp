@@ -14,6 +14,8 @@ CompileOptions CompileOptions::with_env() const {
   if (const char* v = std::getenv("EPILOG_DUMP_DIR"); v && *v) o.dump_dir = v;
   if (const char* v = std::getenv("EPILOG_DISABLE_IN_PLACE"); v && std::string(v) == "1")
     o.in_place = false;
+  if (const char* v = std::getenv("EPILOG_DISABLE_MEMORY_PLAN"); v && std::string(v) == "1")
+    o.share_memory = false;
   if (const char* v = std::getenv("EPILOG_FORCE_CONV_KERNEL"); v && *v) {
     o.force_conv = parse_conv_kernel(v);
     if (!o.force_conv) fail("EPILOG_FORCE_CONV_KERNEL='{}': expected scalar, tiled or gemm", v);
@@ -33,19 +35,26 @@ void dump_stage(const std::string& dir, int index, const std::string& stage, con
   }
 }
 
-Compiled compile(Graph graph, const CompileOptions& options) {
-  Compiled c;
+namespace {
+
+PassReport optimize_for(Graph& graph, const CompileOptions& options) {
   PassOptions po;
   po.fuse = options.fuse;
   if (!options.dump_dir.empty())
     po.on_stage = [&](int i, const std::string& stage, const Graph& g) {
       dump_stage(options.dump_dir, i, stage, g);
     };
-  c.report = optimize(graph, po);
+  return optimize(graph, po);
+}
+
+// An optimized graph lowered as `options` say, into c.plan (and c.profile).
+void lower_for(Graph graph, const CompileOptions& options, Compiled& c) {
   LowerOptions lo;
   lo.device = options.device;
   lo.force = options.force_conv;
-  if (auto local = cuda_device_profile()) lo.profile = *local;
+  // Only a CUDA target asks for the local GPU: a compile for the CPU leaves CUDA uninitialised.
+  if (options.device == Device::CUDA)
+    if (auto local = cuda_device_profile()) lo.profile = *local;
   if (options.sm_count > 0) {
     lo.profile.sm_count = options.sm_count;
     lo.profile.name += fmt::format(", {} SMs given", options.sm_count);
@@ -53,11 +62,83 @@ Compiled compile(Graph graph, const CompileOptions& options) {
   c.profile = lo.profile;
   c.plan = lower(std::move(graph), lo);
   c.plan.in_place = options.in_place;
+  c.plan.share_memory = options.share_memory;
   if (!options.dump_dir.empty()) {
     std::ofstream f(options.dump_dir + "/lowered.txt");
     f << explain(c.plan, in_place_mask(c.plan));
   }
+}
+
+// `graph` with dim 0 of every input set to `batch` and every shape inferred again.
+Graph at_batch(Graph graph, int64_t batch) {
+  for (const std::string& name : graph.inputs) {
+    Shape& shape = graph.values.at(name).shape;
+    if (shape.empty()) fail("model: input '{}' is a scalar, so it has no batch dim", name);
+    shape[0] = batch;
+  }
+  infer_graph_shapes(graph);
+  verify(graph, fmt::format("at batch {}", batch));
+  return graph;
+}
+
+}  // namespace
+
+Compiled compile(Graph graph, const CompileOptions& options) {
+  Compiled c;
+  c.report = optimize_for(graph, options);
+  lower_for(std::move(graph), options, c);
   return c;
+}
+
+Model::Model(Graph graph, const CompileOptions& options) : options_(options) {
+  report_ = optimize_for(graph, options_);
+  graph_ = std::move(graph);
+  options_.dump_dir.clear();  // dumped once, here
+}
+
+std::shared_ptr<const Plan> Model::plan(int64_t batch) {
+  if (batch < 1) fail("model: batch {}: expected 1 or more", batch);
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<const Plan>& plan = plans_[batch];
+  if (!plan) {
+    Compiled c;
+    lower_for(at_batch(graph_, batch), options_, c);
+    plan = std::make_shared<const Plan>(std::move(c.plan));
+  }
+  return plan;
+}
+
+std::unique_ptr<Model::Runner> Model::take(int64_t batch) {
+  std::shared_ptr<const Plan> p = plan(batch);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::unique_ptr<Runner>>& idle = idle_[batch];
+    if (!idle.empty()) {
+      std::unique_ptr<Runner> r = std::move(idle.back());
+      idle.pop_back();
+      return r;
+    }
+  }
+  auto r = std::make_unique<Runner>();
+  r->backend = make_backend(options_.device);
+  // The first executor uploads the weights, the others share them.
+  std::lock_guard<std::mutex> upload(upload_mu_);
+  r->executor = std::make_unique<Executor>(*p, *r->backend, weights_);
+  weights_ = r->executor->weights();
+  return r;
+}
+
+std::map<std::string, Tensor> Model::run(const std::map<std::string, Tensor>& inputs) {
+  if (inputs.empty() || inputs.begin()->second.rank() == 0)
+    fail("model: run needs the inputs, each with a batch dim");
+  const int64_t batch = inputs.begin()->second.dim(0);
+  std::unique_ptr<Runner> r = take(batch);
+  // A runner whose run failed (out of memory, say) is dropped with what it holds.
+  std::map<std::string, Tensor> outputs = r->executor->run(inputs);
+  for (auto& [name, t] : outputs) t = t.clone();  // the executor's buffers serve its next run
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_[batch].push_back(std::move(r));
+  return outputs;
 }
 
 Device resolve_device(const std::string& name) {

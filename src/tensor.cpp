@@ -39,6 +39,9 @@ const char* device_name(Device device) {
 void register_allocator(Device device, AllocFn alloc) {
   g_alloc[static_cast<int>(device)] = alloc;
 }
+AllocFn registered_allocator(Device device) {
+  return g_alloc[static_cast<int>(device)];
+}
 void register_copy(CopyFn copy) {
   g_copy = copy;
 }

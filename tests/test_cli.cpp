@@ -154,6 +154,7 @@ TEST_CASE("cli: explain shows kernel, rule and tiles without a GPU", "[cli]") {
   Result r = cli("explain models/yolo_like.json");
   REQUIRE(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("132 SMs") && Catch::Contains("fused 45"));
+  CHECK_THAT(r.out, Catch::Contains("memory: weights ") && Catch::Contains(" MiB at peak"));
   CHECK_THAT(r.out, Catch::Contains("gemm") && Catch::Contains("reduction 144 >= 16") &&
                         Catch::Contains("stages="));
   // The 8 splits and 13 concats that the executor runs in place, and none with that off.
@@ -177,6 +178,7 @@ TEST_CASE("cli: bench reports median, min, max and a per-node breakdown", "[cli]
   CHECK_THAT(r.out, Catch::Contains("median") && Catch::Contains("min") && Catch::Contains("max") &&
                         Catch::Contains("per node"));
   CHECK_THAT(r.out, Catch::Contains("block.conv") && Catch::Contains("%"));
+  CHECK_THAT(r.out, Catch::Contains("memory: weights ") && Catch::Contains("workspace"));
   CHECK_THAT(r.out, Catch::Contains("over 2 iterations") &&
                         Catch::Contains("per node (median of 2 profiled runs"));
   // Nodes that run without a kernel say so, as in explain.
@@ -185,6 +187,16 @@ TEST_CASE("cli: bench reports median, min, max and a per-node breakdown", "[cli]
   const size_t cat = yolo.out.find("b2.cat ");
   REQUIRE(cat != std::string::npos);
   CHECK_THAT(yolo.out.substr(cat, yolo.out.find('\n', cat) - cat), Catch::Contains("in place"));
+}
+
+TEST_CASE("cli: bench --batch N,M sweeps one model over batch sizes", "[cli]") {
+  Result r = cli(std::string("bench ") + kDemo + " --device cpu --batch 1,2 --iters 1 --warmup 0");
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("batch 1 ") && Catch::Contains("batch 2 ") &&
+                        Catch::Contains("images/s"));
+  Result one = cli(std::string("run ") + kDemo + " --device cpu --batch 1,2");
+  CHECK(one.status == 1);
+  CHECK_THAT(one.err, Catch::Contains("one batch size here"));
 }
 
 TEST_CASE("cli: bad input is one clear error and exit status 1, never a crash", "[cli]") {

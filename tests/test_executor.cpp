@@ -365,6 +365,7 @@ TEST_CASE("executor: random conv nets give the unfused graph's outputs, folded o
     CompileOptions plain;
     plain.fuse = false;
     plain.in_place = false;
+    plain.share_memory = false;  // so that every run below shares memory against one that does not
     const std::map<std::string, Tensor> want = Executor(compile(g, plain).plan, *cpu).run(inputs);
 
     const FoldPlans p(g);
@@ -395,4 +396,37 @@ TEST_CASE("executor: random conv nets give the unfused graph's outputs, folded o
   CHECK(in_place >= 100);
   CHECK(folds >= 20);
   CHECK(large_folds >= 4);
+}
+
+TEST_CASE("executor: a moved executor runs its own plan", "[executor]") {
+  // Executors kept in a growing vector are moved as it reallocates: each must still read the
+  // graph it holds, not the one left behind in the moved-from object.
+  const Graph g = test::random_convnet(11);
+  const Compiled c = compile(g, {});
+  const std::map<std::string, Tensor> inputs = test::random_inputs(c.plan.graph, 11);
+  auto backend = make_cpu_backend();
+  const std::map<std::string, Tensor> want = Executor(c.plan, *backend).run(inputs);
+  Executor first(c.plan, *backend);
+  Executor moved(std::move(first));
+  std::vector<Executor> many;
+  for (int i = 0; i < 5; ++i) many.emplace_back(c.plan, *backend);
+  for (Executor* ex : {&moved, &many.front(), &many.back()}) {
+    const std::map<std::string, Tensor> got = ex->run(inputs);
+    REQUIRE(got.size() == want.size());
+    for (const auto& [name, t] : want) CHECK(test::bit_equal(got.at(name), t));
+  }
+}
+
+TEST_CASE("executor: compiling and running on the CPU asks nothing of CUDA", "[executor]") {
+  const Graph g = test::random_convnet(12);
+  const int before = cuda_probes();
+  const Compiled c = compile(g, {});
+  auto backend = make_cpu_backend();
+  Executor(c.plan, *backend).run(test::random_inputs(c.plan.graph, 12));
+  CHECK(cuda_probes() == before);
+  // A CUDA target does ask, for the local GPU's profile (none in a CPU-only build).
+  CompileOptions cuda;
+  cuda.device = Device::CUDA;
+  compile(g, cuda);
+  CHECK(cuda_probes() > before);
 }

@@ -102,7 +102,7 @@ bool parse_args(const Command& c, int argc, char** argv, Parsed& p) {
 
 const std::vector<Option> kModelOptions = {
     {"--weights", "FILE", "safetensors file with the model's weights", "", false},
-    {"--batch", "N", "rebind the batch dimension of the inputs", "", false},
+    {"--batch", "N", "rebind the batch dimension of the inputs (bench: N,M,... sweeps)", "", false},
     {"--no-fuse", "", "skip the fusion pass (also EPILOG_DISABLE_FUSION=1)", "", false},
     {"--dump-passes", "DIR", "dump the graph before and after every pass (also EPILOG_DUMP_DIR)",
      "", false},
@@ -114,20 +114,38 @@ std::vector<Option> with_model_options(std::vector<Option> own) {
   return own;
 }
 
+// --batch N, or for bench a list N,M,...
+std::vector<int64_t> batches(const Parsed& p) {
+  std::vector<int64_t> out;
+  const std::string list = p.get("--batch");
+  for (size_t at = 0; !list.empty() && at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    out.push_back(to_int("--batch", list.substr(at, comma - at), 1));
+    at = comma + 1;
+  }
+  return out;
+}
+
 Graph load(const Parsed& p) {
   LoadOptions lo;
   lo.weights_file = p.get("--weights");
-  if (p.flag("--batch")) lo.batch = to_int("--batch", p.get("--batch"), 1);
+  const std::vector<int64_t> b = batches(p);
+  if (b.size() > 1) fail("--batch {}: one batch size here (bench sweeps a list)", p.get("--batch"));
+  if (!b.empty()) lo.batch = b[0];
   return load_model(p.model, lo);
 }
 
-Compiled compile_for(const Parsed& p, Graph g, Device device) {
+CompileOptions options_for(const Parsed& p, Device device) {
   CompileOptions co;
   co.device = device;
   co.fuse = !p.flag("--no-fuse");
   co.dump_dir = p.get("--dump-passes");
   if (p.flag("--sm-count")) co.sm_count = int(to_int("--sm-count", p.get("--sm-count"), 1));
-  return compile(std::move(g), co.with_env());
+  return co.with_env();
+}
+
+Compiled compile_for(const Parsed& p, Graph g, Device device) {
+  return compile(std::move(g), options_for(p, device));
 }
 
 // Progress on a terminal only, so that logs stay clean.
@@ -229,6 +247,7 @@ int cmd_run(const Parsed& p) {
   }
   std::printf("time: load+compile %.1f ms, run %.2f ms on %s\n", prep_ms, run_ms,
               device_name(device));
+  std::printf("memory: %s\n", memory_use(c.plan).summary().c_str());
   return 0;
 }
 
@@ -284,11 +303,62 @@ int cmd_explain(const Parsed& p) {
   std::printf("target: %s, %s (%d SMs)\npasses: %s\n", device_name(device), c.profile.name.c_str(),
               c.profile.sm_count, c.report.summary().c_str());
   for (const std::string& r : c.report.refusals) std::printf("not fused: %s\n", r.c_str());
+  std::printf("memory: %s\n", memory_use(c.plan).summary().c_str());
   std::printf("%s", explain(c.plan, in_place_mask(c.plan)).c_str());
   return 0;
 }
 
+// `warmup` untimed runs, then the times of `iters` runs in ms, sorted.
+std::vector<double> time_runs(const std::function<void()>& run, int64_t warmup, int64_t iters) {
+  for (int64_t i = 0; i < warmup; ++i) {
+    run();
+    progress("warm-up", size_t(i + 1), size_t(warmup));
+  }
+  std::vector<double> times;
+  for (int64_t i = 0; i < iters; ++i) {
+    auto t0 = Clock::now();
+    run();
+    times.push_back(ms_since(t0));
+    progress("iteration", size_t(i + 1), size_t(iters));
+  }
+  std::sort(times.begin(), times.end());
+  return times;
+}
+
+// bench --batch N,M,...: one Model, a plan per batch size, each timed end to end.
+int bench_sweep(const Parsed& p, const std::vector<int64_t>& sizes) {
+  LoadOptions lo;
+  lo.weights_file = p.get("--weights");
+  Graph g = load_model(p.model, lo);
+  const Device device = resolve_device(p.get("--device", "auto"));
+  Model model(g, options_for(p, device));
+  const int64_t iters = to_int("--iters", p.get("--iters", "20"), 1);
+  const int64_t warmup = to_int("--warmup", p.get("--warmup", "3"), 0);
+  const uint64_t seed = p.flag("--seed") ? uint64_t(to_int("--seed", p.get("--seed"), 0)) : 0;
+  std::printf("%s on %s, %s; end to end (inputs in, outputs copied out), %lld iterations each\n",
+              p.model.c_str(), device_name(device), model.report().summary().c_str(),
+              (long long)iters);
+  for (const int64_t batch : sizes) {
+    std::map<std::string, Tensor> inputs;
+    for (const std::string& name : g.inputs) {
+      Shape shape = g.value(name).shape;
+      if (shape.empty()) fail("--batch: input '{}' is a scalar", name);
+      shape[0] = batch;
+      inputs[name] = Tensor::randn(shape, hash_string(name, seed)).to(device);
+    }
+    const std::vector<double> times = time_runs([&] { model.run(inputs); }, warmup, iters);
+    const double median = times[times.size() / 2];
+    std::printf(
+        "  batch %-5lld median %9.3f ms  min %9.3f ms  %10.1f images/s  activations "
+        "%.1f MiB\n",
+        (long long)batch, median, times.front(), 1000.0 * double(batch) / median,
+        double(memory_use(*model.plan(batch)).activations) / double(1 << 20));
+  }
+  return 0;
+}
+
 int cmd_bench(const Parsed& p) {
+  if (const std::vector<int64_t> sizes = batches(p); sizes.size() > 1) return bench_sweep(p, sizes);
   Graph g = load(p);
   Device device = resolve_device(p.get("--device", "auto"));
   Compiled c = compile_for(p, std::move(g), device);
@@ -298,19 +368,9 @@ int cmd_bench(const Parsed& p) {
   auto backend = make_backend(device);
   Executor ex(c.plan, *backend);
   for (auto& [name, t] : inputs) t = t.to(device);
-  for (int64_t i = 0; i < warmup; ++i) {
-    ex.run(inputs);
-    progress("warm-up", size_t(i + 1), size_t(warmup));
-  }
-  std::vector<double> times;
-  for (int64_t i = 0; i < iters; ++i) {
-    auto t0 = Clock::now();
-    ex.run(inputs);
-    times.push_back(ms_since(t0));
-    progress("iteration", size_t(i + 1), size_t(iters));
-  }
-  std::sort(times.begin(), times.end());
+  const std::vector<double> times = time_runs([&] { ex.run(inputs); }, warmup, iters);
   std::printf("%s on %s, %s\n", p.model.c_str(), device_name(device), c.report.summary().c_str());
+  std::printf("memory: %s\n", memory_use(c.plan).summary().c_str());
   std::printf("end to end: median %.3f ms, min %.3f ms, max %.3f ms over %lld iterations\n",
               times[times.size() / 2], times.front(), times.back(), (long long)times.size());
   if (ex.replaying()) {

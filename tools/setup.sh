@@ -6,8 +6,9 @@
 #   tools/setup.sh demo   build, then run the demo model (dumps before/after fusion, kernels,
 #                         outputs, time) on the GPU if there is one, else on the CPU
 #   tools/setup.sh test   build, then run every test: the CPU and GPU suites (GPU tests show as
-#                         skipped without a device), tools/zoo.py's unit tests, the ASan+UBSan
-#                         CPU suite and a fuzz smoke run
+#                         skipped without a device), tools/zoo.py's unit tests, examples/hello
+#                         against the installed package, the ASan+UBSan CPU suite and a fuzz
+#                         smoke run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,6 +74,16 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 
 step "tools: the zoo harness's own tests (no PyTorch needed)"
 python3 tools/test_zoo.py
+
+step "installed package: examples/hello built against it with find_package(epilog)"
+start=$SECONDS
+prefix=$(mktemp -d)
+trap 'rm -rf "$prefix"' EXIT
+cmake --install build --prefix "$prefix" >/dev/null
+cmake -S examples/hello -B "$prefix/build-hello" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$prefix/build-hello"
+"$prefix/build-hello/hello" models/demo_conv_bn_silu.json cpu
+echo "installed, built and ran in $((SECONDS - start)) s"
 
 step "ASan + UBSan build of the CPU suite (build-asan/)"
 start=$SECONDS

@@ -27,10 +27,22 @@ struct Storage {
   }
 };
 
+// What a device allocator throws when the device has not the bytes asked for (after releasing
+// what it caches): how many were asked for, how many were free and how many the device has (0
+// where unknown). The executor rethrows it naming what the bytes were for.
+class OutOfMemory : public Error {
+ public:
+  OutOfMemory(const std::string& message, size_t bytes, size_t free, size_t total)
+      : Error(message), bytes(bytes), free(free), total(total) {}
+  size_t bytes, free, total;
+};
+
 // Device allocators register here; the CPU one is built in. Allocating on a device nobody
 // registered (a CPU-only build asked for CUDA) is an error naming the device.
 using AllocFn = std::shared_ptr<Storage> (*)(size_t bytes);
 void register_allocator(Device device, AllocFn alloc);
+// The one registered for `device` (null where none): tests wrap it.
+AllocFn registered_allocator(Device device);
 
 class Tensor {
  public:

@@ -48,9 +48,12 @@ class DeviceCache {
 
   // 512-byte steps up to 1 MiB keep small tensors tight; powers of two above that bound the
   // number of distinct sizes (and so the memory parked in free lists) for large activations.
+  // Above 64 MiB (an executor's activation arena, made once) 2 MiB steps: a power of two would
+  // waste up to half of it.
   static size_t bucket(size_t bytes) {
-    constexpr size_t kSmall = 512, kLarge = size_t(1) << 20;
+    constexpr size_t kSmall = 512, kLarge = size_t(1) << 20, kHuge = size_t(64) << 20;
     if (bytes <= kLarge) return bytes == 0 ? kSmall : (bytes + kSmall - 1) / kSmall * kSmall;
+    if (bytes > kHuge) return (bytes + 2 * kLarge - 1) / (2 * kLarge) * (2 * kLarge);
     size_t b = kLarge;
     while (b < bytes) b <<= 1;
     return b;
@@ -92,6 +95,15 @@ class DeviceCache {
     // Out of memory, perhaps only because blocks of other sizes sit in the free lists.
     const size_t released = trim();
     const cudaError_t err = cudaMalloc(&p, size);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free = 0, total = 0;
+      if (cudaMemGetInfo(&free, &total) != cudaSuccess) cudaGetLastError();
+      throw OutOfMemory(fmt::format("CUDA error: cudaMalloc of {} bytes failed: {} ({} bytes free "
+                                    "of {}, after releasing {} cached bytes)",
+                                    size, cudaGetErrorString(err), free, total, released),
+                        size, free, total);
+    }
     if (err != cudaSuccess) {
       cudaGetLastError();
       fail("CUDA error: cudaMalloc of {} bytes failed: {} (after releasing {} cached bytes)", size,
@@ -595,7 +607,12 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+namespace detail {
+void count_cuda_probe();  // src/runtime/executor.cpp
+}  // namespace detail
+
 bool cuda_available() {
+  detail::count_cuda_probe();
   static const bool available = [] {
     int count = 0;
     // cudaFree(nullptr) creates the context: a device that is present but unusable (busy,

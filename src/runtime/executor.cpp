@@ -1,60 +1,73 @@
 #include "epilog/runtime/executor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <set>
 
 namespace epilog {
+
+namespace {
+std::atomic<int> cuda_probe_count{0};
+}  // namespace
+
+namespace detail {
+void count_cuda_probe() {
+  ++cuda_probe_count;
+}
+}  // namespace detail
+
+int cuda_probes() {
+  return cuda_probe_count;
+}
 
 #ifndef EPILOG_HAVE_CUDA
 std::unique_ptr<Backend> make_cuda_backend() {
   return nullptr;
 }
 bool cuda_available() {
+  detail::count_cuda_probe();
   return false;
 }
 std::optional<DeviceProfile> cuda_device_profile() {
+  cuda_available();
   return std::nullopt;
 }
 #endif
 
-Executor::Executor(Plan plan, Backend& backend) : plan_(std::move(plan)), backend_(backend) {
-  verify(graph_, "executor");
-  if (plan_.device != backend_.device() || plan_.nodes.size() != graph_.nodes.size())
+Executor::Executor(Plan plan, Backend& backend,
+                   std::shared_ptr<const std::map<std::string, Tensor>> weights)
+    : plan_(std::move(plan)), backend_(backend), weights_(std::move(weights)) {
+  verify(graph(), "executor");
+  if (plan_.device != backend_.device() || plan_.nodes.size() != graph().nodes.size())
     fail("executor: the plan was lowered for {}, the backend runs on {}", device_name(plan_.device),
          device_name(backend_.device()));
-  for (const auto& [name, w] : graph_.weights) weights_[name] = w.data.to(backend_.device());
-  for (NodePlan& np : plan_.nodes)
-    if (np.packed.defined()) np.packed = np.packed.to(backend_.device());
+  if (!weights_) {
+    auto uploaded = std::make_shared<std::map<std::string, Tensor>>();
+    for (const auto& [name, w] : graph().weights)
+      (*uploaded)[name] = upload(w.data, fmt::format("weight '{}'", name));
+    weights_ = std::move(uploaded);
+  }
+  for (size_t i = 0; i < plan_.nodes.size(); ++i)
+    if (plan_.nodes[i].packed.defined())
+      plan_.nodes[i].packed = upload(
+          plan_.nodes[i].packed, fmt::format("the packed weights of '{}'", graph().nodes[i].name));
   in_place_on_ = plan_.in_place;
   in_place_ = plan_in_place(plan_);
-  // The node named `name` where copy avoidance folds it, else -1.
-  const auto folded_at = [&](const std::string& name) {
-    const Node* n = graph_.find_node(name);
-    const int at = n ? int(n - graph_.nodes.data()) : -1;
-    return at >= 0 && in_place_.folded[size_t(at)] ? at : -1;
-  };
-  fold_of_.assign(graph_.nodes.size(), -1);
-  pair_of_.assign(graph_.nodes.size(), -1);
-  chain_of_.assign(graph_.nodes.size(), -1);
-  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
-    if (plan_.nodes[i].up) fold_of_[i] = folded_at(plan_.nodes[i].up->node);
-    if (plan_.nodes[i].pre) pair_of_[i] = folded_at(plan_.nodes[i].pre->node);
-    if (plan_.nodes[i].post) chain_of_[i] = folded_at(plan_.nodes[i].post->node);
-  }
+  share_memory_ = plan_.share_memory;
   // Free each intermediate right after its last reader (a conv that reads through a folded
   // upsampling reads its source, a conv pair the folded conv's input).
   std::map<std::string, size_t> last_use;
-  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
-    for (const std::string& in : graph_.nodes[i].inputs) last_use[in] = i;
-    if (fold_of_[i] >= 0) last_use[plan_.nodes[i].up->source] = i;
-    if (pair_of_[i] >= 0)
-      for (const std::string& in : graph_.nodes[size_t(pair_of_[i])].inputs) last_use[in] = i;
-    for (const std::string& out : graph_.nodes[i].outputs) last_use.emplace(out, i);
+  for (size_t i = 0; i < graph().nodes.size(); ++i) {
+    for (const std::string& in : graph().nodes[i].inputs) last_use[in] = i;
+    if (in_place_.up[i] >= 0) last_use[plan_.nodes[i].up->source] = i;
+    if (in_place_.pre[i] >= 0)
+      for (const std::string& in : graph().nodes[size_t(in_place_.pre[i])].inputs) last_use[in] = i;
+    for (const std::string& out : graph().nodes[i].outputs) last_use.emplace(out, i);
   }
-  release_after_.resize(graph_.nodes.size());
+  release_after_.resize(graph().nodes.size());
   for (const auto& [value, i] : last_use)
-    if (!graph_.is_output(value) && !graph_.is_weight(value) && !graph_.is_input(value))
+    if (!graph().is_output(value) && !graph().is_weight(value) && !graph().is_input(value))
       release_after_[i].push_back(value);
 }
 
@@ -141,6 +154,7 @@ InPlacePlan plan_in_place(const Graph& g) {
     auto [base, offset] = owner(node.inputs[0]);
     for (const std::string& out : node.outputs) {
       alias[out] = {base, offset};
+      plan.base[out] = base;
       offset += item_count(g.value(out).shape);
     }
   }
@@ -202,6 +216,20 @@ InPlacePlan plan_in_place(const Plan& plan) {
     const std::vector<int>& readers = uses.consumers(g.nodes[i].outputs[0]);
     ip.folded[i] = readers.size() == 1 && ip.concat[size_t(readers[0])];
   }
+  // The node named `name` where copy avoidance folds it, else -1.
+  const auto folded_at = [&](const std::string& name) {
+    const Node* n = g.find_node(name);
+    const int at = n ? int(n - g.nodes.data()) : -1;
+    return at >= 0 && ip.folded[size_t(at)] ? at : -1;
+  };
+  ip.up.assign(g.nodes.size(), -1);
+  ip.pre.assign(g.nodes.size(), -1);
+  ip.post.assign(g.nodes.size(), -1);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (plan.nodes[i].up) ip.up[i] = folded_at(plan.nodes[i].up->node);
+    if (plan.nodes[i].pre) ip.pre[i] = folded_at(plan.nodes[i].pre->node);
+    if (plan.nodes[i].post) ip.post[i] = folded_at(plan.nodes[i].post->node);
+  }
   return ip;
 }
 
@@ -216,36 +244,44 @@ std::vector<bool> in_place_mask(const Plan& plan) {
 std::vector<std::string> Executor::in_place_nodes() const {
   std::vector<std::string> out;
   if (!in_place_on_) return out;
-  for (size_t i = 0; i < graph_.nodes.size(); ++i)
-    if (in_place_.no_kernel(i)) out.push_back(graph_.nodes[i].name);
+  for (size_t i = 0; i < graph().nodes.size(); ++i)
+    if (in_place_.no_kernel(i)) out.push_back(graph().nodes[i].name);
   return out;
 }
 
 std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>& inputs) {
   for (const auto& [name, t] : inputs) {
-    if (!graph_.is_input(name))
+    if (!graph().is_input(name))
       fail("run: '{}' is not an input of the graph (inputs: {})", name,
-           fmt::join(graph_.inputs, ", "));
-    const Shape& want = graph_.value(name).shape;
+           fmt::join(graph().inputs, ", "));
+    const Shape& want = graph().value(name).shape;
     if (t.shape() != want)
       fail("run: input '{}' has shape {}, the graph expects {}", name, shape_str(t.shape()),
            shape_str(want));
     if (t.dtype() != DType::F32)
       fail("run: input '{}' is {}, expected f32", name, dtype_name(t.dtype()));
   }
-  for (const std::string& name : graph_.inputs)
+  for (const std::string& name : graph().inputs)
     if (!inputs.count(name)) fail("run: input '{}' was not given", name);
 
+  if (share_memory_ && !memory_) {
+    auto mp = std::make_unique<MemoryPlan>(plan_memory(plan_, in_place_, in_place_on_));
+    arena_ =
+        allocate({int64_t(mp->arena_bytes / sizeof(float))},
+                 fmt::format("the activations ({} values sharing one arena)", mp->blocks.size()));
+    memory_ = std::move(mp);
+  }
+  if (!share_memory_) arena_ = Tensor();
   timings_.clear();
   std::map<std::string, Tensor> env;
   const bool record = recording_on_ && !profile_ && backend_.can_record();
   if (!record) {
-    for (const auto& [name, t] : inputs) env[name] = t.to(backend_.device());
+    for (const auto& [name, t] : inputs) env[name] = upload(t, fmt::format("input '{}'", name));
     execute(env, false);
   } else {
     for (const auto& [name, t] : inputs) {
       Tensor& buffer = buffers_[name];
-      if (!buffer.defined()) buffer = Tensor::empty(t.shape(), DType::F32, backend_.device());
+      if (!buffer.defined()) buffer = allocate(t.shape(), fmt::format("input '{}'", name));
       buffer.copy_from(t);
     }
     if (recording_) {
@@ -260,9 +296,9 @@ std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>&
   }
   backend_.synchronize();
   std::map<std::string, Tensor> result;
-  for (const std::string& out : graph_.outputs) {
-    auto w = weights_.find(out);
-    result[out] = w != weights_.end() ? w->second : env.at(out);
+  for (const std::string& out : graph().outputs) {
+    auto w = weights_->find(out);
+    result[out] = w != weights_->end() ? w->second : env.at(out);
   }
   return result;
 }
@@ -273,29 +309,69 @@ void Executor::replay() {
   backend_.synchronize();
 }
 
+Tensor Executor::allocate(const std::string& name) {
+  const Shape& shape = graph().value(name).shape;
+  if (memory_) {
+    auto b = memory_->blocks.find(name);
+    if (b != memory_->blocks.end()) {
+      const int64_t at = int64_t(b->second.offset / sizeof(float));
+      return arena_.slice(at, at + shape_numel(shape)).reshape(shape);
+    }
+  }
+  return allocate(shape, fmt::format("value '{}'", name));
+}
+
+Tensor Executor::upload(const Tensor& t, const std::string& what) const {
+  if (t.device() == backend_.device()) return t;
+  Tensor d = allocate(t.shape(), what);
+  d.copy_from(t);
+  return d;
+}
+
+Tensor Executor::allocate(const Shape& shape, const std::string& what) const {
+  try {
+    return Tensor::empty(shape, DType::F32, backend_.device());
+  } catch (const OutOfMemory& e) {
+    const auto mib = [](size_t bytes) { return double(bytes) / double(1 << 20); };
+    const Graph& g = graph();
+    const std::string batch = g.inputs.empty() || g.value(g.inputs[0]).shape.empty()
+                                  ? std::string("a smaller input")
+                                  : fmt::format("a batch under {}", g.value(g.inputs[0]).shape[0]);
+    throw OutOfMemory(
+        fmt::format("executor: out of {} memory allocating {}: {:.1f} MiB needed, {:.1f} MiB free "
+                    "of {:.1f} MiB (the model's weights {:.1f} MiB, its activations {:.1f} MiB at "
+                    "peak); {} needs less ({})",
+                    device_name(backend_.device()), what, mib(e.bytes), mib(e.free), mib(e.total),
+                    mib(memory_use(plan_).weights), mib(memory_use(plan_).activations), batch,
+                    e.what()),
+        e.bytes, e.free, e.total);
+  }
+}
+
 void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
   using Clock = std::chrono::steady_clock;
   const auto value = [&](const std::string& name) {
-    auto w = weights_.find(name);
-    return w != weights_.end() ? w->second : env.at(name);
+    auto w = weights_->find(name);
+    return w != weights_->end() ? w->second : env.at(name);
   };
-  for (size_t i = 0; i < graph_.nodes.size(); ++i) {
-    const Node& node = graph_.nodes[i];
+  for (size_t i = 0; i < graph().nodes.size(); ++i) {
+    const Node& node = graph().nodes[i];
     if (in_place_on_ && in_place_.folded[i] && node.op == OpKind::FusedConv2d) {
       // A conv whose work a neighbour's kernel does (a conv pair or chain): nothing runs here.
       if (profile_) timings_.push_back({node.name, node.op, 0.0});
-      if (progress_) progress_(i + 1, graph_.nodes.size());
+      if (progress_) progress_(i + 1, graph().nodes.size());
       continue;
     }
     std::vector<Tensor> ins;
     const Node* first =
-        in_place_on_ && pair_of_[i] >= 0 ? &graph_.nodes[size_t(pair_of_[i])] : nullptr;
+        in_place_on_ && in_place_.pre[i] >= 0 ? &graph().nodes[size_t(in_place_.pre[i])] : nullptr;
     for (const std::string& in : node.inputs)
       ins.push_back(first && in == first->outputs[0] ? value(first->inputs[0]) : value(in));
     // A folded conv's weight, scale and shift follow (FoldedConv): for a pair its input took its
     // output's place; a chain makes the 1x1's outputs instead of its own.
-    const Node* second =
-        in_place_on_ && chain_of_[i] >= 0 ? &graph_.nodes[size_t(chain_of_[i])] : nullptr;
+    const Node* second = in_place_on_ && in_place_.post[i] >= 0
+                             ? &graph().nodes[size_t(in_place_.post[i])]
+                             : nullptr;
     for (const Node* f : {first, second})
       if (f)
         for (size_t j = 1; j < f->inputs.size(); ++j) ins.push_back(value(f->inputs[j]));
@@ -303,22 +379,20 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     const bool view = in_place_on_ && in_place_.view[i];
     const bool in_place = in_place_on_ && in_place_.concat[i];
     const bool folded = in_place_on_ && in_place_.folded[i];
-    if (in_place_on_ && fold_of_[i] >= 0) ins.push_back(env.at(plan_.nodes[i].up->source));
+    if (in_place_on_ && in_place_.up[i] >= 0) ins.push_back(env.at(plan_.nodes[i].up->source));
     // A kernel's output: kept from the recording run, made by a chain's first pool, or made.
     const auto output = [&](const std::string& out, bool made) {
-      const Shape& shape = graph_.value(out).shape;
+      const Shape& shape = graph().value(out).shape;
       auto kept = env.find(out);
       auto slot = in_place_.slots.find(out);
       if ((keep || made) && kept != env.end()) return kept->second;
       if (in_place_on_ && slot != in_place_.slots.end()) {
         // The first value made for a concat allocates its buffer.
         Tensor& buffer = env[slot->second.buffer];
-        if (!buffer.defined())
-          buffer =
-              Tensor::empty(graph_.value(slot->second.buffer).shape, DType::F32, backend_.device());
+        if (!buffer.defined()) buffer = allocate(slot->second.buffer);
         return buffer.part(slot->second.offset, shape);
       }
-      return Tensor::empty(shape, DType::F32, backend_.device());
+      return allocate(out);
     };
     std::vector<Tensor> outs;
     for (const std::string& out : out_names) {
@@ -332,19 +406,19 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     // The first pool of a chain makes the outputs of the ones after it.
     if (in_place_on_)
       for (const std::string& next : plan_.nodes[i].chain) {
-        const std::string& out = graph_.find_node(next)->outputs[0];
+        const std::string& out = graph().find_node(next)->outputs[0];
         outs.push_back(env[out] = output(out, false));
       }
     auto t0 = Clock::now();
     if (view) {
       int64_t offset = 0;
       for (size_t j = 0; j < outs.size(); ++j) {
-        const Shape& shape = graph_.value(node.outputs[j]).shape;
+        const Shape& shape = graph().value(node.outputs[j]).shape;
         outs[j] = ins[0].part(offset, shape);
         offset += item_count(shape);
       }
     } else if (!in_place && !folded) {
-      if (!takes_strided(graph_, node))
+      if (!takes_strided(graph(), node))
         for (const std::vector<Tensor>* ts : {&ins, &outs})
           for (const Tensor& t : *ts)
             if (!t.contiguous())
@@ -360,7 +434,7 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     for (size_t j = 0; j < out_names.size(); ++j) env[out_names[j]] = std::move(outs[j]);
     if (!keep)
       for (const std::string& dead : release_after_[i]) env.erase(dead);
-    if (progress_) progress_(i + 1, graph_.nodes.size());
+    if (progress_) progress_(i + 1, graph().nodes.size());
   }
 }
 

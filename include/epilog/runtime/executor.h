@@ -43,7 +43,11 @@ class Backend {
 std::unique_ptr<Backend> make_cpu_backend();
 // Null when this build or machine has no CUDA device.
 std::unique_ptr<Backend> make_cuda_backend();
+// Asks the CUDA runtime for a usable device once (later calls answer from memory).
 bool cuda_available();
+// How often this process called cuda_available (so also cuda_device_profile and
+// make_cuda_backend): tests check that compiling for the CPU asks nothing of CUDA.
+int cuda_probes();
 // The local GPU's name and SM count; nullopt without one.
 std::optional<DeviceProfile> cuda_device_profile();
 
@@ -57,10 +61,15 @@ struct InPlacePlan {
   };
   std::vector<bool> view;
   std::vector<bool> concat;
+  std::map<std::string, std::string> base;  // each split part made a view: the value it is part of
   // The nodes whose work another does (NodePlan::folded_into): the upsamplings folded into a
   // conv's loads whose concat runs in place (nothing reads what they would write) and the
   // chained max-pools (empty from the Graph form).
   std::vector<bool> folded;
+  // By node, the node folded into it, or -1 (empty from the Graph form): the upsampling a conv
+  // reads through (NodePlan::up), the conv before it whose input it reads (NodePlan::pre), the
+  // 1x1 conv it runs on its accumulators (NodePlan::post).
+  std::vector<int> up, pre, post;
   std::map<std::string, Slot> slots;
   // Whether node i runs without a kernel: a view, an in-place concat or a folded node.
   bool no_kernel(size_t i) const {
@@ -73,6 +82,37 @@ InPlacePlan plan_in_place(const Plan& plan);
 // upsampling; none when plan.in_place is off): what explain marks.
 std::vector<bool> in_place_mask(const Plan& plan);
 
+// Where the executor keeps the activations while sharing memory (Executor::set_memory_plan):
+// every value that owns storage (a kernel's output, an in-place concat's buffer) is live from the
+// first node that makes it or a value stored in it to the last node that reads one, and takes
+// bytes of one arena that no value live at the same time takes. Views (split parts, concat slots)
+// lie in their owner's bytes. Graph inputs, weights and the owners of graph outputs stay out of
+// the arena (a caller keeps the outputs). Planned once, the same for every run, so the pointers
+// a CUDA graph recorded stay valid across replays.
+struct MemoryPlan {
+  static constexpr size_t kAlign = 256;  // bytes: cudaMalloc's alignment, enough for TMA
+  struct Block {
+    size_t offset = 0, bytes = 0;  // in the arena; bytes rounded up to kAlign
+    size_t first = 0, last = 0;    // the nodes that first make and last read it (inclusive)
+  };
+  std::map<std::string, Block> blocks;  // by owning value
+  size_t arena_bytes = 0;               // the peak: the end of the highest block
+  size_t unshared_bytes = 0;            // the blocks' bytes summed: what no sharing takes
+  size_t outside_bytes = 0;             // the owners of graph inputs and outputs
+};
+// `in_place`: with the executor's copy avoidance on (ip's views, slots and folds) or off.
+MemoryPlan plan_memory(const Plan& plan, const InPlacePlan& ip, bool in_place);
+
+// A plan's device memory, in bytes: its weights (with their packed copies), its activations at
+// peak (Plan::share_memory; else all of them at once, as the executor keeps them without
+// sharing), what they would take unshared, its inputs and outputs, and the kernels' scratch
+// space (none of them takes any today).
+struct MemoryUse {
+  size_t weights = 0, activations = 0, unshared = 0, inputs_outputs = 0, workspace = 0;
+  std::string summary() const;  // in MiB
+};
+MemoryUse memory_use(const Plan& plan);
+
 struct NodeTiming {
   std::string node;
   OpKind op;
@@ -82,13 +122,22 @@ struct NodeTiming {
 class Executor {
  public:
   // Copies weights to the backend's device once. The plan must be lowered for that device.
-  Executor(Plan plan, Backend& backend);
+  // Out of device memory here or in run(), throws OutOfMemory naming what was being allocated;
+  // what was allocated is released, so that a smaller batch can run after it.
+  // `weights`: the graph's weights already on the backend's device, shared with other
+  // executors (a Model's); null: uploaded here.
+  Executor(Plan plan, Backend& backend,
+           std::shared_ptr<const std::map<std::string, Tensor>> weights = nullptr);
+  // The weights on the device, to share with another executor of the same graph's weights.
+  std::shared_ptr<const std::map<std::string, Tensor>> weights() const { return weights_; }
 
   // Inputs by name (on any device; checked against the graph's shapes). Outputs come back on
   // the backend's device. With recording on (the default) and a backend that can record, the
-  // first run keeps every intermediate and records the launches, and later runs replay the
-  // recording: then the returned outputs share the executor's buffers and hold until the next
-  // run(). Without recording, intermediates are freed after their last reader.
+  // first run keeps every intermediate where it made it and records the launches, and later
+  // runs replay the recording: then the returned outputs share the executor's buffers and hold
+  // until the next run(). Without recording, the outputs own their memory. Either way the
+  // intermediates share the memory plan's arena (set_memory_plan); with it off, each has a
+  // buffer of its own, kept while recording, else freed after its last reader.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
   void set_recording(bool on) { recording_on_ = on; }
   bool replaying() const { return recording_ != nullptr; }
@@ -115,19 +164,28 @@ class Executor {
   // a conv folded into the next one's loads (FoldedConv): that one's kernel reads its input,
   // nor a 1x1 conv run on the accumulators of the conv before it (a conv chain).
   // Starts as the plan says (Plan::in_place; EPILOG_DISABLE_IN_PLACE=1 turns it off).
-  void set_in_place(bool on) { in_place_on_ = on; }
+  void set_in_place(bool on) {
+    in_place_on_ = on;
+    memory_.reset();
+  }
+  // Activations share one arena by liveness (plan_memory; on by default, off for A/B
+  // comparisons, before the first run): planned and allocated on the first run. Starts as the
+  // plan says (Plan::share_memory; EPILOG_DISABLE_MEMORY_PLAN=1 turns it off).
+  void set_memory_plan(bool on) {
+    share_memory_ = on;
+    memory_.reset();
+  }
+  // The plan the executor follows; null before the first run or with sharing off.
+  const MemoryPlan* memory_plan() const { return memory_.get(); }
   // The nodes that run as views, in place or folded (node order); none when it is off.
   std::vector<std::string> in_place_nodes() const;
 
  private:
+  // No member refers into another: an executor may be moved (kept in a growing vector).
   Plan plan_;
-  const Graph& graph_ = plan_.graph;
   Backend& backend_;
-  std::map<std::string, Tensor> weights_;                // on the backend's device
-  std::vector<std::vector<std::string>> release_after_;  // values dead after node i
-  std::vector<int> fold_of_;  // by node: the upsampling a conv reads through (NodePlan::up), or -1
-  std::vector<int> pair_of_;  // by node: the conv folded into a conv's loads (NodePlan::pre), or -1
-  std::vector<int> chain_of_;  // by node: the 1x1 run on a conv's tiles (NodePlan::post), or -1
+  std::shared_ptr<const std::map<std::string, Tensor>> weights_;  // on the backend's device
+  std::vector<std::vector<std::string>> release_after_;           // values dead after node i
   bool profile_ = false;
   std::vector<NodeTiming> timings_;
   std::function<void(size_t, size_t)> progress_;
@@ -136,6 +194,17 @@ class Executor {
   std::unique_ptr<Backend::Recording> recording_;
   bool in_place_on_ = true;
   InPlacePlan in_place_;
+  bool share_memory_ = true;
+  std::unique_ptr<MemoryPlan> memory_;
+  Tensor arena_;  // memory_'s blocks, on the backend's device
+
+  // A fresh tensor for value `name`: its block of the arena where the memory plan has one.
+  Tensor allocate(const std::string& name);
+  // Allocates a tensor of `shape` for `what`; out of device memory, throws OutOfMemory saying
+  // what, how much it needed, how much was free, and that a smaller batch needs less.
+  Tensor allocate(const Shape& shape, const std::string& what) const;
+  // `t` on the backend's device (itself where it is there), allocated as allocate() does.
+  Tensor upload(const Tensor& t, const std::string& what) const;
 
   // Runs every node; `keep` keeps all values in env (and reuses the buffers found there).
   void execute(std::map<std::string, Tensor>& env, bool keep);

@@ -72,6 +72,7 @@ struct Plan {
   Device device = Device::CPU;
   std::vector<NodePlan> nodes;  // parallel to graph.nodes
   bool in_place = true;         // the executor starts with its copy avoidance on or off
+  bool share_memory = true;     // and with its activations sharing memory (plan_memory) or not
 };
 
 }  // namespace epilog
