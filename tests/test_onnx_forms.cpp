@@ -821,4 +821,31 @@ TEST_CASE("onnx forms: bilinear Resize to sizes, batched MatMul, ReduceSum and R
   }
 }
 
+TEST_CASE("onnx forms: ConvTranspose with pads, output_padding and output_shape", "[onnx]") {
+  const Tensor x = Tensor::randn({1, 4, 5, 5}, 2);
+  Model m(17);
+  m.input("x", {1, 4, 5, 5});
+  m.random("w", {4, 3, 3, 3}, 1);
+  auto& n = m.node("ConvTranspose", {"x", "w"}, {"y"}, "up");
+  set_ints(n, "strides", {2, 2});
+  set_ints(n, "pads", {1, 1, 1, 1});
+  set_ints(n, "output_padding", {1, 1});
+  m.output("y");
+  const Graph g = m.load();
+  REQUIRE(count(g, OpKind::ConvTranspose2d) == 1);
+  CHECK(g.value("y").shape == Shape{1, 3, 10, 10});
+  const Tensor want = run1(g, x);
+  // The same output asked for by output_shape: pads 1 before and 1 after, as given above
+  // (output_padding 1 stays).
+  Model s(17);
+  s.input("x", {1, 4, 5, 5});
+  s.random("w", {4, 3, 3, 3}, 1);
+  auto& sn = s.node("ConvTranspose", {"x", "w"}, {"y"}, "up");
+  set_ints(sn, "strides", {2, 2});
+  set_ints(sn, "output_padding", {1, 1});
+  set_ints(sn, "output_shape", {10, 10});
+  s.output("y");
+  CHECK(test::bit_equal(run1(s.load(), x), want));
+}
+
 #endif  // EPILOG_HAVE_ONNX

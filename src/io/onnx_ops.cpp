@@ -3,6 +3,8 @@
 //
 // ONNX op                  -> epilog
 // Conv                     -> conv2d (auto_pad resolved to explicit padding; 4-D input only)
+// ConvTranspose            -> conv_transpose2d (4-D; padding from pads, auto_pad or
+//                             output_shape)
 // BatchNormalization       -> batchnorm (inference form only)
 // LayerNormalization, GroupNormalization, InstanceNormalization -> layer_norm, group_norm,
 //                             instance_norm (constant scales and biases that broadcast, or per
@@ -432,19 +434,30 @@ void op_mean(Importer& im) {
 
 // -- handlers: convolution and normalization --
 
+// Conv's and ConvTranspose's x and weight, both 4-D, and the weight's kernel_shape checked.
+struct ConvOperands {
+  std::string x, w;
+  Shape xs, ws;
+};
+ConvOperands conv_operands(Importer& im) {
+  im.arity(2, 3);
+  ConvOperands c{im.dyn(0), im.dyn(1), {}, {}};
+  c.xs = im.value_shape(c.x);
+  c.ws = im.value_shape(c.w);
+  if (c.xs.size() != 4)
+    im.unsupported("input '{}' has shape {}: epilog imports 2-D convolutions (NCHW input) only",
+                   im.in_name(0), shape_str(c.xs));
+  if (c.ws.size() != 4)
+    im.bad("weight '{}' has shape {}, expected 4 dims", im.in_name(1), shape_str(c.ws));
+  if (auto k = im.attr_ints("kernel_shape"))
+    if (*k != std::vector<int64_t>{c.ws[2], c.ws[3]})
+      im.bad_attr("kernel_shape", "is {} but the weight is {}", shape_str(*k), shape_str(c.ws));
+  return c;
+}
+
 void op_conv(Importer& im) {
   im.allow({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"});
-  im.arity(2, 3);
-  std::string x = im.dyn(0), w = im.dyn(1);
-  const Shape xs = im.value_shape(x), ws = im.value_shape(w);
-  if (xs.size() != 4)
-    im.unsupported("input '{}' has shape {}: epilog imports 2-D convolutions (NCHW input) only",
-                   im.in_name(0), shape_str(xs));
-  if (ws.size() != 4)
-    im.bad("weight '{}' has shape {}, expected 4 dims", im.in_name(1), shape_str(ws));
-  if (auto k = im.attr_ints("kernel_shape"))
-    if (*k != std::vector<int64_t>{ws[2], ws[3]})
-      im.bad_attr("kernel_shape", "is {} but the weight is {}", shape_str(*k), shape_str(ws));
+  const auto [x, w, xs, ws] = conv_operands(im);
   std::vector<int64_t> stride = spatial(im, "strides", 1), dilation = spatial(im, "dilations", 1);
   int64_t group = im.attr_int("group", 1);
   if (group < 1 || group > kMaxDim) im.bad_attr("group", "{} is out of range", group);
@@ -456,6 +469,60 @@ void op_conv(Importer& im) {
       OpKind::Conv2d, ins,
       im.attrs({{"stride", stride}, {"padding", pad}, {"dilation", dilation}, {"groups", group}}),
       {im.out(0)});
+}
+
+// ConvTranspose: padding from 'pads', 'auto_pad' or 'output_shape' (the padding that gives it,
+// ONNX's rule for where the odd one goes).
+void op_conv_transpose(Importer& im) {
+  im.allow({"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape",
+            "pads", "strides"});
+  const auto [x, w, xs, ws] = conv_operands(im);
+  const std::vector<int64_t> stride = spatial(im, "strides", 1),
+                             dilation = spatial(im, "dilations", 1);
+  std::vector<int64_t> out_pad{0, 0};
+  if (auto p = im.attr_ints("output_padding")) {
+    if (p->size() != 2) im.bad_attr("output_padding", "has {} values, expected 2", p->size());
+    out_pad = *p;
+  }
+  const int64_t group = im.attr_int("group", 1);
+  if (group < 1 || group > kMaxDim) im.bad_attr("group", "{} is out of range", group);
+  const std::string mode = im.attr_string("auto_pad", "NOTSET");
+  auto out_shape = im.attr_ints("output_shape");
+  std::vector<int64_t> pad{0, 0, 0, 0};
+  if (out_shape || mode == "SAME_UPPER" || mode == "SAME_LOWER") {
+    if (out_shape && out_shape->size() != 2 && out_shape->size() != 4)
+      im.bad_attr("output_shape", "has {} values, expected 2 (H and W)", out_shape->size());
+    for (int d = 0; d < 2; ++d) {
+      const int64_t in = xs[size_t(2 + d)];
+      const int64_t want =
+          out_shape ? (*out_shape)[out_shape->size() - 2 + size_t(d)] : in * stride[size_t(d)];
+      const int64_t total = stride[size_t(d)] * (in - 1) + out_pad[size_t(d)] +
+                            (ws[size_t(2 + d)] - 1) * dilation[size_t(d)] + 1 - want;
+      if (total < 0)
+        im.unsupported("an output of {} along axis {} needs negative padding", want, 2 + d);
+      const bool upper = mode == "SAME_UPPER";
+      pad[size_t(d)] = upper ? total / 2 : total - total / 2;
+      pad[size_t(d + 2)] = total - pad[size_t(d)];
+    }
+  } else if (mode == "NOTSET") {
+    if (auto p = im.attr_ints("pads")) {
+      if (p->size() != 4) im.bad_attr("pads", "has {} values, expected 4", p->size());
+      for (int64_t v : *p)
+        if (v < 0) im.unsupported_attr("pads", "negative padding {} is not supported", v);
+      pad = *p;
+    }
+  } else if (mode != "VALID") {
+    im.bad_attr("auto_pad", "is '{}', expected NOTSET, SAME_UPPER, SAME_LOWER or VALID", mode);
+  }
+  std::vector<std::string> ins = {x, w};
+  if (im.has_in(2)) ins.push_back(im.dyn(2));
+  im.emit(OpKind::ConvTranspose2d, ins,
+          im.attrs({{"stride", stride},
+                    {"padding", pad},
+                    {"output_padding", out_pad},
+                    {"dilation", dilation},
+                    {"groups", group}}),
+          {im.out(0)});
 }
 
 void op_batchnorm(Importer& im) {
@@ -1470,6 +1537,7 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"Constant", op_constant},
       {"ConstantOfShape", op_constant_of_shape},
       {"Conv", op_conv},
+      {"ConvTranspose", op_conv_transpose},
       {"Div", op_div},
       {"Dropout", op_dropout},
       {"Elu", op_elu},
