@@ -672,7 +672,9 @@ Plan lower(Graph graph, const LowerOptions& options) {
     if (options.device == Device::CPU) {
       np.kernel = "cpu";
       np.rule = "CPU reference";
-    } else if (node.op == OpKind::FusedConv2d) {
+    } else if (node.op == OpKind::FusedConv2d || node.op == OpKind::Conv2d) {
+      // A conv2d left unfused (fusion off, or a bias computed at run time) takes the same
+      // kernels: scale 1, its bias the shift.
       ConvShape cs = conv_shape(graph, node);
       ConvChoice c = select_conv_kernel(cs, options.profile);
       if (options.force && conv_supports(*options.force, cs))

@@ -564,6 +564,32 @@ TEST_CASE("lowering: the wgmma k = 32 kernel's weights are packed in its layout"
   CHECK(nonzero == 72 * 360);
 }
 
+TEST_CASE("lowering: a conv2d left unfused takes the fused conv's kernel and tiles", "[lowering]") {
+  // One conv path: with fusion off (or a bias computed at run time) a conv2d still runs on the
+  // kernels the selector picks for its shape, never a kernel of its own.
+  Builder b(1);
+  Val x = b.input("x", {4, 32, 20, 20});
+  Val y = b.conv2d(x, "c1", ConvOpts(64, 3).padding(1).bias());
+  y = b.conv2d(y, "c2", ConvOpts(8, 1));
+  b.output(b.conv2d(y, "c3", ConvOpts(8, 3).groups(8).padding(1)));
+  Graph raw = b.build(), fused = raw;
+  optimize(fused);
+  LowerOptions cuda;
+  cuda.device = Device::CUDA;
+  const Plan p = lower(raw, cuda), q = lower(fused, cuda);
+  REQUIRE(p.nodes.size() == 3);
+  REQUIRE(q.nodes.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(p.graph.nodes[i].op == OpKind::Conv2d);
+    CHECK(q.graph.nodes[i].op == OpKind::FusedConv2d);
+    CHECK(p.nodes[i].kernel == q.nodes[i].kernel);
+    CHECK(p.nodes[i].rule == q.nodes[i].rule);
+    CHECK(p.nodes[i].tiles == q.nodes[i].tiles);
+  }
+  CHECK(p.nodes[0].kernel == "gemm");
+  CHECK(p.nodes[2].kernel == "scalar");
+}
+
 TEST_CASE("lowering: plans every node, honours a forced kernel, explains the choice",
           "[lowering]") {
   Builder b(1);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "epilog/graph/lowering.h"
+#include "test_acts.h"
 #include "epilog/runtime/executor.h"
 
 namespace epilog::test {
@@ -22,28 +23,6 @@ namespace epilog::test {
 inline std::string source_dir() {
   const char* dir = std::getenv("EPILOG_SOURCE_DIR");
   return dir && *dir ? dir : EPILOG_SOURCE_DIR;
-}
-
-// The activations a conv epilogue applies, each with parameters where it takes some; every one
-// has a slope of at most 1.5, so an error in its input grows by no more than that.
-inline const std::vector<Act>& epilogue_acts() {
-  static const std::vector<Act> acts = {Activation::None,
-                                        Activation::Silu,
-                                        Activation::Relu,
-                                        Activation::Sigmoid,
-                                        Act(Activation::Clip, 0.0f, 6.0f),
-                                        Act(Activation::LeakyRelu, 0.1f),
-                                        Act(Activation::HardSigmoid, 0.2f, 0.5f),
-                                        Activation::HardSwish,
-                                        Activation::Tanh,
-                                        Activation::Gelu,
-                                        Activation::GeluTanh,
-                                        Activation::Mish,
-                                        Activation::Softplus,
-                                        Act(Activation::Elu, 0.5f),
-                                        Activation::Neg,
-                                        Activation::Abs};
-  return acts;
 }
 
 inline std::string cli_path() {

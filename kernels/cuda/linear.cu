@@ -12,6 +12,14 @@
 //   ([k][row], padded a column against bank conflicts) and zero-filled past M, N and K, so the
 //   inner loop has no edge cases; each thread then does 4 x 4 FMAs per k from 8 shared loads.
 // Restrictions: N <= 65535 * kBN (grid.y), M * K, N * K and M * N below 2^63.
+//
+// At M <= kGemvRows (a batch of a few images through a classifier) the product is a stream of the
+// weights: each is used M times only, so the tiles above would leave most SMs idle waiting on
+// 64 columns each. linear_gemv_kernel instead gives each warp one row of w (one output column),
+// read once, 16 bytes a lane where k and the pointers allow, against all M rows of x (small,
+// from L1/L2); the warp sums its lanes with shuffles. Many warps in flight keep the weight
+// stream near memory bandwidth; the sums run over k in another order than the CPU's (lanes
+// strided, then a tree), within float32 rounding of it.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -81,11 +89,67 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int kGemvRows = 8;     // M up to this takes the GEMV path
+constexpr int kGemvWarps = 8;    // warps (output columns) per block
+
+template <bool Vec>
+__global__ void __launch_bounds__(32 * kGemvWarps)
+    linear_gemv_kernel(int m, int64_t n, int64_t k, const float* __restrict__ x,
+                       const float* __restrict__ w, const float* __restrict__ b,
+                       float* __restrict__ y) {
+  const int lane = threadIdx.x % 32;
+  const int64_t col = int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
+  if (col >= n) return;
+  const float* __restrict__ wr = w + col * k;
+  float acc[kGemvRows] = {};
+  if (Vec) {
+    // k % 4 == 0 and x, w 16-byte aligned: every row starts aligned.
+    const int64_t k4 = k / 4;
+    const float4* __restrict__ w4 = reinterpret_cast<const float4*>(wr);
+    for (int64_t i = lane; i < k4; i += 32) {
+      const float4 wv = __ldg(w4 + i);
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r) {
+        if (r >= m) break;
+        const float4 xv = __ldg(reinterpret_cast<const float4*>(x + r * k) + i);
+        acc[r] = fmaf(xv.x, wv.x, fmaf(xv.y, wv.y, fmaf(xv.z, wv.z, fmaf(xv.w, wv.w, acc[r]))));
+      }
+    }
+  } else {
+    for (int64_t i = lane; i < k; i += 32) {
+      const float wv = __ldg(wr + i);
+#pragma unroll
+      for (int r = 0; r < kGemvRows; ++r) {
+        if (r >= m) break;
+        acc[r] = fmaf(__ldg(x + r * k + i), wv, acc[r]);
+      }
+    }
+  }
+  const float bias = b ? __ldg(b + col) : 0.0f;
+#pragma unroll
+  for (int r = 0; r < kGemvRows; ++r) {
+    if (r >= m) break;
+    float v = acc[r];
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) y[r * n + col] = v + bias;
+  }
+}
+
 }  // namespace
 
 void linear(int64_t m, int64_t n, int64_t k, const float* x, const float* w, const float* b,
             float* y, Stream stream) {
   if (m == 0 || n == 0) return;
+  if (m <= kGemvRows) {
+    const int64_t blocks = (n + kGemvWarps - 1) / kGemvWarps;
+    EPILOG_CUDA_REQUIRE(blocks < (int64_t(1) << 31) && k >= 0);
+    const bool vec = k % 4 == 0 && detail::aligned16(x) && detail::aligned16(w);
+    const auto kernel = vec ? linear_gemv_kernel<true> : linear_gemv_kernel<false>;
+    kernel<<<unsigned(blocks), 32 * kGemvWarps, 0, stream>>>(int(m), n, k, x, w, b, y);
+    check_launch("linear (gemv)");
+    return;
+  }
   const int64_t tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + kBN - 1) / kBN;
   EPILOG_CUDA_REQUIRE(tiles_n <= 65535 && tiles_m < (int64_t(1) << 31) && k >= 0);
   // K == 0 runs too: the loop is empty and y becomes the bias (or zeros).

@@ -9,9 +9,7 @@
 // LayerNormalization, GroupNormalization, InstanceNormalization -> layer_norm, group_norm,
 //                             instance_norm (constant scales and biases that broadcast, or per
 //                             group in GroupNormalization-18, spread out at import)
-// Relu, Sigmoid, Tanh, HardSwish, Mish, Softplus, Exp, Erf, Sqrt, Reciprocal, Neg, Abs,
-// LeakyRelu, Elu, HardSigmoid, Gelu -> the activation op of the same name (Sigmoid * Mul
-//                             becomes silu in canonicalization); Pow by a constant -> pow
+// Relu, Sigmoid            -> relu, sigmoid (Sigmoid * Mul becomes silu in canonicalization)
 // Add, Mul, Sub, Div       -> add, mul, sub, div (legacy opset < 7 axis broadcasting on
 //                             constants too); Max, Min of one or more inputs -> a chain of
 //                             max, min
@@ -40,8 +38,11 @@
 // Gemm (alpha 1, transA 0) -> linear (+ add for a bias that is not per output feature)
 // MatMul [+ Add]           -> linear for a 2-D tensor by a constant matrix (transposed at import,
 //                             the bias of a following Add taken in); else matmul (batched)
-// Clip                     -> relu for min 0 and no max; nothing without bounds; else clip (min
-//                             and max: attributes before opset 11, inputs from 11)
+// Clip                     -> clip; relu for min 0 and no max; nothing without bounds (min and
+//                             max: attributes before opset 11, inputs from 11)
+// LeakyRelu, HardSigmoid, HardSwish, Tanh, Gelu, Mish, Softplus, Elu, Exp, Erf, Sqrt,
+// Reciprocal, Neg, Abs     -> the op of the same name (activations: a conv's epilogue takes them)
+// Pow                      -> pow, for a constant exponent of one value
 // Identity, Dropout (at inference, no mask), Cast and CastLike to float, Pad by zeros -> nothing
 //                             (the output names the input's value)
 // Constant, Shape, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
@@ -57,7 +58,6 @@
 #include <limits>
 #include <set>
 
-#include "epilog/graph/activation.h"
 #include "onnx_import.h"
 
 namespace epilog::onnx_import {
@@ -184,89 +184,71 @@ void op_sigmoid(Importer& im) {
   unary(im, OpKind::Sigmoid);
 }
 
-void op_tanh(Importer& im) {
-  unary(im, OpKind::Tanh);
-}
-void op_hardswish(Importer& im) {
-  unary(im, OpKind::HardSwish);
-}
-void op_mish(Importer& im) {
-  unary(im, OpKind::Mish);
-}
-void op_softplus(Importer& im) {
-  unary(im, OpKind::Softplus);
-}
-void op_exp(Importer& im) {
-  unary(im, OpKind::Exp);
-}
-void op_erf(Importer& im) {
-  unary(im, OpKind::Erf);
-}
-void op_sqrt(Importer& im) {
-  unary(im, OpKind::Sqrt);
-}
-void op_reciprocal(Importer& im) {
-  unary(im, OpKind::Reciprocal);
-}
-void op_neg(Importer& im) {
-  unary(im, OpKind::Neg);
-}
-void op_abs(Importer& im) {
-  unary(im, OpKind::Abs);
+// The pointwise activations (graph/activation.h): each ONNX op is one epilog op, its
+// parameters attributes of the same meaning.
+template <OpKind Kind>
+void op_activation(Importer& im) {
+  unary(im, Kind);
 }
 
-// Activations with parameters in attributes: alpha (LeakyRelu, Elu), alpha and beta
-// (HardSigmoid), approximate (Gelu, opset 20).
-void with_alpha(Importer& im, Activation kind, float fallback) {
-  im.allow({"alpha"});
+// An activation with float attributes: (onnx name, epilog name, ONNX default) each.
+struct FloatAttr {
+  const char* onnx;
+  const char* name;
+  float fallback;
+};
+// The caller allows the attributes (Importer::allow takes literals).
+void activation_with(Importer& im, OpKind kind, std::initializer_list<FloatAttr> attrs) {
   im.arity(1, 1);
-  const auto [op, attrs] = activation_op(Act(kind, im.attr_float("alpha", fallback)));
-  im.emit(op, {im.dyn(0)}, attrs, {im.out(0)});
+  Attrs given;
+  for (const FloatAttr& a : attrs) given.set(a.name, double(im.attr_float(a.onnx, a.fallback)));
+  im.emit(kind, {im.dyn(0)}, given, {im.out(0)});
 }
+
 void op_leaky_relu(Importer& im) {
-  with_alpha(im, Activation::LeakyRelu, 0.01f);
-}
-void op_elu(Importer& im) {
-  with_alpha(im, Activation::Elu, 1.0f);
+  im.allow({"alpha"});
+  activation_with(im, OpKind::LeakyRelu, {{"alpha", "alpha", 0.01f}});
 }
 
 void op_hardsigmoid(Importer& im) {
   im.allow({"alpha", "beta"});
-  im.arity(1, 1);
-  const auto [op, attrs] = activation_op(
-      Act(Activation::HardSigmoid, im.attr_float("alpha", 0.2f), im.attr_float("beta", 0.5f)));
-  im.emit(op, {im.dyn(0)}, attrs, {im.out(0)});
+  activation_with(im, OpKind::HardSigmoid, {{"alpha", "alpha", 0.2f}, {"beta", "beta", 0.5f}});
 }
 
+void op_elu(Importer& im) {
+  im.allow({"alpha"});
+  activation_with(im, OpKind::Elu, {{"alpha", "alpha", 1.0f}});
+}
+
+// Gelu (opset 20): approximate "none" (erf) or "tanh".
 void op_gelu(Importer& im) {
   im.allow({"approximate"});
   im.arity(1, 1);
-  const std::string approx = im.attr_string("approximate", "none");
-  if (approx != "none" && approx != "tanh")
-    im.bad_attr("approximate", "is '{}', expected none or tanh", approx);
-  im.emit(OpKind::Gelu, {im.dyn(0)}, im.attrs({{"approximate", approx}}), {im.out(0)});
+  const std::string approximate = im.attr_string("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    im.bad("approximate '{}' is not one of none, tanh", approximate);
+  Attrs given;
+  given.set("approximate", approximate);
+  im.emit(OpKind::Gelu, {im.dyn(0)}, given, {im.out(0)});
 }
 
-// Pow by a constant exponent of one value.
+// Pow with a constant exponent (one value): x^e; on constants, folded.
 void op_pow(Importer& im) {
   im.allow({});
   im.arity(2, 2);
-  const Const* e = im.const_in(1);
-  if (!e || e->numel() != 1)
-    im.unsupported("the exponent '{}' must be a constant of one value", im.in_name(1));
-  const double exponent = scalar_in(im, 1, "exponent");
-  if (const Const* c = im.const_in(0)) {
-    if (!c->is_float()) im.unsupported("Pow of the integer constant '{}'", im.in_name(0));
-    Const r = *c;
-    for (float& v : r.f) v = std::pow(v, float(exponent));
-    return im.set_const(0, r);
-  }
-  const auto [op, attrs] = activation_op(Act(Activation::Pow, float(exponent)));
-  im.emit(op, {im.dyn(0)}, attrs, {im.out(0)});
+  const Const& c = im.cst(1, "exponent");
+  if (c.numel() != 1)
+    im.unsupported("exponent '{}' has {} values (epilog raises to one constant power)",
+                   im.in_name(1), c.numel());
+  const double e = scalar_in(im, 1, "exponent");
+  if (e == 1.0) return pass_through(im);
+  Attrs given;
+  given.set("exponent", e);
+  im.emit(OpKind::Pow, {im.dyn(0)}, given, {im.out(0)});
 }
 
 // Clip: 'min' and 'max' attributes before opset 11, optional inputs from then on (absent:
-// unbounded). No bounds is the input itself, min 0 alone is relu, other bounds a clip.
+// unbounded). No bounds is the input itself, min 0 alone is relu, anything else clip.
 void op_clip(Importer& im) {
   if (im.opset() < 11)
     im.allow({"min", "max"});
@@ -282,12 +264,11 @@ void op_clip(Importer& im) {
   if (hi >= std::numeric_limits<float>::max()) hi = inf;
   if (lo == -inf && hi == inf) return pass_through(im);
   if (lo == 0 && hi == inf) return im.emit(OpKind::Relu, {im.dyn(0)}, {}, {im.out(0)});
-  if (lo > hi) im.bad("min {} is above max {}", lo, hi);
-  const float big = std::numeric_limits<float>::max();
-  im.emit(
-      OpKind::Clip, {im.dyn(0)},
-      im.attrs({{"min", lo == -inf ? -double(big) : lo}, {"max", hi == inf ? double(big) : hi}}),
-      {im.out(0)});
+  if (!(lo <= hi)) im.bad("min {} is above max {}", lo, hi);
+  Attrs given;
+  given.set("min", std::max(lo, double(std::numeric_limits<float>::lowest())));
+  given.set("max", std::min(hi, double(std::numeric_limits<float>::max())));
+  im.emit(OpKind::Clip, {im.dyn(0)}, given, {im.out(0)});
 }
 
 // Add(MatMul(x, W), b) with a bias per output feature: the bias joins the linear node that
@@ -1526,7 +1507,7 @@ void op_cast_like(Importer& im) {
 
 const std::map<std::string, OpHandler>& op_handlers() {
   static const std::map<std::string, OpHandler> table = {
-      {"Abs", op_abs},
+      {"Abs", op_activation<OpKind::Abs>},
       {"Add", op_add},
       {"AveragePool", op_avgpool},
       {"BatchNormalization", op_batchnorm},
@@ -1539,33 +1520,36 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"Conv", op_conv},
       {"ConvTranspose", op_conv_transpose},
       {"Div", op_div},
-      {"Dropout", op_dropout},
       {"Elu", op_elu},
-      {"Erf", op_erf},
-      {"Exp", op_exp},
+      {"Erf", op_activation<OpKind::Erf>},
+      {"Exp", op_activation<OpKind::Exp>},
+      {"Gelu", op_gelu},
+      {"HardSigmoid", op_hardsigmoid},
+      {"HardSwish", op_activation<OpKind::HardSwish>},
+      {"LeakyRelu", op_leaky_relu},
+      {"Mish", op_activation<OpKind::Mish>},
+      {"Neg", op_activation<OpKind::Neg>},
+      {"Pow", op_pow},
+      {"Reciprocal", op_activation<OpKind::Reciprocal>},
+      {"Softplus", op_activation<OpKind::Softplus>},
+      {"Sqrt", op_activation<OpKind::Sqrt>},
+      {"Tanh", op_activation<OpKind::Tanh>},
+      {"Dropout", op_dropout},
       {"Flatten", op_flatten},
       {"Gather", op_gather},
-      {"Gelu", op_gelu},
       {"Gemm", op_gemm},
       {"GlobalAveragePool", op_global_avgpool},
       {"GroupNormalization", op_group_norm},
-      {"HardSigmoid", op_hardsigmoid},
-      {"HardSwish", op_hardswish},
       {"Identity", op_identity},
       {"InstanceNormalization", op_instance_norm},
       {"LayerNormalization", op_layer_norm},
-      {"LeakyRelu", op_leaky_relu},
       {"MatMul", op_matmul},
       {"Max", op_max},
       {"MaxPool", op_maxpool},
       {"Mean", op_mean},
       {"Min", op_min},
-      {"Mish", op_mish},
       {"Mul", op_mul},
-      {"Neg", op_neg},
       {"Pad", op_pad},
-      {"Pow", op_pow},
-      {"Reciprocal", op_reciprocal},
       {"ReduceMax", op_reduce_max},
       {"ReduceMean", op_reduce_mean},
       {"ReduceSum", op_reduce_sum},
@@ -1576,13 +1560,10 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"Sigmoid", op_sigmoid},
       {"Slice", op_slice},
       {"Softmax", op_softmax},
-      {"Softplus", op_softplus},
       {"Split", op_split},
-      {"Sqrt", op_sqrt},
       {"Squeeze", op_squeeze},
       {"Sub", op_sub},
       {"Sum", op_sum},
-      {"Tanh", op_tanh},
       {"Transpose", op_transpose},
       {"Unsqueeze", op_unsqueeze},
       {"Upsample", op_upsample},

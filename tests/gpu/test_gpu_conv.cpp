@@ -30,6 +30,7 @@
 #include "epilog/runtime/executor.h"
 #include "epilog/runtime/params.h"
 #include "gpu_util.h"
+#include "test_acts.h"
 
 using namespace epilog;
 
@@ -110,6 +111,8 @@ const std::vector<Geometry> kGeometries = {
 
 const Activation kActivations[] = {Activation::None, Activation::Silu, Activation::Relu,
                                    Activation::Sigmoid};
+// Every activation the epilogues apply, with parameters (the common four first).
+const std::vector<Act>& kEpilogueActs = test::epilogue_acts();
 
 std::string tiles_str(const ConvTiles& t) {
   return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
@@ -148,7 +151,7 @@ struct Case {
   ConvTiles tiles;
   ConvShape shape;
   bool scale, shift;
-  Activation act;
+  Act act;
   // x as channels [2, 2 + C) of a batch with 3 more channels, y as channels [1, 1 + K) of one
   // with 2 more (images x_image() / y_image() apart, as the executor's in-place concats make).
   bool strided = false;
@@ -158,13 +161,15 @@ struct Case {
   // scale and shift from one float into their buffers: 4-byte aligned, not 8, so that the
   // epilogues take their general path (scale_shift_act loads aligned pairs where it can).
   bool odd_affine = false;
+  // The residual added before the activation (ResNet's relu(bn(conv) + x)), not after.
+  bool residual_first = false;
 };
 
 // conv_gemm with host weights w (also on the device at pw), packed first for the wgmma kernels
 // as lowering packs them; synchronised.
 void run_gemm(const ConvShape& s, const ConvTiles& tiles, const Tensor& w, const float* px,
-              const float* pw, const float* psc, const float* psh, Activation act, float* py,
-              const float* pres) {
+              const float* pw, const float* psc, const float* psh, Act act, float* py,
+              const cuda::ConvResidual& pres) {
   Tensor dpacked;
   if (conv_gemm_wgmma_kernel(tiles, s) != WgmmaKernel::None) {
     Tensor packed = Tensor::empty({wgmma_packed_floats(s, tiles)});
@@ -200,13 +205,18 @@ Outcome run(const Case& cc, uint64_t seed) {
   o.ref = Tensor::empty(out_shape);
   cpu::conv2d(s, x.f32(), w.f32(), cc.scale ? scale.f32() + a0 : nullptr,
               cc.shift ? shift.f32() + a0 : nullptr, cc.act, o.ref.f32(),
-              cc.residual ? res.f32() : nullptr);
+              cc.residual ? res.f32() : nullptr, cc.residual_first);
   o.mag = test::conv_magnitude(s, x, w, cc.scale ? scale.f32() + a0 : nullptr);
+  // The sum's error through an activation of slope up to 1.5 (test::epilogue_acts).
+  if (cc.act.kind != Activation::None && cc.act.kind != Activation::Relu)
+    for (int64_t i = 0; i < o.mag.numel(); ++i) o.mag.f32()[i] *= 1.5f;
 
   const Tensor dx = xs.to(Device::CUDA), dw = w.to(Device::CUDA);
   const Tensor dscale = scale.to(Device::CUDA), dshift = shift.to(Device::CUDA);
   const Tensor dres = rs.to(Device::CUDA);
-  const float* pres = cc.residual ? static_cast<const float*>(dres.raw()) + r0 : nullptr;
+  const ResidualActs acts = split_residual_act(cc.act, cc.residual, cc.residual_first);
+  const cuda::ConvResidual pres(cc.residual ? static_cast<const float*>(dres.raw()) + r0 : nullptr,
+                                acts.post);
   Tensor dy = Tensor::empty({s.n, cy, s.ho, s.wo}, DType::F32, Device::CUDA);
   EPILOG_CUDA_CHECK(cudaMemset(dy.raw(), 0xFF, dy.nbytes()));  // all NaN
   ConvShape sg = s;
@@ -220,13 +230,13 @@ Outcome run(const Case& cc, uint64_t seed) {
   auto* py = static_cast<float*>(dy.raw()) + y0;
   switch (cc.kernel) {
     case ConvKernel::Scalar:
-      cuda::conv_scalar(sg, px, pw, psc, psh, cc.act, py, nullptr, pres);
+      cuda::conv_scalar(sg, px, pw, psc, psh, acts.pre, py, nullptr, pres);
       break;
     case ConvKernel::Tiled:
-      cuda::conv_tiled(sg, cc.tiles, px, pw, psc, psh, cc.act, py, nullptr, pres);
+      cuda::conv_tiled(sg, cc.tiles, px, pw, psc, psh, acts.pre, py, nullptr, pres);
       break;
     case ConvKernel::Gemm:
-      run_gemm(sg, cc.tiles, w, px, pw, psc, psh, cc.act, py, pres);
+      run_gemm(sg, cc.tiles, w, px, pw, psc, psh, acts.pre, py, pres);
       break;
   }
   EPILOG_CUDA_CHECK(cudaGetLastError());
@@ -247,18 +257,22 @@ void check(const Case& cc, uint64_t seed, const std::string& what) {
   std::ostringstream desc;
   desc << conv_kernel_name(cc.kernel) << " " << what << ": " << shape_desc(cc.shape) << ", tiles "
        << tiles_str(cc.tiles) << ", scale " << cc.scale << " shift " << cc.shift << " act "
-       << activation_name(cc.act) << (cc.strided ? ", strided" : "")
-       << (cc.residual ? ", residual" : "") << (cc.odd_affine ? ", scale/shift 4-byte aligned" : "");
+       << activation_name(cc.act.kind) << "(" << cc.act.a << "," << cc.act.b << ")"
+       << (cc.strided ? ", strided" : "")
+       << (cc.residual ? (cc.residual_first ? ", residual before the activation" : ", residual")
+                       : "") << (cc.odd_affine ? ", scale/shift 4-byte aligned" : "");
   test::check_close(o.y, o.ref, tolerance(cc.kernel), desc.str(), &o.mag);
   INFO(desc.str() << ": " << o.stray << " stray writes");
   CHECK(o.stray == 0);
 }
 
 // Runs `kernel` on every geometry it supports: the tiles lowering picks with every activation,
-// then every built tile combination with one activation each. Run r has scale/shift presence
-// r % 4 and, past the lowering's tiles, activation (r + r / 4) % 4, so that every pair of the
-// two meets in 16 consecutive runs; runs 3 to 5 of every 6 read and write channel slabs, runs
-// 5 to 9 of every 10 add a residual, runs 7 to 13 of every 14 read scale and shift unaligned.
+// then every built tile combination with one activation each, then once more with every
+// activation on the first geometry it runs, the residual before the activation. Run r has
+// scale/shift presence r % 4 and, past the lowering's tiles, activation (r + r / 4) % 16, so that
+// every pair of the two meets in 64 consecutive runs; runs 3 to 5 of every 6 read and write
+// channel slabs, runs 5 to 9 of every 10 add a residual (before the activation in runs 11 to 21
+// of every 22), runs 7 to 13 of every 14 read scale and shift unaligned.
 void check_kernel(ConvKernel kernel, bool wgmma_only = false) {
   const DeviceProfile profile = cuda_device_profile().value_or(h200_profile());
   uint64_t seed = 1000 * (static_cast<uint64_t>(kernel) + 1);
@@ -267,19 +281,32 @@ void check_kernel(ConvKernel kernel, bool wgmma_only = false) {
     const ConvShape s = g.shape();
     if (!conv_supports(kernel, s)) continue;
     const ConvTiles lowered = conv_tiles(kernel, s, profile);
-    for (Activation act : kActivations) {
+    for (const Act& act : kEpilogueActs) {
       if (wgmma_only) break;
       check({kernel, lowered, s, r % 2 == 0, r / 2 % 2 == 0, act, r / 3 % 2 == 1, r / 5 % 2 == 1,
-             r / 7 % 2 == 1},
+             r / 7 % 2 == 1, r / 11 % 2 == 1},
             seed += 5, std::string(g.name) + " (lowering's tiles)");
       ++r;
     }
     for (const ConvTiles& t : conv_built_tiles(kernel, profile)) {
       if (wgmma_only && !t.wgmma) continue;
-      check({kernel, t, s, r % 2 == 0, r / 2 % 2 == 0, kActivations[(r + r / 4) % 4],
-             r / 3 % 2 == 1, r / 5 % 2 == 1, r / 7 % 2 == 1},
+      check({kernel, t, s, r % 2 == 0, r / 2 % 2 == 0,
+             kEpilogueActs[size_t(r + r / 4) % kEpilogueActs.size()], r / 3 % 2 == 1,
+             r / 5 % 2 == 1, r / 7 % 2 == 1, r / 11 % 2 == 1},
             seed += 5, g.name);
       ++r;
+    }
+  }
+  // Every built tile with every activation, the residual before it (ResNet's order).
+  for (const ConvTiles& t : conv_built_tiles(kernel, profile)) {
+    if (wgmma_only && !t.wgmma) continue;
+    for (const Geometry& g : kGeometries) {
+      const ConvShape s = g.shape();
+      if (!conv_supports(kernel, s)) continue;
+      for (const Act& act : kEpilogueActs)
+        check({kernel, t, s, true, true, act, false, true, false, true}, seed += 5,
+              std::string(g.name) + " (every activation, residual first)");
+      break;
     }
   }
 }

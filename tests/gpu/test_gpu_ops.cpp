@@ -302,8 +302,10 @@ TEST_CASE("gpu ops: linear with and without bias", "[gpu][ops]") {
   struct Case {
     int64_t m, k, n;
   };
+  // M up to 8 takes the GEMV path (float4 where k % 4 == 0), above it the tiled one.
   const std::vector<Case> cases = {{5, 7, 3},       {33, 70, 65},  {64, 128, 64}, {1, 1, 1},
-                                   {130, 300, 129}, {2, 1000, 10}, {257, 64, 17}};
+                                   {130, 300, 129}, {2, 1000, 10}, {257, 64, 17}, {1, 4096, 1000},
+                                   {8, 516, 77},    {9, 516, 77},  {3, 1001, 33}};
   for (const Case& c : cases)
     for (bool bias : {true, false}) {
       Builder b(11);

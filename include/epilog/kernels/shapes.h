@@ -194,16 +194,11 @@ EPILOG_HD inline float logistic_ratio(float num, float v) {
 #endif
 }
 
-EPILOG_HD inline float activate(const Act& act, float v) {
+// The activations past the common four. On the GPU one out-of-line copy per file: inlined, their
+// 16 cases (erff, tanhf, powf, ...) at each of a kernel's unrolled epilogue sites made its code
+// and compile time grow many times over, for activations few layers use.
+EPILOG_HD inline float activate_rare(const Act& act, float v) {
   switch (act.kind) {
-    case Activation::None:
-      break;
-    case Activation::Silu:
-      return logistic_ratio(v, v);
-    case Activation::Relu:
-      return v > 0.0f ? v : 0.0f;
-    case Activation::Sigmoid:
-      return logistic_ratio(1.0f, v);
     case Activation::Clip:
       return fminf(fmaxf(v, act.a), act.b);
     case Activation::LeakyRelu:
@@ -239,8 +234,35 @@ EPILOG_HD inline float activate(const Act& act, float v) {
       return fabsf(v);
     case Activation::Pow:
       return act.a == 2.0f ? v * v : powf(v, act.a);
+    default:
+      break;
   }
   return v;
+}
+
+#ifdef __CUDA_ARCH__
+static __device__ __noinline__ float activate_rare_call(Act act, float v) {
+  return activate_rare(act, v);
+}
+#endif
+
+EPILOG_HD inline float activate(const Act& act, float v) {
+  switch (act.kind) {
+    case Activation::None:
+      return v;
+    case Activation::Silu:
+      return logistic_ratio(v, v);
+    case Activation::Relu:
+      return v > 0.0f ? v : 0.0f;
+    case Activation::Sigmoid:
+      return logistic_ratio(1.0f, v);
+    default:
+#ifdef __CUDA_ARCH__
+      return activate_rare_call(act, v);
+#else
+      return activate_rare(act, v);
+#endif
+  }
 }
 
 // fused_conv2d's epilogue around its residual r: y = act(v + r) where the residual comes before
