@@ -316,6 +316,40 @@ std::vector<Shape> infer_resize(const InferContext& ctx) {
   return {Shape(sizes.begin(), sizes.end())};
 }
 
+std::vector<Shape> infer_conv_transpose2d(const InferContext& ctx) {
+  expect_rank(ctx, 0, 4);
+  expect_rank(ctx, 1, 4);
+  const Shape& x = ctx.inputs[0];
+  const Shape& w = ctx.inputs[1];
+  const int64_t groups = ctx.attrs.i("groups");
+  expect_positive(ctx, "stride");
+  expect_positive(ctx, "dilation");
+  expect_positive(ctx, "padding", 0);
+  expect_positive(ctx, "output_padding", 0);
+  if (groups < 1 || x[1] % groups != 0)
+    ctx.fail("groups={} does not divide the {} input channels", groups, x[1]);
+  if (w[0] != x[1])
+    ctx.fail("input has {} channels but weight {} expects {}", x[1], shape_str(w), w[0]);
+  const int64_t k = w[1] * groups;
+  if (ctx.inputs.size() == 3 && ctx.inputs[2] != Shape{k})
+    ctx.fail("input 'bias' has shape {}, expected [{}]", shape_str(ctx.inputs[2]), k);
+  const auto& s = ctx.attrs.ints("stride");
+  const auto& p = ctx.attrs.ints("padding");
+  const auto& op = ctx.attrs.ints("output_padding");
+  const auto& d = ctx.attrs.ints("dilation");
+  Shape y{x[0], k, 0, 0};
+  for (int i = 0; i < 2; ++i) {
+    if (op[i] >= s[i] && op[i] >= d[i])
+      ctx.fail("output_padding {} must be smaller than the stride {} or the dilation {}", op[i],
+               s[i], d[i]);
+    y[size_t(2 + i)] =
+        (x[size_t(2 + i)] - 1) * s[i] - p[i] - p[i + 2] + d[i] * (w[size_t(2 + i)] - 1) + op[i] + 1;
+    if (y[size_t(2 + i)] < 1)
+      ctx.fail("padding {},{},{},{} leaves no output of {}", p[0], p[1], p[2], p[3], shape_str(x));
+  }
+  return {y};
+}
+
 std::vector<Shape> infer_matmul(const InferContext& ctx) {
   const Shape& a = ctx.inputs[0];
   const Shape& b = ctx.inputs[1];
@@ -536,7 +570,7 @@ const std::string& OpInfo::input_name(size_t i) const {
 }
 
 const OpInfo& op_info(OpKind kind) {
-  static_assert(kNumOps == 49, "a new op needs a CPU kernel, a CUDA kernel and a test");
+  static_assert(kNumOps == 50, "a new op needs a CPU kernel, a CUDA kernel and a test");
   const auto& ops = table();
   EPILOG_ASSERT(ops.size() == size_t(kNumOps));
   return ops[static_cast<size_t>(kind)];

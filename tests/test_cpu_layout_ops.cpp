@@ -471,3 +471,78 @@ TEST_CASE("cpu ops: matmul worked example and batched broadcasting", "[cpu][matm
   REQUIRE_THROWS_MATCHES(b.matmul(va, vb, "mm"), Error,
                          test::Says({"[matmul]", "'mm'", "3 columns"}));
 }
+
+// -- conv_transpose2d --
+
+TEST_CASE("cpu ops: conv_transpose2d worked examples", "[cpu][conv_transpose]") {
+  const Tensor x = Tensor::from_vector({1, 1, 2, 2}, {1, 2, 3, 4});
+  const auto run = [&](const ConvOpts& o) {
+    Builder b;
+    b.set_weights({{"up.weight", Tensor::full({1, 1, 2, 2}, 1)}});
+    Val v = b.input("x", {1, 1, 2, 2});
+    b.output(b.conv_transpose2d(v, "up", o));
+    return test::run_cpu(b.build(), {{"x", x}}).begin()->second;
+  };
+  // Stride 2 with a 2x2 kernel of ones copies each input to a 2x2 block.
+  expect_values(run(ConvOpts(1, 2).stride(2)), {1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4});
+  // Stride 1: overlapping blocks add up.
+  expect_values(run(ConvOpts(1, 2)), {1, 3, 2, 4, 10, 6, 3, 7, 4});
+  // Padding 1 crops a ring off that; output_padding adds a row and a column at the end.
+  expect_values(run(ConvOpts(1, 2).padding(1)), {10});
+  const Tensor y = run(ConvOpts(1, 2).stride(2).output_padding(1, 1));
+  CHECK(y.shape() == Shape{1, 1, 5, 5});
+  CHECK(y.f32()[24] == 0);
+}
+
+TEST_CASE("cpu ops: conv_transpose2d random against a float64 scatter", "[cpu][conv_transpose]") {
+  struct Case {
+    Shape x;
+    ConvOpts o;
+  };
+  const std::vector<Case> cases = {
+      {{2, 4, 5, 6}, ConvOpts(6, 3).stride(2).padding(1).output_padding(1, 0).bias()},
+      {{1, 6, 4, 4}, ConvOpts(4, 4).stride(2).padding(1).groups(2)},
+      {{1, 3, 3, 5}, ConvOpts(2, 3).dilation(2).padding(1, 0, 2, 1)},
+      {{2, 4, 3, 3}, ConvOpts(4, 1).stride(3).groups(4).bias()}};
+  for (const Case& c : cases) {
+    Builder b(9);
+    Val v = b.input("x", c.x);
+    b.output(b.conv_transpose2d(v, "ct", c.o));
+    const Graph g = b.build();
+    const Tensor x = Tensor::randn(c.x, 4);
+    const Tensor y = test::run_cpu(g, {{"x", x}}).begin()->second;
+    const Node& n = g.nodes[0];
+    INFO(shape_str(c.x) << " -> " << shape_str(y.shape()));
+    const Tensor& w = g.weights.at("ct.weight").data;
+    const auto& st = n.attrs.ints("stride");
+    const auto& pd = n.attrs.ints("padding");
+    const auto& dl = n.attrs.ints("dilation");
+    const int64_t groups = n.attrs.i("groups"), k = y.dim(1), cg = c.x[1] / groups, kg = k / groups;
+    std::vector<double> ref(size_t(y.numel()), 0.0), mag(ref.size(), 0.0);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const std::vector<int64_t> xi = unravel(i, c.x);
+      const int64_t g0 = xi[1] / cg;
+      for (int64_t kk = 0; kk < kg; ++kk)
+        for (int64_t r = 0; r < w.dim(2); ++r)
+          for (int64_t s = 0; s < w.dim(3); ++s) {
+            const int64_t oh = xi[2] * st[0] - pd[0] + r * dl[0];
+            const int64_t ow = xi[3] * st[1] - pd[1] + s * dl[1];
+            if (oh < 0 || oh >= y.dim(2) || ow < 0 || ow >= y.dim(3)) continue;
+            const double t = double(x.f32()[i]) * at(w, {xi[1], kk, r, s});
+            const size_t o = size_t(((xi[0] * k + g0 * kg + kk) * y.dim(2) + oh) * y.dim(3) + ow);
+            ref[o] += t;
+            mag[o] += std::fabs(t);
+          }
+    }
+    if (g.weights.count("ct.bias"))
+      for (size_t o = 0; o < ref.size(); ++o)
+        ref[o] += g.weights.at("ct.bias").data.f32()[o / size_t(y.dim(2) * y.dim(3)) % size_t(k)];
+    std::vector<double> tol(ref.size());
+    for (size_t o = 0; o < ref.size(); ++o) tol[o] = 2 * kU * mag[o] + kU * std::fabs(ref[o]);
+    expect_close(y.f32(), ref, tol);
+  }
+  Builder b;
+  Val v = b.input("x", {1, 2, 3, 3});
+  REQUIRE_THROWS_MATCHES(b.conv_transpose2d(v, "ct", ConvOpts(2, 3).stride(2).output_padding(2, 0)),
+                         Error, test::Says({"[conv_transpose2d]", "'ct'", "output_padding 2"}));
+}

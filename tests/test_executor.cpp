@@ -430,3 +430,44 @@ TEST_CASE("executor: compiling and running on the CPU asks nothing of CUDA", "[e
   compile(g, cuda);
   CHECK(cuda_probes() > before);
 }
+
+// A reshape's output is a view of its input (its kernels replace the output the executor made),
+// so a concat must not plan to have it written into its buffer, as for flatten.
+TEST_CASE("executor: a reshape's view read by a concat", "[executor]") {
+  Builder b(3);
+  Val x = b.input("x", {1, 4, 8, 8});
+  Val c = b.conv2d(x, "c", ConvOpts(4, 3).padding(1));
+  Val r = b.reshape(c, {1, 4, 64}, "r");
+  Val d = b.reshape(b.conv2d(x, "d", ConvOpts(4, 1)), {1, 4, 64}, "r2");
+  b.output(b.relu(b.concat({r, d}, 1, "cat"), "out"));
+  const Runs runs = run_both(b.build(), false);
+  INFO(fmt::format("{}", fmt::join(runs.in_place, ",")));
+  check_equal(runs);
+}
+
+TEST_CASE("executor: a flatten or reshape output lives in its input's storage in the memory plan",
+          "[executor][memory]") {
+  // The backends return such an output as a view of the input, so the input's bytes must stay
+  // unshared until the view's last reader has run, here the linear after it.
+  for (bool reshape : {false, true}) {
+    Builder b(4);
+    Val x = b.input("x", {2, 4, 6, 6});
+    Val r = b.relu(b.conv2d(x, "c", ConvOpts(4, 3).padding(1)), "r");
+    Val f = reshape ? b.reshape(r, {2, 144}, "flat") : b.flatten(r, 1, "flat");
+    b.output(b.linear(b.relu(b.linear(f, "fc1", 144), "r2"), "fc2", 5));
+    const Compiled c = compile(b.build(), {});
+    const MemoryPlan mp = plan_memory(c.plan, plan_in_place(c.plan), true);
+    CHECK(mp.blocks.count("flat") == 0);
+    size_t fc1 = 0;
+    for (size_t i = 0; i < c.plan.graph.nodes.size(); ++i)
+      if (c.plan.graph.nodes[i].name == "fc1") fc1 = i;
+    REQUIRE(mp.blocks.count("r") == 1);
+    CHECK(mp.blocks.at("r").last >= fc1);
+    const auto in = test::random_inputs(c.plan.graph, 4);
+    auto backend = make_cpu_backend();
+    Executor shared(c.plan, *backend), own(c.plan, *backend);
+    own.set_memory_plan(false);
+    const auto a = shared.run(in), want = own.run(in);
+    for (const auto& [name, t] : want) CHECK(test::bit_equal(a.at(name), t));
+  }
+}

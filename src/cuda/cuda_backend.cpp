@@ -533,6 +533,10 @@ const std::array<CudaKernel, kNumOps>& kernels() {
                    dev(out[0]), c.stream);
     };
     at(OpKind::MatMul) = matmul;
+    at(OpKind::ConvTranspose2d) = [](const Ctx& c, In in, Out out) {
+      cuda::conv_transpose2d(conv_shape(c.node, in[0].shape(), in[1].shape(), out[0].shape()),
+                             dev(in[0]), dev(in[1]), opt(in, 2), dev(out[0]), c.stream);
+    };
     return t;
   }();
   return table;

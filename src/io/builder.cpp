@@ -121,24 +121,36 @@ Val Builder::single(OpKind op, const std::vector<Val>& inputs, const Attrs& attr
 }
 
 Val Builder::conv2d(Val x, const std::string& name, const ConvOpts& o) {
+  return conv(OpKind::Conv2d, x, name, o);
+}
+
+Val Builder::conv_transpose2d(Val x, const std::string& name, const ConvOpts& o) {
+  return conv(OpKind::ConvTranspose2d, x, name, o);
+}
+
+Val Builder::conv(OpKind op, Val x, const std::string& name, const ConvOpts& o) {
   return transactional([&] {
     const Shape& xs = shape(x);
     if (xs.size() != 4)
-      fail("[conv2d] node '{}': input '{}' has shape {}, expected 4 dims (NCHW)", name, x.name,
-           shape_str(xs));
-    if (o.groups_ < 1 || xs[1] % o.groups_ != 0)
-      fail("[conv2d] node '{}': groups={} does not divide the {} input channels", name, o.groups_,
-           xs[1]);
-    std::vector<Val> ins{x, weight(name + ".weight",
-                                   {o.out_channels_, xs[1] / o.groups_, o.kernel_[0], o.kernel_[1]},
-                                   OpKind::Conv2d, "weight")};
-    if (o.bias_) ins.push_back(weight(name + ".bias", {o.out_channels_}, OpKind::Conv2d, "bias"));
+      fail("[{}] node '{}': input '{}' has shape {}, expected 4 dims (NCHW)", op_name(op), name,
+           x.name, shape_str(xs));
+    const bool transposed = op == OpKind::ConvTranspose2d;
+    if (o.groups_ < 1 || xs[1] % o.groups_ != 0 || (transposed && o.out_channels_ % o.groups_))
+      fail("[{}] node '{}': groups={} does not divide the {} input channels{}", op_name(op), name,
+           o.groups_, xs[1],
+           transposed ? fmt::format(" and {} output channels", o.out_channels_) : "");
+    const Shape w = transposed
+                        ? Shape{xs[1], o.out_channels_ / o.groups_, o.kernel_[0], o.kernel_[1]}
+                        : Shape{o.out_channels_, xs[1] / o.groups_, o.kernel_[0], o.kernel_[1]};
+    std::vector<Val> ins{x, weight(name + ".weight", w, op, "weight")};
+    if (o.bias_) ins.push_back(weight(name + ".bias", {o.out_channels_}, op, "bias"));
     Attrs a;
     a.set("stride", o.stride_);
     a.set("padding", o.padding_);
     a.set("dilation", o.dilation_);
     a.set("groups", o.groups_);
-    return single(OpKind::Conv2d, ins, a, name);
+    if (transposed) a.set("output_padding", o.output_padding_);
+    return single(op, ins, a, name);
   });
 }
 

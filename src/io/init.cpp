@@ -12,7 +12,8 @@ Tensor init_weight(const std::string& name, const Shape& shape, OpKind op, const
   const int64_t n = t.numel();
   // Fan-in of a weight: everything but the leading (output) dimension.
   int64_t fan_in = shape.empty() || shape[0] == 0 ? 1 : std::max<int64_t>(1, n / shape[0]);
-  bool is_conv = op == OpKind::Conv2d || op == OpKind::FusedConv2d || op == OpKind::Linear;
+  bool is_conv = op == OpKind::Conv2d || op == OpKind::FusedConv2d || op == OpKind::Linear ||
+                 op == OpKind::ConvTranspose2d;
   if (is_conv && role == "weight") {
     float bound = std::sqrt(6.0f / static_cast<float>(fan_in));
     for (int64_t i = 0; i < n; ++i) p[i] = rng.uniform(-bound, bound);

@@ -3,13 +3,13 @@
 //
 // ONNX op                  -> epilog
 // Conv                     -> conv2d (auto_pad resolved to explicit padding; 4-D input only)
+// ConvTranspose            -> conv_transpose2d (4-D; padding from pads, auto_pad or
+//                             output_shape)
 // BatchNormalization       -> batchnorm (inference form only)
 // LayerNormalization, GroupNormalization, InstanceNormalization -> layer_norm, group_norm,
 //                             instance_norm (constant scales and biases that broadcast, or per
 //                             group in GroupNormalization-18, spread out at import)
-// Relu, Sigmoid, Tanh, HardSwish, Mish, Softplus, Exp, Erf, Sqrt, Reciprocal, Neg, Abs,
-// LeakyRelu, Elu, HardSigmoid, Gelu -> the activation op of the same name (Sigmoid * Mul
-//                             becomes silu in canonicalization); Pow by a constant -> pow
+// Relu, Sigmoid            -> relu, sigmoid (Sigmoid * Mul becomes silu in canonicalization)
 // Add, Mul, Sub, Div       -> add, mul, sub, div (legacy opset < 7 axis broadcasting on
 //                             constants too); Max, Min of one or more inputs -> a chain of
 //                             max, min
@@ -38,8 +38,11 @@
 // Gemm (alpha 1, transA 0) -> linear (+ add for a bias that is not per output feature)
 // MatMul [+ Add]           -> linear for a 2-D tensor by a constant matrix (transposed at import,
 //                             the bias of a following Add taken in); else matmul (batched)
-// Clip                     -> relu for min 0 and no max; nothing without bounds; else clip (min
-//                             and max: attributes before opset 11, inputs from 11)
+// Clip                     -> clip; relu for min 0 and no max; nothing without bounds (min and
+//                             max: attributes before opset 11, inputs from 11)
+// LeakyRelu, HardSigmoid, HardSwish, Tanh, Gelu, Mish, Softplus, Elu, Exp, Erf, Sqrt,
+// Reciprocal, Neg, Abs     -> the op of the same name (activations: a conv's epilogue takes them)
+// Pow                      -> pow, for a constant exponent of one value
 // Identity, Dropout (at inference, no mask), Cast and CastLike to float, Pad by zeros -> nothing
 //                             (the output names the input's value)
 // Constant, Shape, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
@@ -55,7 +58,6 @@
 #include <limits>
 #include <set>
 
-#include "epilog/graph/activation.h"
 #include "onnx_import.h"
 
 namespace epilog::onnx_import {
@@ -182,89 +184,71 @@ void op_sigmoid(Importer& im) {
   unary(im, OpKind::Sigmoid);
 }
 
-void op_tanh(Importer& im) {
-  unary(im, OpKind::Tanh);
-}
-void op_hardswish(Importer& im) {
-  unary(im, OpKind::HardSwish);
-}
-void op_mish(Importer& im) {
-  unary(im, OpKind::Mish);
-}
-void op_softplus(Importer& im) {
-  unary(im, OpKind::Softplus);
-}
-void op_exp(Importer& im) {
-  unary(im, OpKind::Exp);
-}
-void op_erf(Importer& im) {
-  unary(im, OpKind::Erf);
-}
-void op_sqrt(Importer& im) {
-  unary(im, OpKind::Sqrt);
-}
-void op_reciprocal(Importer& im) {
-  unary(im, OpKind::Reciprocal);
-}
-void op_neg(Importer& im) {
-  unary(im, OpKind::Neg);
-}
-void op_abs(Importer& im) {
-  unary(im, OpKind::Abs);
+// The pointwise activations (graph/activation.h): each ONNX op is one epilog op, its
+// parameters attributes of the same meaning.
+template <OpKind Kind>
+void op_activation(Importer& im) {
+  unary(im, Kind);
 }
 
-// Activations with parameters in attributes: alpha (LeakyRelu, Elu), alpha and beta
-// (HardSigmoid), approximate (Gelu, opset 20).
-void with_alpha(Importer& im, Activation kind, float fallback) {
-  im.allow({"alpha"});
+// An activation with float attributes: (onnx name, epilog name, ONNX default) each.
+struct FloatAttr {
+  const char* onnx;
+  const char* name;
+  float fallback;
+};
+// The caller allows the attributes (Importer::allow takes literals).
+void activation_with(Importer& im, OpKind kind, std::initializer_list<FloatAttr> attrs) {
   im.arity(1, 1);
-  const auto [op, attrs] = activation_op(Act(kind, im.attr_float("alpha", fallback)));
-  im.emit(op, {im.dyn(0)}, attrs, {im.out(0)});
+  Attrs given;
+  for (const FloatAttr& a : attrs) given.set(a.name, double(im.attr_float(a.onnx, a.fallback)));
+  im.emit(kind, {im.dyn(0)}, given, {im.out(0)});
 }
+
 void op_leaky_relu(Importer& im) {
-  with_alpha(im, Activation::LeakyRelu, 0.01f);
-}
-void op_elu(Importer& im) {
-  with_alpha(im, Activation::Elu, 1.0f);
+  im.allow({"alpha"});
+  activation_with(im, OpKind::LeakyRelu, {{"alpha", "alpha", 0.01f}});
 }
 
 void op_hardsigmoid(Importer& im) {
   im.allow({"alpha", "beta"});
-  im.arity(1, 1);
-  const auto [op, attrs] = activation_op(
-      Act(Activation::HardSigmoid, im.attr_float("alpha", 0.2f), im.attr_float("beta", 0.5f)));
-  im.emit(op, {im.dyn(0)}, attrs, {im.out(0)});
+  activation_with(im, OpKind::HardSigmoid, {{"alpha", "alpha", 0.2f}, {"beta", "beta", 0.5f}});
 }
 
+void op_elu(Importer& im) {
+  im.allow({"alpha"});
+  activation_with(im, OpKind::Elu, {{"alpha", "alpha", 1.0f}});
+}
+
+// Gelu (opset 20): approximate "none" (erf) or "tanh".
 void op_gelu(Importer& im) {
   im.allow({"approximate"});
   im.arity(1, 1);
-  const std::string approx = im.attr_string("approximate", "none");
-  if (approx != "none" && approx != "tanh")
-    im.bad_attr("approximate", "is '{}', expected none or tanh", approx);
-  im.emit(OpKind::Gelu, {im.dyn(0)}, im.attrs({{"approximate", approx}}), {im.out(0)});
+  const std::string approximate = im.attr_string("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    im.bad("approximate '{}' is not one of none, tanh", approximate);
+  Attrs given;
+  given.set("approximate", approximate);
+  im.emit(OpKind::Gelu, {im.dyn(0)}, given, {im.out(0)});
 }
 
-// Pow by a constant exponent of one value.
+// Pow with a constant exponent (one value): x^e; on constants, folded.
 void op_pow(Importer& im) {
   im.allow({});
   im.arity(2, 2);
-  const Const* e = im.const_in(1);
-  if (!e || e->numel() != 1)
-    im.unsupported("the exponent '{}' must be a constant of one value", im.in_name(1));
-  const double exponent = scalar_in(im, 1, "exponent");
-  if (const Const* c = im.const_in(0)) {
-    if (!c->is_float()) im.unsupported("Pow of the integer constant '{}'", im.in_name(0));
-    Const r = *c;
-    for (float& v : r.f) v = std::pow(v, float(exponent));
-    return im.set_const(0, r);
-  }
-  const auto [op, attrs] = activation_op(Act(Activation::Pow, float(exponent)));
-  im.emit(op, {im.dyn(0)}, attrs, {im.out(0)});
+  const Const& c = im.cst(1, "exponent");
+  if (c.numel() != 1)
+    im.unsupported("exponent '{}' has {} values (epilog raises to one constant power)",
+                   im.in_name(1), c.numel());
+  const double e = scalar_in(im, 1, "exponent");
+  if (e == 1.0) return pass_through(im);
+  Attrs given;
+  given.set("exponent", e);
+  im.emit(OpKind::Pow, {im.dyn(0)}, given, {im.out(0)});
 }
 
 // Clip: 'min' and 'max' attributes before opset 11, optional inputs from then on (absent:
-// unbounded). No bounds is the input itself, min 0 alone is relu, other bounds a clip.
+// unbounded). No bounds is the input itself, min 0 alone is relu, anything else clip.
 void op_clip(Importer& im) {
   if (im.opset() < 11)
     im.allow({"min", "max"});
@@ -280,12 +264,11 @@ void op_clip(Importer& im) {
   if (hi >= std::numeric_limits<float>::max()) hi = inf;
   if (lo == -inf && hi == inf) return pass_through(im);
   if (lo == 0 && hi == inf) return im.emit(OpKind::Relu, {im.dyn(0)}, {}, {im.out(0)});
-  if (lo > hi) im.bad("min {} is above max {}", lo, hi);
-  const float big = std::numeric_limits<float>::max();
-  im.emit(
-      OpKind::Clip, {im.dyn(0)},
-      im.attrs({{"min", lo == -inf ? -double(big) : lo}, {"max", hi == inf ? double(big) : hi}}),
-      {im.out(0)});
+  if (!(lo <= hi)) im.bad("min {} is above max {}", lo, hi);
+  Attrs given;
+  given.set("min", std::max(lo, double(std::numeric_limits<float>::lowest())));
+  given.set("max", std::min(hi, double(std::numeric_limits<float>::max())));
+  im.emit(OpKind::Clip, {im.dyn(0)}, given, {im.out(0)});
 }
 
 // Add(MatMul(x, W), b) with a bias per output feature: the bias joins the linear node that
@@ -432,19 +415,30 @@ void op_mean(Importer& im) {
 
 // -- handlers: convolution and normalization --
 
+// Conv's and ConvTranspose's x and weight, both 4-D, and the weight's kernel_shape checked.
+struct ConvOperands {
+  std::string x, w;
+  Shape xs, ws;
+};
+ConvOperands conv_operands(Importer& im) {
+  im.arity(2, 3);
+  ConvOperands c{im.dyn(0), im.dyn(1), {}, {}};
+  c.xs = im.value_shape(c.x);
+  c.ws = im.value_shape(c.w);
+  if (c.xs.size() != 4)
+    im.unsupported("input '{}' has shape {}: epilog imports 2-D convolutions (NCHW input) only",
+                   im.in_name(0), shape_str(c.xs));
+  if (c.ws.size() != 4)
+    im.bad("weight '{}' has shape {}, expected 4 dims", im.in_name(1), shape_str(c.ws));
+  if (auto k = im.attr_ints("kernel_shape"))
+    if (*k != std::vector<int64_t>{c.ws[2], c.ws[3]})
+      im.bad_attr("kernel_shape", "is {} but the weight is {}", shape_str(*k), shape_str(c.ws));
+  return c;
+}
+
 void op_conv(Importer& im) {
   im.allow({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"});
-  im.arity(2, 3);
-  std::string x = im.dyn(0), w = im.dyn(1);
-  const Shape xs = im.value_shape(x), ws = im.value_shape(w);
-  if (xs.size() != 4)
-    im.unsupported("input '{}' has shape {}: epilog imports 2-D convolutions (NCHW input) only",
-                   im.in_name(0), shape_str(xs));
-  if (ws.size() != 4)
-    im.bad("weight '{}' has shape {}, expected 4 dims", im.in_name(1), shape_str(ws));
-  if (auto k = im.attr_ints("kernel_shape"))
-    if (*k != std::vector<int64_t>{ws[2], ws[3]})
-      im.bad_attr("kernel_shape", "is {} but the weight is {}", shape_str(*k), shape_str(ws));
+  const auto [x, w, xs, ws] = conv_operands(im);
   std::vector<int64_t> stride = spatial(im, "strides", 1), dilation = spatial(im, "dilations", 1);
   int64_t group = im.attr_int("group", 1);
   if (group < 1 || group > kMaxDim) im.bad_attr("group", "{} is out of range", group);
@@ -456,6 +450,60 @@ void op_conv(Importer& im) {
       OpKind::Conv2d, ins,
       im.attrs({{"stride", stride}, {"padding", pad}, {"dilation", dilation}, {"groups", group}}),
       {im.out(0)});
+}
+
+// ConvTranspose: padding from 'pads', 'auto_pad' or 'output_shape' (the padding that gives it,
+// ONNX's rule for where the odd one goes).
+void op_conv_transpose(Importer& im) {
+  im.allow({"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape",
+            "pads", "strides"});
+  const auto [x, w, xs, ws] = conv_operands(im);
+  const std::vector<int64_t> stride = spatial(im, "strides", 1),
+                             dilation = spatial(im, "dilations", 1);
+  std::vector<int64_t> out_pad{0, 0};
+  if (auto p = im.attr_ints("output_padding")) {
+    if (p->size() != 2) im.bad_attr("output_padding", "has {} values, expected 2", p->size());
+    out_pad = *p;
+  }
+  const int64_t group = im.attr_int("group", 1);
+  if (group < 1 || group > kMaxDim) im.bad_attr("group", "{} is out of range", group);
+  const std::string mode = im.attr_string("auto_pad", "NOTSET");
+  auto out_shape = im.attr_ints("output_shape");
+  std::vector<int64_t> pad{0, 0, 0, 0};
+  if (out_shape || mode == "SAME_UPPER" || mode == "SAME_LOWER") {
+    if (out_shape && out_shape->size() != 2 && out_shape->size() != 4)
+      im.bad_attr("output_shape", "has {} values, expected 2 (H and W)", out_shape->size());
+    for (int d = 0; d < 2; ++d) {
+      const int64_t in = xs[size_t(2 + d)];
+      const int64_t want =
+          out_shape ? (*out_shape)[out_shape->size() - 2 + size_t(d)] : in * stride[size_t(d)];
+      const int64_t total = stride[size_t(d)] * (in - 1) + out_pad[size_t(d)] +
+                            (ws[size_t(2 + d)] - 1) * dilation[size_t(d)] + 1 - want;
+      if (total < 0)
+        im.unsupported("an output of {} along axis {} needs negative padding", want, 2 + d);
+      const bool upper = mode == "SAME_UPPER";
+      pad[size_t(d)] = upper ? total / 2 : total - total / 2;
+      pad[size_t(d + 2)] = total - pad[size_t(d)];
+    }
+  } else if (mode == "NOTSET") {
+    if (auto p = im.attr_ints("pads")) {
+      if (p->size() != 4) im.bad_attr("pads", "has {} values, expected 4", p->size());
+      for (int64_t v : *p)
+        if (v < 0) im.unsupported_attr("pads", "negative padding {} is not supported", v);
+      pad = *p;
+    }
+  } else if (mode != "VALID") {
+    im.bad_attr("auto_pad", "is '{}', expected NOTSET, SAME_UPPER, SAME_LOWER or VALID", mode);
+  }
+  std::vector<std::string> ins = {x, w};
+  if (im.has_in(2)) ins.push_back(im.dyn(2));
+  im.emit(OpKind::ConvTranspose2d, ins,
+          im.attrs({{"stride", stride},
+                    {"padding", pad},
+                    {"output_padding", out_pad},
+                    {"dilation", dilation},
+                    {"groups", group}}),
+          {im.out(0)});
 }
 
 void op_batchnorm(Importer& im) {
@@ -1459,7 +1507,7 @@ void op_cast_like(Importer& im) {
 
 const std::map<std::string, OpHandler>& op_handlers() {
   static const std::map<std::string, OpHandler> table = {
-      {"Abs", op_abs},
+      {"Abs", op_activation<OpKind::Abs>},
       {"Add", op_add},
       {"AveragePool", op_avgpool},
       {"BatchNormalization", op_batchnorm},
@@ -1470,34 +1518,38 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"Constant", op_constant},
       {"ConstantOfShape", op_constant_of_shape},
       {"Conv", op_conv},
+      {"ConvTranspose", op_conv_transpose},
       {"Div", op_div},
-      {"Dropout", op_dropout},
       {"Elu", op_elu},
-      {"Erf", op_erf},
-      {"Exp", op_exp},
+      {"Erf", op_activation<OpKind::Erf>},
+      {"Exp", op_activation<OpKind::Exp>},
+      {"Gelu", op_gelu},
+      {"HardSigmoid", op_hardsigmoid},
+      {"HardSwish", op_activation<OpKind::HardSwish>},
+      {"LeakyRelu", op_leaky_relu},
+      {"Mish", op_activation<OpKind::Mish>},
+      {"Neg", op_activation<OpKind::Neg>},
+      {"Pow", op_pow},
+      {"Reciprocal", op_activation<OpKind::Reciprocal>},
+      {"Softplus", op_activation<OpKind::Softplus>},
+      {"Sqrt", op_activation<OpKind::Sqrt>},
+      {"Tanh", op_activation<OpKind::Tanh>},
+      {"Dropout", op_dropout},
       {"Flatten", op_flatten},
       {"Gather", op_gather},
-      {"Gelu", op_gelu},
       {"Gemm", op_gemm},
       {"GlobalAveragePool", op_global_avgpool},
       {"GroupNormalization", op_group_norm},
-      {"HardSigmoid", op_hardsigmoid},
-      {"HardSwish", op_hardswish},
       {"Identity", op_identity},
       {"InstanceNormalization", op_instance_norm},
       {"LayerNormalization", op_layer_norm},
-      {"LeakyRelu", op_leaky_relu},
       {"MatMul", op_matmul},
       {"Max", op_max},
       {"MaxPool", op_maxpool},
       {"Mean", op_mean},
       {"Min", op_min},
-      {"Mish", op_mish},
       {"Mul", op_mul},
-      {"Neg", op_neg},
       {"Pad", op_pad},
-      {"Pow", op_pow},
-      {"Reciprocal", op_reciprocal},
       {"ReduceMax", op_reduce_max},
       {"ReduceMean", op_reduce_mean},
       {"ReduceSum", op_reduce_sum},
@@ -1508,13 +1560,10 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"Sigmoid", op_sigmoid},
       {"Slice", op_slice},
       {"Softmax", op_softmax},
-      {"Softplus", op_softplus},
       {"Split", op_split},
-      {"Sqrt", op_sqrt},
       {"Squeeze", op_squeeze},
       {"Sub", op_sub},
       {"Sum", op_sum},
-      {"Tanh", op_tanh},
       {"Transpose", op_transpose},
       {"Unsqueeze", op_unsqueeze},
       {"Upsample", op_upsample},

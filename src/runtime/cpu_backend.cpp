@@ -112,6 +112,10 @@ const std::array<CpuKernel, kNumOps>& kernels() {
     at(OpKind::Resize) = [](const Node& n, In in, Out out) {
       cpu::resize(in[0], resize_mode(n), out[0]);
     };
+    at(OpKind::ConvTranspose2d) = [](const Node& n, In in, Out out) {
+      cpu::conv_transpose2d(conv_shape(n, in[0].shape(), in[1].shape(), out[0].shape()),
+                            in[0].f32(), in[1].f32(), opt(in, 2), out[0].f32());
+    };
     at(OpKind::MatMul) = [](const Node&, In in, Out out) { cpu::matmul(in[0], in[1], out[0]); };
     return t;
   }();

@@ -177,7 +177,7 @@ InPlacePlan plan_in_place(const Graph& g) {
       auto p = producer.find(base);
       ok = ok && p != producer.end() && !g.is_output(base) && !plan.slots.count(base) &&
            !plan.view[p->second] && g.nodes[p->second].op != OpKind::Concat &&
-           g.nodes[p->second].op != OpKind::Flatten;
+           g.nodes[p->second].op != OpKind::Flatten && g.nodes[p->second].op != OpKind::Reshape;
       ok = ok && (!batched || (takes_strided(g, g.nodes[p->second]) && may_stride(base)));
       auto [it, fresh] = at.emplace(base, offset - within);
       ok = ok && (fresh || it->second == offset - within);

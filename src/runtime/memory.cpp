@@ -9,8 +9,19 @@ namespace epilog {
 
 MemoryPlan plan_memory(const Plan& plan, const InPlacePlan& ip, bool in_place) {
   const Graph& g = plan.graph;
-  // The value whose storage holds `v`: a split part's whole, a concat slot's buffer.
-  const auto owner = [&](const std::string& v) -> const std::string& {
+  // flatten and reshape return a view of their input (the backends' kernels replace the output
+  // with it, whether copy avoidance is on or not): their output lives in their input's storage.
+  std::map<std::string, std::string> view_of;
+  for (const Node& node : g.nodes)
+    if (node.op == OpKind::Flatten || node.op == OpKind::Reshape) {
+      auto v = view_of.find(node.inputs[0]);
+      view_of[node.outputs[0]] = v == view_of.end() ? node.inputs[0] : v->second;
+    }
+  // The value whose storage holds `v`: a view's input, a split part's whole, a concat slot's
+  // buffer.
+  const auto owner = [&](const std::string& value) -> const std::string& {
+    auto w = view_of.find(value);
+    const std::string& v = w == view_of.end() ? value : w->second;
     if (!in_place) return v;
     auto b = ip.base.find(v);
     const std::string& base = b == ip.base.end() ? v : b->second;

@@ -8,11 +8,12 @@ ConvShape conv_shape(const Graph& graph, const Node& node) {
 }
 
 ConvShape conv_shape(const Node& node, const Shape& x, const Shape& w, const Shape& y) {
-  EPILOG_ASSERT(node.op == OpKind::Conv2d || node.op == OpKind::FusedConv2d);
+  EPILOG_ASSERT(node.op == OpKind::Conv2d || node.op == OpKind::FusedConv2d ||
+                node.op == OpKind::ConvTranspose2d);
   const auto& s = node.attrs.ints("stride");
   const auto& p = node.attrs.ints("padding");
   const auto& d = node.attrs.ints("dilation");
-  return ConvShape{x[0], x[1], x[2], x[3], w[0], w[2], w[3], y[2],
+  return ConvShape{x[0], x[1], x[2], x[3], y[1], w[2], w[3], y[2],
                    y[3], s[0], s[1], p[0], p[1], d[0], d[1], node.attrs.i("groups")};
 }
 

@@ -171,3 +171,14 @@ TEST_CASE("gpu layout ops: batched matmul with broadcasting", "[gpu][ops]") {
         {sa, sb}, [](Builder& b, std::vector<Val> v) { return b.matmul(v[0], v[1]); }, kFloat32Sum,
         true);
 }
+
+TEST_CASE("gpu layout ops: conv_transpose2d", "[gpu][ops]") {
+  const std::vector<std::pair<Shape, ConvOpts>> cases = {
+      {{2, 16, 14, 14}, ConvOpts(8, 4).stride(2).padding(1).bias()},
+      {{1, 6, 9, 7}, ConvOpts(4, 3).stride(2).padding(1).output_padding(1, 1).groups(2)},
+      {{2, 3, 5, 5}, ConvOpts(5, 3).dilation(2).bias()}};
+  for (const auto& [shape, o] : cases)
+    check_op(
+        {shape}, [&](Builder& b, std::vector<Val> v) { return b.conv_transpose2d(v[0], "ct", o); },
+        kFloat32Sum, true);
+}

@@ -42,6 +42,8 @@ class ConvOpts {
   ConvOpts& dilation(int64_t d) { return dilation_ = {d, d}, *this; }
   ConvOpts& groups(int64_t g) { return groups_ = g, *this; }
   ConvOpts& bias(bool on = true) { return bias_ = on, *this; }
+  // conv_transpose2d only: rows and columns added at the output's end.
+  ConvOpts& output_padding(int64_t h, int64_t w) { return output_padding_ = {h, w}, *this; }
 
  private:
   friend class Builder;
@@ -52,6 +54,7 @@ class ConvOpts {
   std::vector<int64_t> dilation_{1, 1};
   int64_t groups_ = 1;
   bool bias_ = false;
+  std::vector<int64_t> output_padding_{0, 0};
 };
 
 class PoolOpts {
@@ -86,6 +89,8 @@ class Builder {
 
   // Ops with weights take the name their weights are prefixed with.
   Val conv2d(Val x, const std::string& name, const ConvOpts& opts);
+  // Weight [in channels, out channels / groups, kh, kw], as PyTorch's ConvTranspose2d.
+  Val conv_transpose2d(Val x, const std::string& name, const ConvOpts& opts);
   Val batchnorm(Val x, const std::string& name, double eps = 1e-5);
   Val linear(Val x, const std::string& name, int64_t out_features, bool bias = true);
 
@@ -157,6 +162,8 @@ class Builder {
   // a failed call leaves the graph as it was.
   Val transactional(const std::function<Val()>& body);
   std::string fresh_name(OpKind op, const std::string& name);
+  // conv2d and conv_transpose2d with their weights.
+  Val conv(OpKind op, Val x, const std::string& name, const ConvOpts& o);
   // group_norm and instance_norm: x [N, C, ...] with a scale and a bias per channel.
   Val channel_norm(OpKind op, Val x, const std::string& name, const Attrs& attrs);
 

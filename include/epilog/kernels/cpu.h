@@ -46,6 +46,12 @@ void upsample_nearest(const Tensor& x, int64_t scale_h, int64_t scale_w, Tensor&
 // y[m, n] = sum_k x[m, k] * w[n, k] + b[n]; b may be undefined.
 void linear(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
 
+// Transposed convolution: x [n, c, h, w], w [c, k / groups, r, s], y [n, k, ho, wo] (s as
+// conv_shape gives it); y[k, oh, ow] = bias[k] + sum of x[c, ih, iw] * w[c, k, i, j] over
+// oh = ih * stride_h - pad_t + i * dil_h (and ow alike). bias may be null.
+void conv_transpose2d(const ConvShape& s, const float* x, const float* w, const float* bias,
+                      float* y);
+
 // -- layout: x and y contiguous, y shaped as the op's shape inference says --
 // y = x viewed as y's shape with element strides `strides` from element `offset`:
 // y[i_0, ..., i_r] = x[offset + sum_d i_d * strides[d]]. Transpose and slice are such views.

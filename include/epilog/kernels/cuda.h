@@ -152,6 +152,11 @@ struct RowNorm {
 void row_norm(const RowNorm& s, const float* x, const float* scale, const float* bias, float* y,
               Stream stream);
 
+// -- conv_transpose2d, as cpu::conv_transpose2d: one output per thread, gathering the inputs
+// that land on it (contiguous tensors, bias may be null) --
+void conv_transpose2d(const ConvShape& s, const float* x, const float* w, const float* bias,
+                      float* y, Stream stream);
+
 // -- matmul: y[b, m, n] = sum_k a[b, m, k] * b[b, k, n] over `batches` of y's batch dims (sizes
 // batch[], outermost first), a's and b's matrices at element offsets sum_d i_d * a_stride[d]
 // (b_stride[d]); 0 where one broadcasts. All row-major, contiguous matrices, y contiguous.

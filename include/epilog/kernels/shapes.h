@@ -144,6 +144,14 @@ EPILOG_HD inline LinearTap resize_linear(float x, int64_t in) {
   return {i0, i1, x - float(i0)};
 }
 
+// conv_transpose2d: the input index whose tap t (dilated by dil) lands on output o, where input i
+// goes to i * stride - pad + t * dil; -1 where none does (off the stride's grid or the input).
+EPILOG_HD inline int64_t transposed_source(int64_t o, int64_t pad, int64_t t, int64_t dil,
+                                           int64_t stride, int64_t in) {
+  const int64_t at = o + pad - t * dil;
+  return at < 0 || at % stride != 0 || at / stride >= in ? -1 : at / stride;
+}
+
 // q = n / d for 0 <= n < 2^31 and 0 < d < 2^31 as a multiply-high and a shift
 // (Granlund-Montgomery): for the index decodes a kernel runs per item or tile, where a real
 // division (about 20 instructions in 32 bits, far more in 64) would cost more than the work it

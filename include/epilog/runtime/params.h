@@ -9,7 +9,9 @@
 
 namespace epilog {
 
-// For conv2d and fused_conv2d nodes, from the shapes of input, weight and output.
+// For conv2d, fused_conv2d and conv_transpose2d nodes, from the shapes of input, weight and
+// output (conv_transpose2d: its x, weight [c, k / groups, r, s] and y, which the shape reads as
+// a conv's, y's plane the output positions its stride and padding place the input on).
 ConvShape conv_shape(const Node& node, const Shape& x, const Shape& w, const Shape& y);
 ConvShape conv_shape(const Graph& graph, const Node& node);
 // From the tensors a backend runs on (x, weight, ... [, residual]): also the image strides of
