@@ -593,7 +593,7 @@ def main():
     p.add_argument("models", nargs="*", metavar="MODEL",
                    help="torchvision name or timm:NAME (default: " + " ".join(DEFAULT_MODELS) + ")")
     p.add_argument("--epilog", default="build/bin/epilog", help="the epilog CLI (default: %(default)s)")
-    p.add_argument("--out", required=True, help="folder of zoo.jsonl (appended to) and zoo.md")
+    p.add_argument("--out", help="folder of zoo.jsonl (appended to) and zoo.md (required)")
     p.add_argument("--exporters", type=csv(str, EXPORTERS), default=list(EXPORTERS),
                    help="legacy,dynamo (default: both)")
     p.add_argument("--batches", type=csv(int), default=[1, 16], help="default: 1,16")
@@ -618,6 +618,8 @@ def main():
     if a.compile_worker:
         compile_worker(a.compile_worker, a.batches[0], a.seed)
         return 0
+    if not a.out:
+        p.error("--out is required")
     os.makedirs(a.out, exist_ok=True)
     if a.from_jsonl:
         path = write_markdown(a.out, read_jsonl(a.from_jsonl))

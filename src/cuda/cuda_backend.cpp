@@ -5,6 +5,7 @@
 #include <array>
 #include <cstring>
 #include <mutex>
+#include <shared_mutex>
 #include <unordered_map>
 
 #include "epilog/kernels/cuda.h"
@@ -30,6 +31,21 @@ void check_launch(const char* kernel) {
 }  // namespace cuda
 
 namespace {
+
+// A stream capture (Backend::record) must not see another thread synchronize the device, or free
+// device memory (an implicit synchronization): CUDA fails both while any stream captures. Copies,
+// allocations and frees hold this lock shared, a capture holds it alone; the capturing thread's
+// own allocations (its first run keeps its buffers) take no lock.
+std::shared_mutex& capture_mutex() {
+  static std::shared_mutex mu;
+  return mu;
+}
+thread_local bool capturing_here = false;
+
+std::shared_lock<std::shared_mutex> device_api_lock() {
+  if (capturing_here) return {};
+  return std::shared_lock<std::shared_mutex>(capture_mutex());
+}
 
 // -- the caching allocator --
 // cudaMalloc and cudaFree synchronize the device and cost tens of microseconds, and the
@@ -67,7 +83,10 @@ class DeviceCache {
     s->ptr = p;
     s->bytes = bytes;
     s->device = Device::CUDA;
-    s->release = [size](void* ptr) { DeviceCache::get().give_back(ptr, size); };
+    s->release = [size](void* ptr) {
+      const auto lock = device_api_lock();
+      DeviceCache::get().give_back(ptr, size);
+    };
     return s;
   }
 
@@ -128,6 +147,7 @@ class DeviceCache {
 };
 
 std::shared_ptr<Storage> device_alloc(size_t bytes) {
+  const auto lock = device_api_lock();
   return DeviceCache::get().alloc(bytes);
 }
 
@@ -145,6 +165,7 @@ void device_copy(void* dst, Device dst_device, const void* src, Device src_devic
   const cudaMemcpyKind kind = src_device == Device::CPU   ? cudaMemcpyHostToDevice
                               : dst_device == Device::CPU ? cudaMemcpyDeviceToHost
                                                           : cudaMemcpyDeviceToDevice;
+  const auto lock = device_api_lock();
   EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
   EPILOG_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
   EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
@@ -587,6 +608,11 @@ class CudaBackend final : public Backend {
 
   bool can_record() const override { return true; }
   std::unique_ptr<Recording> record(const std::function<void()>& body) override {
+    std::unique_lock<std::shared_mutex> alone(capture_mutex());
+    struct Capturing {
+      Capturing() { capturing_here = true; }
+      ~Capturing() { capturing_here = false; }
+    } capturing;
     EPILOG_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     cudaGraph_t graph = nullptr;
     try {

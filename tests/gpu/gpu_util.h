@@ -47,8 +47,11 @@ constexpr Tolerance kTf32Conv{2.5e-3, 2e-3, "TF32 conv"};
 // Whole graphs against channel_magnitude, where rounding compounds over the layers: with the SIMT
 // conv kernels (the H200 measured up to 4.5e-6 of the largest output)...
 constexpr Tolerance kSimtGraph{2e-5, 1e-5, "SIMT float32 graph"};
-// ...and with any TF32 kernel (a folded conv pair measured 2.5e-3 from its unfolded run).
-constexpr Tolerance kTf32Graph{5e-3, 2e-3, "TF32 graph"};
+// ...and with any TF32 kernel: each layer rounds its inputs and weights to 10 mantissa bits, and
+// the YOLO-like model's deepest outputs (n15, n18, n21, over 20 layers) measured up to 1.0e-2 of
+// their channel's magnitude on an H100 (2026-12-06), in a few elements of thousands; a wrong
+// index or epilogue is off by the magnitude itself.
+constexpr Tolerance kTf32Graph{1.5e-2, 2e-3, "TF32 graph"};
 
 // |scale_k| * sum over the window of |x| * |w|, for every output of conv `s` (x contiguous;
 // scale null: 1): a bound on what each output's products sum to in absolute value, which
