@@ -15,7 +15,7 @@ DeviceProfile h200_profile() {
 }
 
 std::optional<ConvKernel> parse_conv_kernel(const std::string& name) {
-  for (ConvKernel k : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm})
+  for (ConvKernel k : {ConvKernel::Scalar, ConvKernel::Tiled, ConvKernel::Gemm, ConvKernel::Gemv})
     if (name == conv_kernel_name(k)) return k;
   return std::nullopt;
 }
@@ -29,6 +29,12 @@ std::optional<ConvKernel> parse_conv_kernel(const std::string& name) {
 // padding and tiled wins; gemm wins from 27 up (since the cheap activation), even at 8 output
 // channels. 16 lies between. perf-history: "tile sweep", "cheaper activation".
 constexpr int64_t kGemmMinReduction = 16;
+
+// A linear layer (a 1x1 conv over a 1x1 plane: the fusion pass makes one of each linear) at
+// a batch of at most this many rows streams its weights through the gemv kernel: each weight is
+// used that many times only, and gemm's tiles leave most SMs idle on so few rows. perf-history:
+// "linear as a 1x1 conv".
+constexpr int64_t kGemvMaxRows = 8;
 
 // A gemm grid should hold this many waves of blocks (times the SM count), with a 2-stage
 // pipeline...
@@ -196,6 +202,9 @@ int split_count(int64_t blocks, int64_t steps, int64_t min_steps, int sms) {
 ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile& device) {
   const int64_t reduction = s.c / s.groups * s.r * s.s;
   if (s.groups != 1) return {ConvKernel::Scalar, "groups > 1: only scalar handles groups"};
+  if (conv_supports(ConvKernel::Gemv, s) && s.n <= kGemvMaxRows)
+    return {ConvKernel::Gemv,
+            fmt::format("linear layer, {} rows <= {}: gemv streams the weights", s.n, kGemvMaxRows)};
   if (gemm_stem_takes(s, device))
     return {ConvKernel::Gemm,
             fmt::format("3x3, {} -> {} channels, {} tiles >= {} per SM: gemm's stem kernel", s.c,
@@ -334,6 +343,10 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       t.m = ceil_div(pixels, 64) * ceil_div(s.k, t.n) >= 2 * int64_t(sms) ? 64 : 32;
       t.k = 8;  // input channels staged per step
       break;
+    case ConvKernel::Gemv:
+      t.m = 8;  // rows of x a warp sums at once (linear.cu, kGemvRows)
+      t.n = 8;  // output columns a block, one a warp
+      break;
     case ConvKernel::Gemm: {
       const int cover = smallest_covering({32, 64, 128}, s.k);
       const auto tiles_of = [&](int m, int n) { return ceil_div(pixels, m) * ceil_div(s.k, n); };
@@ -435,7 +448,9 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
 
 std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel, const DeviceProfile& device) {
   std::vector<ConvTiles> out;
-  if (kernel == ConvKernel::Tiled) {
+  if (kernel == ConvKernel::Gemv) {
+    out.push_back({8, 8});
+  } else if (kernel == ConvKernel::Tiled) {
     for (int m : {32, 64, 128})
       for (int n : {8, 16, 32}) out.push_back({m, n, 8, 0});
   } else if (kernel == ConvKernel::Gemm) {
@@ -680,8 +695,8 @@ Plan lower(Graph graph, const LowerOptions& options) {
       if (options.force && conv_supports(*options.force, cs))
         c = {*options.force, "forced"};
       else if (options.force)
-        c.rule = fmt::format("forced {} cannot run groups={}; {}", conv_kernel_name(*options.force),
-                             cs.groups, c.rule);
+        c.rule = fmt::format("forced {} cannot run this shape (groups={}); {}",
+                             conv_kernel_name(*options.force), cs.groups, c.rule);
       np.conv = c.kernel;
       np.kernel = conv_kernel_name(c.kernel);
       np.rule = c.rule;

@@ -183,15 +183,17 @@ std::vector<Shape> infer_flatten(const InferContext& ctx) {
 }
 
 std::vector<Shape> infer_linear(const InferContext& ctx) {
-  expect_rank(ctx, 0, 2);
   expect_rank(ctx, 1, 2);
   const Shape& x = ctx.inputs[0];
   const Shape& w = ctx.inputs[1];
-  if (w[1] != x[1])
-    ctx.fail("input has {} features but weight {} expects {}", x[1], shape_str(w), w[1]);
+  if (x.size() < 2) ctx.fail("input 'x' has shape {}, expected at least 2 dims", shape_str(x));
+  if (w[1] != x.back())
+    ctx.fail("input has {} features but weight {} expects {}", x.back(), shape_str(w), w[1]);
   if (ctx.inputs.size() == 3 && ctx.inputs[2] != Shape{w[0]})
     ctx.fail("input 'bias' has shape {}, expected [{}]", shape_str(ctx.inputs[2]), w[0]);
-  return {{x[0], w[0]}};
+  Shape y = x;
+  y.back() = w[0];
+  return {y};
 }
 
 std::vector<Shape> infer_transpose(const InferContext& ctx) {

@@ -147,6 +147,48 @@ std::string scalar_is(const Graph& g, const std::string& value, double want) {
   return "";
 }
 
+// A linear layer whose weight is a constant as a 1x1 conv over a 1x1 plane, so that it takes the
+// one conv path (its bias the shift, the convs' epilogue, the selector's gemv and gemm kernels):
+// x [..., k] is viewed as [m, k, 1, 1] and the conv's [m, n, 1, 1] as y [..., n] (reshapes are
+// views: no copies).
+std::string linear_foldable(const Match& m) {
+  const Graph& g = *m.graph;
+  const Node& lin = m.node("linear");
+  if (!g.is_weight(lin.inputs[1]))
+    return fmt::format("the weight of '{}' is computed, not a constant", lin.name);
+  if (lin.inputs.size() > 2 && !g.is_weight(lin.inputs[2]))
+    return fmt::format("the bias of '{}' is computed, not a constant", lin.name);
+  return "";
+}
+
+Replacement linear_as_conv(const Match& m) {
+  const Graph& g = *m.graph;
+  const Node& lin = m.node("linear");
+  const Shape& w = g.value(lin.inputs[1]).shape;
+  Replacement r;
+  const std::string wname = unique_weight_name(g, lin.inputs[1] + ".1x1");
+  r.weights[wname] = g.weights.at(lin.inputs[1]).data.clone().reshape({w[0], w[1], 1, 1});
+  const std::string x4 = unique_weight_name(g, lin.name + ".x"),
+                    y4 = unique_weight_name(g, lin.name + ".y");
+  const auto reshape = [](const std::string& name, std::vector<int64_t> shape,
+                          const std::string& in, const std::string& out) {
+    Attrs a;
+    a.set("shape", std::move(shape));
+    return Node{name, OpKind::Reshape, normalize_attrs(OpKind::Reshape, name, a), {in}, {out}};
+  };
+  std::vector<std::string> conv_in{x4, wname};
+  if (lin.inputs.size() > 2) conv_in.push_back(lin.inputs[2]);
+  r.nodes.push_back(reshape(lin.name + ".to_4d", {-1, w[1], 1, 1}, lin.inputs[0], x4));
+  r.nodes.push_back(Node{lin.name, OpKind::Conv2d, normalize_attrs(OpKind::Conv2d, lin.name, {}),
+                         conv_in, {y4}});
+  // Back to x's dims with n features: the batch stays free (-1), the rest as x has them.
+  std::vector<int64_t> back(g.value(lin.inputs[0]).shape);
+  back.front() = -1;
+  back.back() = w[0];
+  r.nodes.push_back(reshape(lin.name + ".to_nd", std::move(back), y4, lin.outputs[0]));
+  return r;
+}
+
 }  // namespace
 
 std::vector<Rule> canonicalize_rules() {
@@ -194,9 +236,27 @@ std::vector<Rule> fusion_rules() {
   const Pat bn = op(OpKind::BatchNorm, {conv}, "bn");
   const Pat fused = op(OpKind::FusedConv2d, {}, "conv");
   std::vector<Rule> rules;
+  rules.push_back({"linear->conv2d(1x1)", op(OpKind::Linear, {}, "linear"), OpKind::Conv2d,
+                   linear_foldable, linear_as_conv});
   // The activation attribute of fused_conv2d is the activation op's own name.
   for (OpKind kind : activation_ops()) {
     const std::string name = op_name(kind);
+    // An activation after a view (reshape, flatten) runs before it instead, where it meets the
+    // op that made the values: act(reshape(y)) == reshape(act(y)). Linear layers need it (their
+    // conv's output is reshaped back to 2-D before the activation).
+    for (OpKind view : {OpKind::Reshape, OpKind::Flatten})
+      rules.push_back({std::string(op_name(view)) + "->" + name,
+                       op(kind, {op(view, {any("y")}, "view")}, "act"), kind, nullptr,
+                       [](const Match& m) {
+                         const Graph& g = *m.graph;
+                         Node act = m.node("act"), view = m.node("view");
+                         const std::string pre = unique_weight_name(g, act.name + ".pre_view");
+                         view.outputs = act.outputs;
+                         view.inputs = {pre};
+                         act.inputs = {m.value("y")};
+                         act.outputs = {pre};
+                         return Replacement{{act, view}, {}};
+                       }});
     const auto apply = [](const Match& m) { return fuse_conv(m, *node_activation(m.node("act"))); };
     rules.push_back({"conv2d->batchnorm->" + name, op(kind, {bn}, "act"), OpKind::FusedConv2d,
                      foldable, apply});

@@ -547,3 +547,50 @@ TEST_CASE("canonicalize: GELU spelled with erf becomes gelu, then fuses into the
   REQUIRE(!r.refusals.empty());
   CHECK_THAT(r.refusals.front(), Catch::Contains("'root2' is 1.5, not 1.414"));
 }
+
+TEST_CASE("fusion: a linear layer becomes a 1x1 conv, its activation fused, on any rank",
+          "[fusion]") {
+  for (const Shape& in : {Shape{3, 24}, Shape{2, 5, 7, 24}}) {
+    Builder b(15);
+    Val x = b.input("x", in);
+    Val h = b.relu(b.linear(x, "fc1", 16), "act1");
+    b.output(b.linear(h, "fc2", 5, false));
+    PassReport r;
+    Graph f = optimized(b.build(), &r);
+    INFO(r.summary());
+    CHECK(count(f, OpKind::Linear) == 0);
+    CHECK(count(f, OpKind::Relu) == 0);
+    CHECK(count(f, OpKind::FusedConv2d) == 2);
+    const Node* fc1 = f.find_node("fc1");
+    REQUIRE(fc1);
+    CHECK(conv_activation(*fc1) == Act(Activation::Relu));
+    CHECK(f.value(fc1->inputs[0]).shape == Shape{shape_numel(in) / 24, 24, 1, 1});
+    CHECK(f.value(f.outputs[0]).shape == [&] {
+      Shape y = in;
+      y.back() = 5;
+      return y;
+    }());
+  }
+}
+
+TEST_CASE("fusion refuses a linear layer whose weight is computed", "[fusion]") {
+  Builder b(16);
+  Val x = b.input("x", {2, 8});
+  Val w = b.input("w", {4, 8});
+  b.output(b.node(OpKind::Linear, {x, w}, {}, "fc").front());
+  check_untouched(b.build(), "the weight of 'fc' is computed, not a constant");
+}
+
+TEST_CASE("fusion: an activation after a view runs before it, fused into the conv", "[fusion]") {
+  Builder b(17);
+  Val x = b.input("x", {2, 3, 4, 4});
+  Val c = b.conv2d(x, "c", ConvOpts(6, 3).padding(1).bias());
+  b.output(b.silu(b.flatten(b.reshape(c, {2, 6, 16}, "r"), 1, "f"), "act"));
+  PassReport r;
+  Graph f = optimized(b.build(), &r);
+  INFO(r.summary());
+  CHECK(count(f, OpKind::Silu) == 0);
+  CHECK(conv_activation(only_conv(f)) == Act(Activation::Silu));
+  CHECK(f.nodes.back().op == OpKind::Flatten);
+  CHECK(f.nodes.back().outputs[0] == "act");
+}

@@ -103,6 +103,11 @@ TEST_CASE("lowering: select_conv_kernel follows its ordered rules", "[lowering]"
       {shape(1, 32, 80, 64, 1), ConvKernel::Gemm, "reduction 32 >= 16"},
       {shape(16, 64, 80, 64, 3), ConvKernel::Gemm, "reduction 576"},
       {shape(32, 16, 320, 32, 3, 2), ConvKernel::Gemm, "reduction 144"},
+      // A linear layer (1x1 conv over a 1x1 plane): gemv up to 8 rows, then gemm.
+      {shape(1, 25088, 1, 4096, 1), ConvKernel::Gemv, "1 rows <= 8: gemv"},
+      {shape(8, 512, 1, 1000, 1), ConvKernel::Gemv, "8 rows <= 8: gemv"},
+      {shape(9, 512, 1, 1000, 1), ConvKernel::Gemm, "reduction 512 >= 16"},
+      {shape(1, 512, 2, 1000, 1), ConvKernel::Gemm, "reduction 512 >= 16"},  // a 2x2 plane
   };
   for (const Row& r : rows) {
     ConvChoice c = select_conv_kernel(r.s, h200_profile());
@@ -667,7 +672,7 @@ TEST_CASE("lowering: plans every node, honours a forced kernel, explains the cho
   cuda.force = ConvKernel::Gemm;
   Plan dp = lower(dg, cuda);
   CHECK(dp.nodes[0].kernel == "scalar");
-  CHECK_THAT(dp.nodes[0].rule, Catch::StartsWith("forced gemm cannot run groups=16"));
+  CHECK_THAT(dp.nodes[0].rule, Catch::StartsWith("forced gemm cannot run this shape (groups=16)"));
   CHECK_FALSE(parse_conv_kernel("fast"));
 }
 

@@ -93,6 +93,13 @@ echo "built in $((SECONDS - start)) s"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j "$jobs" -E '\(slow\)'
 
+step "ThreadSanitizer build of the CPU suite's threaded cases (build-tsan/)"
+start=$SECONDS
+configure build-tsan -DEPILOG_TSAN=ON -DEPILOG_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build build-tsan -j "$jobs" --target epilog_tests
+echo "built in $((SECONDS - start)) s"
+TSAN_OPTIONS=halt_on_error=1 build-tsan/bin/epilog_tests "[threads]"
+
 if [ -x tools/fuzz.sh ]; then
   step "fuzz smoke run"
   tools/fuzz.sh 10

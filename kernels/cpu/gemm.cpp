@@ -182,10 +182,12 @@ void sgemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const f
 }
 
 void linear(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
-  EPILOG_ASSERT(x.rank() == 2 && w.rank() == 2 && x.dim(1) == w.dim(1), "linear x {} weight {}",
-                shape_str(x.shape()), shape_str(w.shape()));
-  const int64_t m = x.dim(0), n = w.dim(0), k = x.dim(1);
-  EPILOG_ASSERT(y.shape() == Shape({m, n}), "linear y {} for x {} weight {}", shape_str(y.shape()),
+  EPILOG_ASSERT(x.rank() >= 2 && w.rank() == 2 && x.shape().back() == w.dim(1),
+                "linear x {} weight {}", shape_str(x.shape()), shape_str(w.shape()));
+  const int64_t n = w.dim(0), k = w.dim(1), m = k == 0 ? 0 : x.numel() / k;
+  Shape want = x.shape();
+  want.back() = n;
+  EPILOG_ASSERT(y.shape() == want, "linear y {} for x {} weight {}", shape_str(y.shape()),
                 shape_str(x.shape()), shape_str(w.shape()));
   EPILOG_ASSERT(!b.defined() || b.shape() == Shape{n}, "linear bias {} for {} outputs",
                 shape_str(b.shape()), n);

@@ -484,7 +484,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
       }
     }
   };
-  with_activation(a.act, finish);
+  with_activation_lean(a.act, finish);
   __syncthreads();
 
   const int hwo = a.ho * a.wo;
@@ -690,7 +690,7 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
     mma_ktile<T>(acc, smem + read_stage * T::kStageFloats, a_frag, b_frag);
     read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
     if (++kt == ktiles) {
-      with_activation(a.act, [&](auto act) { store_tile(tile, act); });
+      with_activation_lean(a.act, [&](auto act) { store_tile(tile, act); });
       clear();
       kt = 0;
       tile += step;

@@ -281,12 +281,16 @@ __device__ __forceinline__ void for_residual(const HaloArgs& a, const int (&pix)
 // lanes store 8 consecutive floats of an output row). Batchnorm and activation in place, then
 // the residual (loaded here, or `pre`: fetched ahead by the kernel), then the stores. This order
 // also measured faster without a residual than applying the activation on the way to each store.
-template <int MI, int NI>
+// Lean: two activation copies, not four (with_activation_lean), for the mma.sync kernel.
+template <bool Lean = false, int MI, int NI>
 __device__ __forceinline__ void halo_epilogue(const HaloArgs& a, float (&acc)[MI][NI][4],
                                               const int (&pix)[MI][2], int img, int n0, int t,
                                               const float (*pre)[NI][4] = nullptr) {
-  with_activation(a.act,
-                  [&](auto act) { scale_shift_act(acc, a.scale, a.shift, a.k, n0, t, act); });
+  const auto apply = [&](auto act) { scale_shift_act(acc, a.scale, a.shift, a.k, n0, t, act); };
+  if constexpr (Lean)
+    with_activation_lean(a.act, apply);
+  else
+    with_activation(a.act, apply);
   if (a.res && pre) {
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
@@ -419,7 +423,7 @@ __global__ void __launch_bounds__(HaloTile<BM, BN, S>::kThreads, 1)
   for (int mi = 0; mi < T::kMI; ++mi)
 #pragma unroll
     for (int h = 0; h < 2; ++h) pix[mi][h] = sq.pixel(a, mi + 4 * h, g);
-  halo_epilogue(a, acc, pix, sq.img, n0 + wn * T::kWN, t);
+  halo_epilogue<true>(a, acc, pix, sq.img, n0 + wn * T::kWN, t);
 }
 
 }  // namespace epilog::cuda::conv_gemm_detail

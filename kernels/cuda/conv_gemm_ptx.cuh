@@ -13,6 +13,7 @@ namespace epilog::cuda::conv_gemm_detail {
 
 using detail::aligned16;
 using detail::with_activation;
+using detail::with_activation_lean;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

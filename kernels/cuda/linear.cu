@@ -14,7 +14,8 @@
 // Restrictions: N <= 65535 * kBN (grid.y), M * K, N * K and M * N below 2^63.
 //
 // At M <= kGemvRows (a batch of a few images through a classifier) the product is a stream of the
-// weights: each is used M times only, so the tiles above would leave most SMs idle waiting on
+// weights (linear_gemv_kernel; also conv_gemv, the `gemv` conv kernel: a linear layer that the
+// fusion pass turned into a 1x1 conv, with the convs' scale, shift, activation and residual): each is used M times only, so the tiles above would leave most SMs idle waiting on
 // 64 columns each. linear_gemv_kernel instead gives each warp one row of w (one output column),
 // read once, 16 bytes a lane where k and the pointers allow, against all M rows of x (small,
 // from L1/L2); the warp sums its lanes with shuffles. Many warps in flight keep the weight
@@ -23,8 +24,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <stdexcept>
 
 #include "epilog/kernels/cuda.h"
+#include "conv_common.cuh"
 #include "launch.cuh"
 
 namespace epilog::cuda {
@@ -89,51 +92,79 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-constexpr int kGemvRows = 8;     // M up to this takes the GEMV path
+constexpr int kGemvRows = 8;     // rows of x a warp sums at once
 constexpr int kGemvWarps = 8;    // warps (output columns) per block
 
+// The GEMV's operands: rows of x, y and the residual lie x_row, y_row and r_row floats apart (a
+// 1x1 conv's images), y = post(act(acc * scale + shift) + residual) per column, as the convs do.
+struct GemvArgs {
+  int m;
+  int64_t n, k, x_row, y_row, r_row;
+  const float *x, *w, *scale, *shift, *res;
+  float* y;
+  Act act, post;
+};
+
 template <bool Vec>
-__global__ void __launch_bounds__(32 * kGemvWarps)
-    linear_gemv_kernel(int m, int64_t n, int64_t k, const float* __restrict__ x,
-                       const float* __restrict__ w, const float* __restrict__ b,
-                       float* __restrict__ y) {
+__global__ void __launch_bounds__(32 * kGemvWarps) linear_gemv_kernel(const GemvArgs a) {
   const int lane = threadIdx.x % 32;
   const int64_t col = int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
-  if (col >= n) return;
-  const float* __restrict__ wr = w + col * k;
-  float acc[kGemvRows] = {};
-  if (Vec) {
-    // k % 4 == 0 and x, w 16-byte aligned: every row starts aligned.
-    const int64_t k4 = k / 4;
-    const float4* __restrict__ w4 = reinterpret_cast<const float4*>(wr);
-    for (int64_t i = lane; i < k4; i += 32) {
-      const float4 wv = __ldg(w4 + i);
+  if (col >= a.n) return;
+  const float* __restrict__ wr = a.w + col * a.k;
+  const detail::ChannelAffine f = detail::channel_affine(a.scale, a.shift, col);
+  // Rows past the first kGemvRows re-read the weight row, from L2 (the selector sends only
+  // batches of at most kGemvRows here).
+  for (int r0 = 0; r0 < a.m; r0 += kGemvRows) {
+    const float* __restrict__ x = a.x + r0 * a.x_row;
+    const int rows = a.m - r0 < kGemvRows ? a.m - r0 : kGemvRows;
+    float acc[kGemvRows] = {};
+    if (Vec) {
+      // k % 4 == 0 and x, w 16-byte aligned, rows a multiple of 4 apart: every row starts aligned.
+      const int64_t k4 = a.k / 4;
+      const float4* __restrict__ w4 = reinterpret_cast<const float4*>(wr);
+      for (int64_t i = lane; i < k4; i += 32) {
+        const float4 wv = __ldg(w4 + i);
 #pragma unroll
-      for (int r = 0; r < kGemvRows; ++r) {
-        if (r >= m) break;
-        const float4 xv = __ldg(reinterpret_cast<const float4*>(x + r * k) + i);
-        acc[r] = fmaf(xv.x, wv.x, fmaf(xv.y, wv.y, fmaf(xv.z, wv.z, fmaf(xv.w, wv.w, acc[r]))));
+        for (int r = 0; r < kGemvRows; ++r) {
+          if (r >= rows) break;
+          const float4 xv = __ldg(reinterpret_cast<const float4*>(x + r * a.x_row) + i);
+          acc[r] = fmaf(xv.x, wv.x, fmaf(xv.y, wv.y, fmaf(xv.z, wv.z, fmaf(xv.w, wv.w, acc[r]))));
+        }
+      }
+    } else {
+      for (int64_t i = lane; i < a.k; i += 32) {
+        const float wv = __ldg(wr + i);
+#pragma unroll
+        for (int r = 0; r < kGemvRows; ++r) {
+          if (r >= rows) break;
+          acc[r] = fmaf(__ldg(x + r * a.x_row + i), wv, acc[r]);
+        }
       }
     }
-  } else {
-    for (int64_t i = lane; i < k; i += 32) {
-      const float wv = __ldg(wr + i);
+    // -- scale, shift, activation and residual epilogue --
 #pragma unroll
-      for (int r = 0; r < kGemvRows; ++r) {
-        if (r >= m) break;
-        acc[r] = fmaf(__ldg(x + r * k + i), wv, acc[r]);
+    for (int r = 0; r < kGemvRows; ++r) {
+      if (r >= rows) break;
+      float v = acc[r];
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) {
+        const int64_t row = r0 + r;
+        a.y[row * a.y_row + col] =
+            detail::add_residual(detail::apply(v, f, a.act), a.res, row * a.r_row + col, a.post);
       }
     }
   }
-  const float bias = b ? __ldg(b + col) : 0.0f;
-#pragma unroll
-  for (int r = 0; r < kGemvRows; ++r) {
-    if (r >= m) break;
-    float v = acc[r];
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0) y[r * n + col] = v + bias;
-  }
+}
+
+void launch_gemv(const GemvArgs& a, Stream stream) {
+  const int64_t blocks = (a.n + kGemvWarps - 1) / kGemvWarps;
+  EPILOG_CUDA_REQUIRE(blocks < (int64_t(1) << 31) && a.k >= 0);
+  const bool vec = a.k % 4 == 0 && a.x_row % 4 == 0 && detail::aligned16(a.x) &&
+                   detail::aligned16(a.w);
+  const auto kernel = vec ? linear_gemv_kernel<true> : linear_gemv_kernel<false>;
+  kernel<<<unsigned(blocks), 32 * kGemvWarps, 0, stream>>>(a);
+  check_launch("gemv");
 }
 
 }  // namespace
@@ -142,13 +173,9 @@ void linear(int64_t m, int64_t n, int64_t k, const float* x, const float* w, con
             float* y, Stream stream) {
   if (m == 0 || n == 0) return;
   if (m <= kGemvRows) {
-    const int64_t blocks = (n + kGemvWarps - 1) / kGemvWarps;
-    EPILOG_CUDA_REQUIRE(blocks < (int64_t(1) << 31) && k >= 0);
-    const bool vec = k % 4 == 0 && detail::aligned16(x) && detail::aligned16(w);
-    const auto kernel = vec ? linear_gemv_kernel<true> : linear_gemv_kernel<false>;
-    kernel<<<unsigned(blocks), 32 * kGemvWarps, 0, stream>>>(int(m), n, k, x, w, b, y);
-    check_launch("linear (gemv)");
-    return;
+    EPILOG_CUDA_REQUIRE(m < (int64_t(1) << 31));
+    return launch_gemv(GemvArgs{int(m), n, k, k, n, 0, x, w, nullptr, b, nullptr, y, {}, {}},
+                       stream);
   }
   const int64_t tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + kBN - 1) / kBN;
   EPILOG_CUDA_REQUIRE(tiles_n <= 65535 && tiles_m < (int64_t(1) << 31) && k >= 0);
@@ -156,6 +183,18 @@ void linear(int64_t m, int64_t n, int64_t k, const float* x, const float* w, con
   linear_kernel<<<dim3(unsigned(tiles_m), unsigned(tiles_n)), kThreads, 0, stream>>>(m, n, k, x, w,
                                                                                      b, y);
   check_launch("linear");
+}
+
+void conv_gemv(const ConvShape& s, const float* x, const float* w, const float* scale,
+               const float* shift, Act act, float* y, Stream stream, ConvResidual residual) {
+  if (!conv_supports(ConvKernel::Gemv, s))
+    throw std::invalid_argument(
+        "[conv_gemv] takes a 1x1 conv over a 1x1 plane (a linear layer), groups 1, unpadded");
+  if (s.n == 0 || s.k == 0) return;
+  EPILOG_CUDA_REQUIRE(s.n < (int64_t(1) << 31));
+  launch_gemv(GemvArgs{int(s.n), s.k, s.c, s.x_image(), s.y_image(), s.r_image(), x, w, scale,
+                       shift, residual.x, y, act, residual.post},
+              stream);
 }
 
 }  // namespace epilog::cuda

@@ -291,6 +291,8 @@ void conv(const Ctx& c, In in, Out out) {
       return cuda::conv_scalar(cs, x, w, scale, shift, act, y, c.stream, res);
     case ConvKernel::Tiled:
       return cuda::conv_tiled(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream, res);
+    case ConvKernel::Gemv:
+      return cuda::conv_gemv(cs, x, w, scale, shift, act, y, c.stream, res);
     case ConvKernel::Gemm: {
       cuda::ConvUpsampledInput up;
       const bool folded = c.plan.up && in.size() > c.node.inputs.size();
@@ -529,7 +531,8 @@ const std::array<CudaKernel, kNumOps>& kernels() {
     };
     at(OpKind::Linear) = [](const Ctx& c, In in, Out out) {
       const Tensor &x = in[0], &w = in[1];
-      cuda::linear(x.dim(0), w.dim(0), x.dim(1), dev(x), dev(w), opt(in, 2), dev(out[0]), c.stream);
+      const int64_t k = w.dim(1), rows = k == 0 ? 0 : x.numel() / k;  // x [..., k]
+      cuda::linear(rows, w.dim(0), k, dev(x), dev(w), opt(in, 2), dev(out[0]), c.stream);
     };
     at(OpKind::Transpose) = gather;
     at(OpKind::Slice) = gather;

@@ -172,11 +172,11 @@ Val Builder::batchnorm(Val x, const std::string& name, double eps) {
 Val Builder::linear(Val x, const std::string& name, int64_t out_features, bool bias) {
   return transactional([&] {
     const Shape& xs = shape(x);
-    if (xs.size() != 2)
-      fail("[linear] node '{}': input '{}' has shape {}, expected 2 dims", name, x.name,
+    if (xs.size() < 2)
+      fail("[linear] node '{}': input '{}' has shape {}, expected at least 2 dims", name, x.name,
            shape_str(xs));
-    std::vector<Val> ins{x,
-                         weight(name + ".weight", {out_features, xs[1]}, OpKind::Linear, "weight")};
+    std::vector<Val> ins{
+        x, weight(name + ".weight", {out_features, xs.back()}, OpKind::Linear, "weight")};
     if (bias) ins.push_back(weight(name + ".bias", {out_features}, OpKind::Linear, "bias"));
     return single(OpKind::Linear, ins, {}, name);
   });

@@ -1043,9 +1043,9 @@ void op_matmul(Importer& im) {
   im.arity(2, 2);
   std::string a = im.dyn(0);
   const Const* b = im.const_in(1);
-  // A 2-D tensor by a constant matrix is a linear layer (which takes a following bias in);
-  // anything else of at least 2 dims each a batched matmul.
-  if (im.value_shape(a).size() != 2 || !b || b->dims.size() != 2) {
+  // A tensor of 2 dims or more by a constant matrix is a linear layer (which takes a following
+  // bias in); anything else of at least 2 dims each a batched matmul.
+  if (im.value_shape(a).size() < 2 || !b || b->dims.size() != 2) {
     if (im.value_shape(a).size() < 2 || im.shape_in(1).size() < 2)
       im.unsupported("MatMul of {} by {}: epilog multiplies tensors of at least 2 dims",
                      shape_str(im.value_shape(a)), shape_str(im.shape_in(1)));

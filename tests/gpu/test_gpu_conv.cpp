@@ -63,6 +63,10 @@ const std::vector<Geometry> kGeometries = {
     {"1x1 64-pixel slabs",         3, 40,  8, 24, 70, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
     {"1x1 8x8 planes",             5, 72,  8,  8, 37, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
     {"1x1 more tiles than SMs",    4, 40, 48, 40, 70, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+    // Linear layers (1x1 over a 1x1 plane; gemv takes these only): rows under and over the 8 a
+    // warp sums at once, k not a multiple of 4.
+    {"linear, 3 rows",             3, 40,  1,  1, 70, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+    {"linear, 11 rows, k odd",    11, 37,  1,  1, 13, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
     {"3x3 pad 1",                  1,  8, 17, 15, 37, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
     {"3x3 stride 2 pad 1",         3, 19, 15, 13, 13, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
     {"3x3 pad 0",                  1,  3, 11,  9, 16, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 1},
@@ -248,6 +252,9 @@ Outcome run(const Case& cc, uint64_t seed) {
     case ConvKernel::Gemm:
       run_gemm(sg, cc.tiles, w, px, pw, psc, psh, acts.pre, py, pres);
       break;
+    case ConvKernel::Gemv:
+      cuda::conv_gemv(sg, px, pw, psc, psh, acts.pre, py, nullptr, pres);
+      break;
   }
   EPILOG_CUDA_CHECK(cudaGetLastError());
   EPILOG_CUDA_CHECK(cudaDeviceSynchronize());
@@ -387,13 +394,18 @@ struct PoisonedOutput {
 
 TEST_CASE("gpu conv: conv_supports: scalar runs everything, tiled and gemm groups == 1 only",
           "[gpu][conv]") {
+  int linear = 0;
   for (const Geometry& g : kGeometries) {
     const ConvShape s = g.shape();
     INFO(g.name);
     CHECK(conv_supports(ConvKernel::Scalar, s));
     CHECK(conv_supports(ConvKernel::Tiled, s) == (s.groups == 1));
     CHECK(conv_supports(ConvKernel::Gemm, s) == (s.groups == 1));
+    const bool is_linear = std::string(g.name).rfind("linear", 0) == 0;
+    CHECK(conv_supports(ConvKernel::Gemv, s) == is_linear);
+    linear += is_linear;
   }
+  CHECK(linear == 2);
 }
 
 TEST_CASE("gpu conv: scalar kernel forced on the shape matrix", "[gpu][conv][scalar]") {
@@ -408,6 +420,10 @@ TEST_CASE("gpu conv: tiled kernel forced on the shape matrix, every built tile",
 TEST_CASE("gpu conv: gemm kernel forced on the shape matrix, every built tile",
           "[gpu][conv][gemm]") {
   check_kernel(ConvKernel::Gemm);
+}
+
+TEST_CASE("gpu conv: gemv forced on the linear layers of the shape matrix", "[gpu][conv][gemv]") {
+  check_kernel(ConvKernel::Gemv);
 }
 
 // The wgmma tiles alone (also part of the case above): small enough to run under

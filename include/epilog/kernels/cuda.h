@@ -37,6 +37,9 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
 void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                 const float* scale, const float* shift, Act act, float* y, Stream stream,
                 ConvResidual residual = {});
+// A linear layer as a 1x1 conv over a 1x1 plane (conv_supports(Gemv)): a weight stream.
+void conv_gemv(const ConvShape& s, const float* x, const float* w, const float* scale,
+               const float* shift, Act act, float* y, Stream stream, ConvResidual residual = {});
 // A run of x's channels read from another tensor, upsampled (nearest) as they load:
 // x[img, c0 + c, i, j] = x[img, c, i / scale_h, j / scale_w] of `x` here, c < channels, its
 // plane [ho / scale_h, wo / scale_w], its images `image` floats apart. The rest of x is never read

@@ -301,9 +301,9 @@ struct ConvShape {
   }
 };
 
-// The three CUDA kernels for fused_conv2d, and the tile sizes one launch uses (their meaning
-// per kernel is in that kernel's header comment).
-enum class ConvKernel : uint8_t { Scalar, Tiled, Gemm };
+// The CUDA kernels for fused_conv2d, and the tile sizes one launch uses (their meaning per kernel
+// is in that kernel's header comment). Gemv: a linear layer's weight stream (kernels/cuda/linear.cu).
+enum class ConvKernel : uint8_t { Scalar, Tiled, Gemm, Gemv };
 
 struct ConvTiles {
   int m = 0;       // output pixels (N*Ho*Wo) per block
@@ -331,13 +331,19 @@ inline const char* conv_kernel_name(ConvKernel kernel) {
       return "tiled";
     case ConvKernel::Gemm:
       return "gemm";
+    case ConvKernel::Gemv:
+      return "gemv";
   }
   return "?";
 }
 
 // Whether a conv kernel can run a shape at all: scalar runs everything; tiled and gemm need
-// groups == 1 (a block's output channels share one input tile).
+// groups == 1 (a block's output channels share one input tile); gemv only a linear layer: a 1x1
+// conv over a 1x1 plane, unpadded, stride 1.
 inline bool conv_supports(ConvKernel kernel, const ConvShape& s) {
+  if (kernel == ConvKernel::Gemv)
+    return s.groups == 1 && s.r == 1 && s.s == 1 && s.h == 1 && s.w == 1 && s.ho == 1 &&
+           s.wo == 1 && s.pad_t == 0 && s.pad_l == 0;
   return kernel == ConvKernel::Scalar || s.groups == 1;
 }
 
