@@ -26,6 +26,12 @@ const Node* Graph::find_node(const std::string& name) const {
   return nullptr;
 }
 
+std::string Graph::unique_name(const std::string& base) const {
+  std::string name = base;
+  for (int i = 1; values.count(name) || find_node(name); ++i) name = fmt::format("{}_{}", base, i);
+  return name;
+}
+
 std::map<OpKind, int> Graph::op_counts() const {
   std::map<OpKind, int> counts;
   for (const Node& n : nodes) counts[n.op]++;

@@ -9,12 +9,6 @@
 namespace epilog {
 namespace {
 
-std::string unique_weight_name(const Graph& g, const std::string& base) {
-  std::string name = base;
-  for (int i = 1; g.values.count(name); ++i) name = fmt::format("{}_{}", base, i);
-  return name;
-}
-
 // The batchnorm (and the conv bias) must be constants for the fold to happen at compile time.
 std::string foldable(const Match& m) {
   const Graph& g = *m.graph;
@@ -68,8 +62,8 @@ Replacement fuse_conv(const Match& m, const Act& act) {
     ts.f32()[c] = static_cast<float>(scale[c]);
     tb.f32()[c] = static_cast<float>(shift[c]);
   }
-  std::string sname = unique_weight_name(g, conv.name + ".scale");
-  std::string bname = unique_weight_name(g, conv.name + ".shift");
+  std::string sname = g.unique_name(conv.name + ".scale");
+  std::string bname = g.unique_name(conv.name + ".shift");
   r.weights[sname] = ts;
   r.weights[bname] = tb;
   Attrs attrs = conv.attrs;
@@ -118,8 +112,8 @@ Replacement fold_affine(const Match& m, bool mul) {
     tb.f32()[i] = float(mul ? double(tb.f32()[i]) * at(i) : double(tb.f32()[i]) + at(i));
   }
   Replacement r;
-  const std::string sname = unique_weight_name(g, fused.name + ".scale");
-  const std::string bname = unique_weight_name(g, fused.name + ".shift");
+  const std::string sname = g.unique_name(fused.name + ".scale");
+  const std::string bname = g.unique_name(fused.name + ".shift");
   r.weights[sname] = ts;
   r.weights[bname] = tb;
   fused.inputs[2] = sname;
@@ -380,15 +374,16 @@ PassReport optimize(Graph& graph, const PassOptions& options) {
   verify(graph, "before passes");
   if (options.on_stage) options.on_stage(stage++, "source", graph);
 
-  auto run_rules = [&](const std::string& verb, const std::vector<Rule>& rules) {
-    RewriteStats s = rewrite(graph, rules, options.has_kernel);
+  auto record = [&](const std::string& verb, const RewriteStats& s) {
     for (const auto& [rule, n] : s.hits) report.hits.push_back({verb, rule, n});
     for (const auto& [why, n] : s.refused) report.refusals.push_back(why);
   };
-  run_rules("canonicalized", canonicalize_rules());
+  record("canonicalized", rewrite(graph, canonicalize_rules(), options.has_kernel));
   after("canonicalize");
   if (options.fuse) {
-    run_rules("fused", fusion_rules());
+    record("reparameterized", reparameterize(graph, options.has_kernel));
+    after("reparameterize");
+    record("fused", rewrite(graph, fusion_rules(), options.has_kernel));
     after("fuse");
   }
   report.dead_nodes = eliminate_dead_code(graph);

@@ -48,8 +48,9 @@ bool match_node(const Graph& g, const UseIndex& uses, const Pat& p, int idx, Mat
   return false;
 }
 
-// Removes the matched nodes and puts the replacement where the root was.
-void replace(Graph& g, const Match& m, Replacement r) {
+}  // namespace
+
+void replace_match(Graph& g, const Match& m, Replacement r) {
   std::set<int> gone(m.nodes.begin(), m.nodes.end());
   std::vector<Node> nodes;
   nodes.reserve(g.nodes.size());
@@ -70,8 +71,6 @@ void replace(Graph& g, const Match& m, Replacement r) {
   g.nodes = std::move(nodes);
   infer_graph_shapes(g);
 }
-
-}  // namespace
 
 const Node& Match::node(const std::string& bind) const {
   const Node* n = find(bind);
@@ -138,7 +137,7 @@ RewriteStats rewrite(Graph& graph, const std::vector<Rule>& rules, const KernelQ
           stats.refused[fmt::format("{} at '{}': {}", rule->name, graph.nodes[i].name, why)]++;
           continue;
         }
-        replace(graph, *m, rule->apply(*m));
+        replace_match(graph, *m, rule->apply(*m));
         stats.hits[rule->name]++;
         changed = true;
         break;

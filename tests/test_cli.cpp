@@ -133,10 +133,10 @@ TEST_CASE("cli: --dump-passes and EPILOG_DUMP_DIR write every stage", "[cli]") {
   fs::path dir = scratch() / "passes";
   Result r = cli(std::string("dump ") + kDemo + " --dump-passes " + dir.string());
   REQUIRE(r.status == 0);
-  for (const char* f : {"00-source", "01-canonicalize", "02-fuse", "03-dce"})
+  for (const char* f : {"00-source", "01-canonicalize", "02-reparameterize", "03-fuse", "04-dce"})
     for (const char* ext : {".txt", ".dot", ".json"})
       CHECK(fs::exists(dir / (std::string(f) + ext)));
-  CHECK_THAT(slurp((dir / "02-fuse.txt").string()), Catch::Contains("fused_conv2d"));
+  CHECK_THAT(slurp((dir / "03-fuse.txt").string()), Catch::Contains("fused_conv2d"));
   fs::path env_dir = scratch() / "env_passes";
   r = cli(std::string("dump ") + kDemo, "EPILOG_DUMP_DIR=" + env_dir.string());
   REQUIRE(r.status == 0);

@@ -347,7 +347,8 @@ TEST_CASE("passes: stages are reported in order and the graph verified after eac
     verify(s);
   };
   optimize(g, po);
-  CHECK(stages == std::vector<std::string>{"source", "canonicalize", "fuse", "dce"});
+  CHECK(stages ==
+        std::vector<std::string>{"source", "canonicalize", "reparameterize", "fuse", "dce"});
   po.fuse = false;
   stages.clear();
   Graph h = conv_chain("bn silu", false);

@@ -103,7 +103,8 @@ bool parse_args(const Command& c, int argc, char** argv, Parsed& p) {
 const std::vector<Option> kModelOptions = {
     {"--weights", "FILE", "safetensors file with the model's weights", "", false},
     {"--batch", "N", "rebind the batch dimension of the inputs (bench: N,M,... sweeps)", "", false},
-    {"--no-fuse", "", "skip the fusion pass (also EPILOG_DISABLE_FUSION=1)", "", false},
+    {"--no-fuse", "", "skip reparameterization and fusion (also EPILOG_DISABLE_FUSION=1)", "",
+     false},
     {"--dump-passes", "DIR", "dump the graph before and after every pass (also EPILOG_DUMP_DIR)",
      "", false},
 };

@@ -1,7 +1,7 @@
-// The whole pipeline in one call: optimize (canonicalize, fuse, dead-code elimination) and lower
-// a graph for a device. compile() reads no environment; CompileOptions::with_env() applies the
-// debug switches:
-//   EPILOG_DISABLE_FUSION=1            skip the fusion pass (A/B comparisons)
+// The whole pipeline in one call: optimize (canonicalize, reparameterize, fuse, dead-code
+// elimination) and lower a graph for a device. compile() reads no environment;
+// CompileOptions::with_env() applies the debug switches:
+//   EPILOG_DISABLE_FUSION=1            skip reparameterization and fusion (A/B comparisons)
 //   EPILOG_DUMP_DIR=DIR                dump the graph before and after every pass (text, DOT, JSON)
 //   EPILOG_FORCE_CONV_KERNEL=scalar|tiled|gemm   one kernel for every fused conv on CUDA
 //   EPILOG_DISABLE_IN_PLACE=1          copy every concat and split (A/B comparisons)

@@ -50,6 +50,9 @@ struct Graph {
   bool is_output(const std::string& name) const;
   bool is_weight(const std::string& name) const { return weights.count(name) != 0; }
   const Node* find_node(const std::string& name) const;
+  // `base`, or base_1, base_2, ...: the first that names no value and no node, for what a pass
+  // adds.
+  std::string unique_name(const std::string& base) const;
   // Nodes per op kind, for structural checks and pass statistics.
   std::map<OpKind, int> op_counts() const;
 };

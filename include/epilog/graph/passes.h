@@ -1,5 +1,6 @@
-// The pass pipeline: canonicalize -> fuse -> dead-code elimination, the verifier after every
-// pass, per-rule hit counts, and a hook to dump the graph before and after each pass.
+// The pass pipeline: canonicalize -> reparameterize -> fuse -> dead-code elimination, the
+// verifier after every pass, per-rule hit counts, and a hook to dump the graph before and after
+// each pass.
 #pragma once
 
 #include <functional>
@@ -14,6 +15,15 @@ namespace epilog {
 // as x * (erf(x / sqrt(2)) + 1) * 0.5 (its export below opset 20) -> gelu(x).
 std::vector<Rule> canonicalize_rules();
 
+// Structural reparameterization (RepVGG, ACNet; graph/reparam.cpp): where an add tree sums two
+// or more convs of one value x, conv2d(x) or batchnorm(conv2d(x)), with x or batchnorm(x) as
+// identity branches, they become one conv2d(x) whose kernel and bias are the branches' sum
+// (float64, rounded once), each kernel zero-padded into the largest; other operands stay in the
+// add. Exact up to rounding: a branch whose taps do not line up in the largest kernel's window,
+// or whose stride, dilation or groups differ, is refused. Runs before fusion, which would take a
+// branch in as a residual.
+RewriteStats reparameterize(Graph& graph, const KernelQuery& has_kernel);
+
 // Every conv becomes one fused_conv2d: conv2d [-> batchnorm] [-> activation], the batchnorm
 // folded into a per-channel scale and shift (float64, rounded once; the conv weights stay
 // untouched); then, on a fused conv, a residual add of equal shape (after its activation, or
@@ -26,7 +36,7 @@ std::vector<Rule> fusion_rules();
 int eliminate_dead_code(Graph& graph);
 
 struct PassOptions {
-  bool fuse = true;
+  bool fuse = true;        // reparameterize and fuse
   KernelQuery has_kernel;  // empty: float32 kernels only
   // Called with the graph before the first pass ("source") and after each pass.
   std::function<void(int index, const std::string& stage, const Graph& graph)> on_stage;
@@ -34,7 +44,7 @@ struct PassOptions {
 
 struct PassReport {
   struct Hit {
-    std::string verb;  // "canonicalized", "fused"
+    std::string verb;  // "canonicalized", "reparameterized", "fused"
     std::string rule;
     int count;
   };

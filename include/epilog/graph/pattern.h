@@ -63,6 +63,9 @@ struct Replacement {
   std::map<std::string, Tensor> weights;
 };
 
+// Removes the matched nodes, puts the replacement where the root was and infers shapes again.
+void replace_match(Graph& graph, const Match& match, Replacement replacement);
+
 struct Rule {
   std::string name;  // "conv2d->batchnorm->silu": the hit counter's key
   Pat pattern;
