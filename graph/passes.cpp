@@ -160,10 +160,10 @@ Replacement linear_as_conv(const Match& m) {
   const Node& lin = m.node("linear");
   const Shape& w = g.value(lin.inputs[1]).shape;
   Replacement r;
-  const std::string wname = unique_weight_name(g, lin.inputs[1] + ".1x1");
+  const std::string wname = g.unique_name(lin.inputs[1] + ".1x1");
   r.weights[wname] = g.weights.at(lin.inputs[1]).data.clone().reshape({w[0], w[1], 1, 1});
-  const std::string x4 = unique_weight_name(g, lin.name + ".x"),
-                    y4 = unique_weight_name(g, lin.name + ".y");
+  const std::string x4 = g.unique_name(lin.name + ".x"),
+                    y4 = g.unique_name(lin.name + ".y");
   const auto reshape = [](const std::string& name, std::vector<int64_t> shape,
                           const std::string& in, const std::string& out) {
     Attrs a;
@@ -244,7 +244,7 @@ std::vector<Rule> fusion_rules() {
                        [](const Match& m) {
                          const Graph& g = *m.graph;
                          Node act = m.node("act"), view = m.node("view");
-                         const std::string pre = unique_weight_name(g, act.name + ".pre_view");
+                         const std::string pre = g.unique_name(act.name + ".pre_view");
                          view.outputs = act.outputs;
                          view.inputs = {pre};
                          act.inputs = {m.value("y")};
