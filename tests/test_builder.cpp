@@ -233,6 +233,7 @@ TEST_CASE("builder: shape errors are thrown at the call, naming node and shapes"
   Val x3 = b.input("x3", {1, 3, 8, 8});
   Val flat = b.input("flat", {4, 8});
   Val v = b.input("v", {4, 8, 8});
+  Val row = b.input("row", {256});
 
   REQUIRE_ERROR(b.conv2d(v, "c1", ConvOpts(8, 3)), "[conv2d]", "node 'c1'", "[4,8,8]",
                 "expected 4 dims");
@@ -260,7 +261,8 @@ TEST_CASE("builder: shape errors are thrown at the call, naming node and shapes"
                 "padding 3");
   REQUIRE_ERROR(b.upsample_nearest(v, 2, "up1"), "[upsample_nearest]", "node 'up1'", "[4,8,8]");
   REQUIRE_ERROR(b.flatten(x, 5, "fl1"), "[flatten]", "node 'fl1'", "axis 5");
-  REQUIRE_ERROR(b.linear(x, "fc1", 10), "[linear]", "node 'fc1'", "[1,4,8,8]");
+  REQUIRE_ERROR(b.linear(row, "fc1", 10), "[linear]", "node 'fc1'",
+                "[256]", "expected at least 2 dims");
   REQUIRE_ERROR(b.global_avgpool(flat, "gap1"), "[global_avgpool]", "node 'gap1'", "[4,8]");
 
   // None of the failed calls left a node or a weight behind, and a retry under the same

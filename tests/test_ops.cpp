@@ -650,8 +650,12 @@ TEST_CASE("ops: linear", "[ops]") {
                 "input has 128 features but weight [10,64] expects 64");
   REQUIRE_ERROR(infer(OpKind::Linear, {}, {{4, 128}, {10, 128}, {5}}), "[linear]", "node 'c1'",
                 "input 'bias' has shape [5], expected [10]");
+  // PyTorch's Linear: any leading dims, the features last.
+  REQUIRE(infer1(OpKind::Linear, {}, {{4, 7, 7, 128}, {10, 128}}) == Shape{4, 7, 7, 10});
   REQUIRE_ERROR(infer(OpKind::Linear, {}, {{4, 128, 1, 1}, {10, 128}}), "[linear]", "node 'c1'",
-                "input 'x' has shape [4,128,1,1] (4 dims), expected 2 dims");
+                "input has 1 features but weight [10,128] expects 128");
+  REQUIRE_ERROR(infer(OpKind::Linear, {}, {{128}, {10, 128}}), "[linear]", "node 'c1'",
+                "input 'x' has shape [128], expected at least 2 dims");
   REQUIRE_ERROR(infer(OpKind::Linear, {}, {{4, 128}, {1280}}), "[linear]",
                 "input 'weight' has shape [1280] (1 dims), expected 2 dims");
   REQUIRE_ERROR(infer(OpKind::Linear, {}, {{4, 128}}), "[linear]", "node 'c1'",
