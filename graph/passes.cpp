@@ -1,4 +1,5 @@
-// Canonicalization and fusion rules, dead-code elimination and the pass pipeline.
+// Fusion rules, dead-code elimination and the pass pipeline (the canonicalization rules are in
+// canonicalize.cpp).
 #include "epilog/graph/passes.h"
 
 #include "epilog/graph/activation.h"
@@ -8,12 +9,6 @@
 
 namespace epilog {
 namespace {
-
-std::string unique_weight_name(const Graph& g, const std::string& base) {
-  std::string name = base;
-  for (int i = 1; g.values.count(name); ++i) name = fmt::format("{}_{}", base, i);
-  return name;
-}
 
 // The batchnorm (and the conv bias) must be constants for the fold to happen at compile time.
 std::string foldable(const Match& m) {
@@ -68,8 +63,8 @@ Replacement fuse_conv(const Match& m, const Act& act) {
     ts.f32()[c] = static_cast<float>(scale[c]);
     tb.f32()[c] = static_cast<float>(shift[c]);
   }
-  std::string sname = unique_weight_name(g, conv.name + ".scale");
-  std::string bname = unique_weight_name(g, conv.name + ".shift");
+  std::string sname = unused_name(g, conv.name + ".scale");
+  std::string bname = unused_name(g, conv.name + ".shift");
   r.weights[sname] = ts;
   r.weights[bname] = tb;
   Attrs attrs = conv.attrs;
@@ -118,8 +113,8 @@ Replacement fold_affine(const Match& m, bool mul) {
     tb.f32()[i] = float(mul ? double(tb.f32()[i]) * at(i) : double(tb.f32()[i]) + at(i));
   }
   Replacement r;
-  const std::string sname = unique_weight_name(g, fused.name + ".scale");
-  const std::string bname = unique_weight_name(g, fused.name + ".shift");
+  const std::string sname = unused_name(g, fused.name + ".scale");
+  const std::string bname = unused_name(g, fused.name + ".shift");
   r.weights[sname] = ts;
   r.weights[bname] = tb;
   fused.inputs[2] = sname;
@@ -137,57 +132,7 @@ std::vector<OpKind> activation_ops() {
   return ops;
 }
 
-// Whether `value` is a constant of one element within a relative 1e-6 of `want`.
-std::string scalar_is(const Graph& g, const std::string& value, double want) {
-  if (!g.is_weight(value) || shape_numel(g.value(value).shape) != 1)
-    return fmt::format("'{}' is not a constant of one value", value);
-  const double v = g.weights.at(value).data.f32()[0];
-  if (std::fabs(v - want) > 1e-6 * std::fabs(want))
-    return fmt::format("'{}' is {}, not {}", value, v, want);
-  return "";
-}
-
 }  // namespace
-
-std::vector<Rule> canonicalize_rules() {
-  std::vector<Rule> rules;
-  rules.push_back(Rule{
-      "mul(x,sigmoid(x))->silu",
-      op(OpKind::Mul, {any("x"), op(OpKind::Sigmoid, {any("x")}, "sigmoid")}, "mul"), OpKind::Silu,
-      nullptr, [](const Match& m) {
-        const Node& mul = m.node("mul");
-        return Replacement{{Node{mul.name, OpKind::Silu, {}, {m.value("x")}, mul.outputs}}, {}};
-      }});
-  // GELU as PyTorch's exporter spells it below opset 20: x * (erf(x / sqrt(2)) + 1) * 0.5.
-  rules.push_back(Rule{
-      "gelu(erf)->gelu",
-      op(OpKind::Mul,
-         {op(OpKind::Mul,
-             {any("x"), op(OpKind::Add,
-                           {op(OpKind::Erf, {op(OpKind::Div, {any("x"), any("root2")}, "div")},
-                               "erf"),
-                            any("one")},
-                           "add")},
-             "inner"),
-          any("half")},
-         "mul"),
-      OpKind::Gelu,
-      [](const Match& m) {
-        const Graph& g = *m.graph;
-        std::string why = scalar_is(g, m.value("root2"), std::sqrt(2.0));
-        if (why.empty()) why = scalar_is(g, m.value("one"), 1.0);
-        if (why.empty()) why = scalar_is(g, m.value("half"), 0.5);
-        return why;
-      },
-      [](const Match& m) {
-        const Node& mul = m.node("mul");
-        return Replacement{
-            {Node{mul.name, OpKind::Gelu, normalize_attrs(OpKind::Gelu, mul.name, {}),
-                  {m.value("x")}, mul.outputs}},
-            {}};
-      }});
-  return rules;
-}
 
 std::vector<Rule> fusion_rules() {
   const Pat conv = op(OpKind::Conv2d, {}, "conv");
