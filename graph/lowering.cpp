@@ -547,7 +547,8 @@ void fold_upsamples(const Graph& g, std::vector<NodePlan>& nodes, const DevicePr
     if (axis != 1 && axis != -3) continue;
     const ConvShape cs = conv_shape(g, g.nodes[i]);
     int64_t c0 = 0;
-    for (const std::string& part : cat.inputs) {
+    for (size_t slot = 0; slot < cat.inputs.size(); ++slot) {
+      const std::string& part = cat.inputs[slot];
       const int u = uses.producer(part);
       const int64_t channels = g.value(part).shape[1];
       c0 += channels;
@@ -556,6 +557,7 @@ void fold_upsamples(const Graph& g, std::vector<NodePlan>& nodes, const DevicePr
       const std::vector<int64_t>& scale = up.attrs.ints("scale");
       Match with_up = *m;
       with_up.nodes.push_back(u);
+      with_up.links.insert({m->node_of.at("cat"), slot});
       // Such a conv copies A by cp.async, whose tiles differ from the tensor copies' (conv_tiles).
       const ConvTiles plain = conv_tiles(np.conv, cs, profile, false);
       if (g.is_weight(up.inputs[0]) || !np.tiles.wgmma ||

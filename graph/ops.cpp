@@ -203,6 +203,21 @@ std::vector<Shape> infer_transpose(const InferContext& ctx) {
   return {out};
 }
 
+// x [N, C, ...] whose C the `groups` attribute divides.
+void expect_channel_groups(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  const int64_t groups = ctx.attrs.i("groups");
+  if (groups < 1 || x[1] % groups != 0)
+    ctx.fail("groups={} does not divide the {} channels of {}", groups, x[1], shape_str(x));
+}
+
+std::vector<Shape> infer_channel_shuffle(const InferContext& ctx) {
+  const Shape& x = ctx.inputs[0];
+  if (x.size() < 2) ctx.fail("input 'x' has shape {}, expected at least 2 dims", shape_str(x));
+  expect_channel_groups(ctx);
+  return {x};
+}
+
 std::vector<Shape> infer_reshape(const InferContext& ctx) {
   const Shape& x = ctx.inputs[0];
   const auto& want = ctx.attrs.ints("shape");
@@ -282,11 +297,14 @@ std::vector<Shape> infer_softmax(const InferContext& ctx) {
 std::vector<Shape> infer_layer_norm(const InferContext& ctx) {
   const Shape& x = ctx.inputs[0];
   const int64_t axis = normalize_axis(ctx, ctx.attrs.i("axis"), static_cast<int>(x.size()));
-  const Shape tail(x.begin() + axis, x.end());
+  const int64_t last = normalize_axis(ctx, ctx.attrs.i("last_axis"), static_cast<int>(x.size()));
+  if (last < axis) ctx.fail("last_axis {} comes before axis {} in {}", last, axis, shape_str(x));
+  const Shape dims(x.begin() + axis, x.begin() + last + 1);
   for (size_t i = 1; i < ctx.inputs.size(); ++i)
-    if (ctx.inputs[i] != tail)
-      ctx.fail("input '{}' has shape {}, expected {} (x's dims from axis {})",
-               op_info(ctx.op).input_name(i), shape_str(ctx.inputs[i]), shape_str(tail), axis);
+    if (ctx.inputs[i] != dims)
+      ctx.fail("input '{}' has shape {}, expected {} (x's dims from axis {} to {})",
+               op_info(ctx.op).input_name(i), shape_str(ctx.inputs[i]), shape_str(dims), axis,
+               last);
   if (ctx.attrs.f("eps") < 0) ctx.fail("eps must be >= 0, got {}", ctx.attrs.f("eps"));
   return {x};
 }
@@ -294,11 +312,7 @@ std::vector<Shape> infer_layer_norm(const InferContext& ctx) {
 // x [N, C, ...] with per-channel scale and bias, as batchnorm's parameters.
 std::vector<Shape> infer_group_norm(const InferContext& ctx) {
   const Shape& x = ctx.inputs[0];
-  if (ctx.op == OpKind::GroupNorm && x.size() >= 2) {
-    const int64_t groups = ctx.attrs.i("groups");
-    if (groups < 1 || x[1] % groups != 0)
-      ctx.fail("groups={} does not divide the {} channels of {}", groups, x[1], shape_str(x));
-  }
+  if (ctx.op == OpKind::GroupNorm && x.size() >= 2) expect_channel_groups(ctx);
   return infer_batchnorm(ctx);
 }
 
@@ -572,7 +586,7 @@ const std::string& OpInfo::input_name(size_t i) const {
 }
 
 const OpInfo& op_info(OpKind kind) {
-  static_assert(kNumOps == 50, "a new op needs a CPU kernel, a CUDA kernel and a test");
+  static_assert(kNumOps == 51, "a new op needs a CPU kernel, a CUDA kernel and a test");
   const auto& ops = table();
   EPILOG_ASSERT(ops.size() == size_t(kNumOps));
   return ops[static_cast<size_t>(kind)];

@@ -1,4 +1,5 @@
-// Canonicalization and fusion rules, dead-code elimination and the pass pipeline.
+// Fusion rules, dead-code elimination and the pass pipeline (the canonicalization rules are in
+// canonicalize.cpp).
 #include "epilog/graph/passes.h"
 
 #include "epilog/graph/activation.h"
@@ -131,16 +132,6 @@ std::vector<OpKind> activation_ops() {
   return ops;
 }
 
-// Whether `value` is a constant of one element within a relative 1e-6 of `want`.
-std::string scalar_is(const Graph& g, const std::string& value, double want) {
-  if (!g.is_weight(value) || shape_numel(g.value(value).shape) != 1)
-    return fmt::format("'{}' is not a constant of one value", value);
-  const double v = g.weights.at(value).data.f32()[0];
-  if (std::fabs(v - want) > 1e-6 * std::fabs(want))
-    return fmt::format("'{}' is {}, not {}", value, v, want);
-  return "";
-}
-
 // A linear layer whose weight is a constant as a 1x1 conv over a 1x1 plane, so that it takes the
 // one conv path (its bias the shift, the convs' epilogue, the selector's gemv and gemm kernels):
 // x [..., k] is viewed as [m, k, 1, 1] and the conv's [m, n, 1, 1] as y [..., n] (reshapes are
@@ -184,46 +175,6 @@ Replacement linear_as_conv(const Match& m) {
 }
 
 }  // namespace
-
-std::vector<Rule> canonicalize_rules() {
-  std::vector<Rule> rules;
-  rules.push_back(Rule{
-      "mul(x,sigmoid(x))->silu",
-      op(OpKind::Mul, {any("x"), op(OpKind::Sigmoid, {any("x")}, "sigmoid")}, "mul"), OpKind::Silu,
-      nullptr, [](const Match& m) {
-        const Node& mul = m.node("mul");
-        return Replacement{{Node{mul.name, OpKind::Silu, {}, {m.value("x")}, mul.outputs}}, {}};
-      }});
-  // GELU as PyTorch's exporter spells it below opset 20: x * (erf(x / sqrt(2)) + 1) * 0.5.
-  rules.push_back(Rule{
-      "gelu(erf)->gelu",
-      op(OpKind::Mul,
-         {op(OpKind::Mul,
-             {any("x"), op(OpKind::Add,
-                           {op(OpKind::Erf, {op(OpKind::Div, {any("x"), any("root2")}, "div")},
-                               "erf"),
-                            any("one")},
-                           "add")},
-             "inner"),
-          any("half")},
-         "mul"),
-      OpKind::Gelu,
-      [](const Match& m) {
-        const Graph& g = *m.graph;
-        std::string why = scalar_is(g, m.value("root2"), std::sqrt(2.0));
-        if (why.empty()) why = scalar_is(g, m.value("one"), 1.0);
-        if (why.empty()) why = scalar_is(g, m.value("half"), 0.5);
-        return why;
-      },
-      [](const Match& m) {
-        const Node& mul = m.node("mul");
-        return Replacement{
-            {Node{mul.name, OpKind::Gelu, normalize_attrs(OpKind::Gelu, mul.name, {}),
-                  {m.value("x")}, mul.outputs}},
-            {}};
-      }});
-  return rules;
-}
 
 std::vector<Rule> fusion_rules() {
   const Pat conv = op(OpKind::Conv2d, {}, "conv");

@@ -2,6 +2,7 @@
 #include "epilog/graph/pattern.h"
 
 #include <algorithm>
+#include <functional>
 #include <set>
 
 namespace epilog {
@@ -11,23 +12,50 @@ bool commutative(OpKind op) {
   return op == OpKind::Add || op == OpKind::Mul;
 }
 
-bool match_node(const Graph& g, const UseIndex& uses, const Pat& p, int idx, Match& m);
+// The search is depth first over every way to match: `next` goes on with the rest of the
+// pattern and says whether all of it matched, so that a choice (which operand of an add or mul
+// is which) is undone and the other one tried when what comes after it fails: mul(x, 0.5) is
+// mul(any("x"), any("half")) either way round, and the rest of the pattern decides which x is.
+// On failure each function leaves m as it found it.
+using Next = std::function<bool(Match&)>;
 
-bool match_value(const Graph& g, const UseIndex& uses, const Pat& p, const std::string& value,
-                 Match& m) {
+bool match_node(const Graph& g, const UseIndex& uses, const Pat& p, int idx, Match& m,
+                const Next& next);
+
+// Input `slot` of node `reader` against p.
+bool match_value(const Graph& g, const UseIndex& uses, const Pat& p, int reader, size_t slot,
+                 Match& m, const Next& next) {
+  const std::string& value = g.nodes[size_t(reader)].inputs[slot];
   if (p.op) {
-    int idx = uses.producer(value);
-    if (idx < 0 || g.nodes[idx].outputs[0] != value) return false;
-    return match_node(g, uses, p, idx, m);
+    const int idx = uses.producer(value);
+    if (idx < 0 || g.nodes[size_t(idx)].outputs[0] != value) return false;
+    const bool fresh = m.links.insert({reader, slot}).second;
+    if (match_node(g, uses, p, idx, m, next)) return true;
+    if (fresh) m.links.erase({reader, slot});
+    return false;
   }
-  if (p.bind.empty()) return true;
-  auto [it, fresh] = m.value_of.emplace(p.bind, value);
-  return fresh || it->second == value;
+  if (p.bind.empty()) return next(m);
+  const auto [it, fresh] = m.value_of.emplace(p.bind, value);
+  if (!fresh && it->second != value) return false;
+  if (next(m)) return true;
+  if (fresh) m.value_of.erase(p.bind);
+  return false;
 }
 
-bool match_node(const Graph& g, const UseIndex& uses, const Pat& p, int idx, Match& m) {
-  const Node& n = g.nodes[idx];
+// p's inputs from the i-th on against node idx's inputs in `order`, then next.
+bool match_inputs(const Graph& g, const UseIndex& uses, const Pat& p, int idx,
+                  const std::vector<size_t>& order, size_t i, Match& m, const Next& next) {
+  if (i == p.inputs.size()) return next(m);
+  return match_value(g, uses, p.inputs[i], idx, order[i], m, [&](Match& rest) {
+    return match_inputs(g, uses, p, idx, order, i + 1, rest, next);
+  });
+}
+
+bool match_node(const Graph& g, const UseIndex& uses, const Pat& p, int idx, Match& m,
+                const Next& next) {
+  const Node& n = g.nodes[size_t(idx)];
   if (n.op != *p.op || p.inputs.size() > n.inputs.size()) return false;
+  const Match saved = m;
   if (!p.bind.empty()) {
     auto [it, fresh] = m.node_of.emplace(p.bind, idx);
     if (!fresh && it->second != idx) return false;
@@ -37,14 +65,9 @@ bool match_node(const Graph& g, const UseIndex& uses, const Pat& p, int idx, Mat
   std::vector<std::vector<size_t>> orders{{}};
   for (size_t i = 0; i < p.inputs.size(); ++i) orders[0].push_back(i);
   if (commutative(n.op) && p.inputs.size() == 2) orders.push_back({1, 0});
-  for (const auto& order : orders) {
-    Match saved = m;
-    bool ok = true;
-    for (size_t i = 0; ok && i < p.inputs.size(); ++i)
-      ok = match_value(g, uses, p.inputs[i], n.inputs[order[i]], m);
-    if (ok) return true;
-    m = std::move(saved);
-  }
+  for (const auto& order : orders)
+    if (match_inputs(g, uses, p, idx, order, 0, m, next)) return true;
+  m = saved;
   return false;
 }
 
@@ -93,7 +116,8 @@ std::optional<Match> match(const Graph& graph, const UseIndex& uses, const Pat& 
   Match m;
   m.graph = &graph;
   m.root = root;
-  if (!pattern.op || !match_node(graph, uses, pattern, root, m)) return std::nullopt;
+  if (!pattern.op || !match_node(graph, uses, pattern, root, m, [](Match&) { return true; }))
+    return std::nullopt;
   return m;
 }
 
@@ -104,8 +128,13 @@ std::string can_absorb(const Graph& graph, const UseIndex& uses, const Match& ma
     const Node& n = graph.nodes[idx];
     for (const std::string& out : n.outputs) {
       if (graph.is_output(out)) return fmt::format("'{}' is a graph output", out);
-      size_t readers = uses.consumers(out).size();
-      if (readers != 1) return fmt::format("'{}' has {} consumers", out, readers);
+      const size_t readers = uses.consumers(out).size();
+      const auto inside = std::count_if(match.links.begin(), match.links.end(), [&](auto link) {
+        return graph.nodes[size_t(link.first)].inputs[link.second] == out;
+      });
+      if (readers != size_t(inside))
+        return fmt::format("'{}' has {} consumers, {} outside the pattern", out, readers,
+                           readers - size_t(inside));
     }
   }
   DType dtype = graph.value(graph.nodes[match.root].outputs[0]).dtype;

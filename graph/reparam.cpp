@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "epilog/graph/passes.h"
 
@@ -186,6 +187,13 @@ std::string plan(const Graph& g, const UseIndex& uses, int root, const KernelQue
   for (const Branch& b : p.merged)
     for (int idx : {b.conv, b.bn})
       if (idx >= 0) p.match.nodes.push_back(idx);
+  // The tree's own reads (an add of its inner adds, a batchnorm of its conv): can_absorb lets
+  // nothing else read what disappears.
+  std::set<std::string> made;
+  for (int idx : p.match.nodes) made.insert(g.nodes[idx].outputs.begin(), g.nodes[idx].outputs.end());
+  for (int idx : p.match.nodes)
+    for (size_t slot = 0; slot < g.nodes[idx].inputs.size(); ++slot)
+      if (made.count(g.nodes[idx].inputs[slot])) p.match.links.insert({idx, slot});
   return can_absorb(g, uses, p.match, OpKind::Conv2d, has_kernel);
 }
 

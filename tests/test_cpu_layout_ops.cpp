@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "epilog/io/builder.h"
+#include "epilog/kernels/cpu.h"
+#include "epilog/runtime/params.h"
 #include "error_matcher.h"
 #include "kernel_check.h"
 #include "test_util.h"
@@ -111,6 +113,42 @@ TEST_CASE("cpu ops: reshape keeps the elements, 0 and -1 as ONNX", "[cpu][reshap
   REQUIRE_THROWS_MATCHES(b.reshape(v, {-1, -1}, "r"), Error, test::Says({"more than one -1"}));
   REQUIRE_THROWS_MATCHES(b.transpose(v, {0, 1, 1, 2}, "t"), Error,
                          test::Says({"[transpose]", "'t'", "not a permutation"}));
+}
+
+TEST_CASE("cpu ops: channel_shuffle against its index formula, and as the gather CUDA runs",
+          "[cpu][channel_shuffle]") {
+  const std::vector<std::pair<Shape, int64_t>> cases = {
+      {{2, 12, 3, 5}, 3}, {{1, 6, 4}, 2}, {{3, 8}, 4}, {{2, 6, 2, 2, 3}, 6}, {{2, 5, 3, 3}, 1}};
+  uint64_t seed = 30;
+  for (const auto& [shape, groups] : cases) {
+    INFO(shape_str(shape) << " in " << groups << " groups");
+    const Tensor x = Tensor::randn(shape, ++seed);
+    const int64_t per = shape[1] / groups;
+    // y[n, j * groups + i, ...] = x[n, i * per + j, ...]
+    const std::vector<double> ref = per_element(shape, [&](std::vector<int64_t> idx) {
+      idx[1] = idx[1] % groups * per + idx[1] / groups;
+      return at(x, idx);
+    });
+    const Tensor y = run1(x, [&](Builder& b, Val v) { return b.channel_shuffle(v, groups); });
+    test::expect_exact(y.f32(), ref);
+    // The CUDA backend runs it as a gather of this view (runtime/params.h); the CPU's gather of
+    // the same view must give the same elements.
+    Attrs a;
+    a.set("groups", groups);
+    const Node node{"cs",
+                    OpKind::ChannelShuffle,
+                    normalize_attrs(OpKind::ChannelShuffle, "cs", a),
+                    {"x"},
+                    {"y"}};
+    const GatherView v = gather_view(node, shape);
+    Tensor view = test::poisoned(v.sizes);
+    cpu::gather(x, v.offset, v.strides, view);
+    test::expect_exact(view.f32(), ref);
+  }
+  Builder b;
+  Val v = b.input("x", {2, 12, 3, 5});
+  REQUIRE_THROWS_MATCHES(b.channel_shuffle(v, 5, "cs"), Error,
+                         test::Says({"[channel_shuffle]", "'cs'", "groups=5", "12 channels"}));
 }
 
 // -- slice, pad --
@@ -344,6 +382,34 @@ TEST_CASE("cpu ops: layer_norm, group_norm, instance_norm against float64", "[cp
       ref[i] = ref[i] * scale.f32()[i % size_t(flat)] + bias.f32()[i % size_t(flat)];
     expect_close(y.f32(), ref, std::vector<double>(ref.size(), 2e-6));
   }
+  // Over dims with dims after them: each (outer, inner) column normalized (ConvNeXt's
+  // channels-first LayerNorm is axis 1, last_axis 1 of NCHW).
+  for (const auto& [axis, last] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 2}, {0, 0}}) {
+    INFO("layer_norm axis " << axis << " last_axis " << last);
+    Builder b(5);
+    Val x = b.input("x", shape);
+    b.output(b.layer_norm(x, "ln", axis, 1e-5, last));
+    const Graph g = b.build();
+    const Tensor y = test::run_cpu(g, {{"x", xr}}).begin()->second;
+    const Tensor &scale = g.weights.at("ln.weight").data, &bias = g.weights.at("ln.bias").data;
+    int64_t outer = 1, n = 1;
+    for (int64_t d = 0; d <= last; ++d) (d < axis ? outer : n) *= shape[size_t(d)];
+    const int64_t inner = xr.numel() / (outer * n);
+    // The columns moved to rows (x as [outer, inner, n]), normalized there, and moved back.
+    const auto row_at = [&](int64_t i) {
+      return size_t(i / inner / n * n * inner + i % inner * n + i / inner % n);
+    };
+    Tensor rows = Tensor::empty({xr.numel()});
+    for (int64_t i = 0; i < xr.numel(); ++i) rows.f32()[row_at(i)] = xr.f32()[i];
+    const std::vector<double> norm = normalized(rows, n, 1e-5);
+    std::vector<double> ref(norm.size());
+    for (int64_t i = 0; i < xr.numel(); ++i) {
+      const int64_t j = i / inner % n;
+      ref[size_t(i)] = norm[row_at(i)] * scale.f32()[j] + bias.f32()[j];
+    }
+    expect_close(y.f32(), ref, std::vector<double>(ref.size(), 2e-6));
+  }
   for (int64_t groups : {1, 2, 3, 6, 0}) {  // 0: instance_norm
     INFO("groups " << groups);
     Builder b(4);
@@ -364,6 +430,8 @@ TEST_CASE("cpu ops: layer_norm, group_norm, instance_norm against float64", "[cp
   Val x = b.input("x", shape);
   REQUIRE_THROWS_MATCHES(b.group_norm(x, "gn", 4), Error,
                          test::Says({"[group_norm]", "'gn'", "groups=4", "6 channels"}));
+  REQUIRE_THROWS_MATCHES(b.layer_norm(x, "ln", 2, 1e-5, 1), Error,
+                         test::Says({"[layer_norm]", "'ln'", "axis 2 to last_axis 1"}));
 }
 
 // -- resize --

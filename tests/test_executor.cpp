@@ -471,3 +471,33 @@ TEST_CASE("executor: a flatten or reshape output lives in its input's storage in
     for (const auto& [name, t] : want) CHECK(test::bit_equal(a.at(name), t));
   }
 }
+
+// Nor does the run copy one: the backend hands the output back as a view of the input (on the
+// GPU too: tests/gpu "reshape is a view on the device too").
+TEST_CASE("executor: a flatten or reshape runs no copy, its output a view of its input",
+          "[executor][memory]") {
+  class Witness : public Backend {
+   public:
+    Device device() const override { return Device::CPU; }
+    void run(const Node& node, const NodePlan& plan, const std::vector<Tensor>& in,
+             std::vector<Tensor>& out) override {
+      cpu_->run(node, plan, in, out);
+      if (node.op == OpKind::Flatten || node.op == OpKind::Reshape)
+        viewed[node.name] = out[0].shares_storage(in[0]);
+    }
+    std::map<std::string, bool> viewed;
+
+   private:
+    std::unique_ptr<Backend> cpu_ = make_cpu_backend();
+  };
+  Builder b(4);
+  Val r = b.relu(b.input("x", {2, 4, 6, 6}), "r");
+  b.output(b.linear(b.flatten(r, 1, "flat"), "fc", 5));
+  b.output(b.softmax(b.reshape(r, {0, 4, -1}, "rs"), -1, "sm"));
+  const Compiled c = compile(b.build(), {});
+  Witness witness;
+  Executor(c.plan, witness).run(test::random_inputs(c.plan.graph, 4));
+  // The linear layer's 1x1 conv adds two reshapes around it, views too.
+  CHECK(witness.viewed == std::map<std::string, bool>{
+                              {"fc.to_4d", true}, {"fc.to_nd", true}, {"flat", true}, {"rs", true}});
+}

@@ -82,6 +82,43 @@ TEST_CASE("pattern: binds nodes and values, matches add/mul operands in either o
   CHECK_FALSE(match(g3, uses3, op(OpKind::Concat, {any("x"), op(OpKind::Sigmoid, {any("x")})}), 1));
 }
 
+TEST_CASE("pattern: operand orders are tried again when the rest fails; a node read twice",
+          "[fusion]") {
+  // mul(mul(0.5, x), sigmoid(x)): the inner mul's two any()s bind either way round, and only x
+  // first lets sigmoid(x) match.
+  Builder b;
+  b.set_weights({{"half", Tensor::full({}, 0.5f)}});
+  Val x = b.input("x", {1, 4, 3, 3});
+  Val inner = b.mul(b.weight("half", {}, OpKind::Mul, "b"), x, "inner");
+  b.output(b.mul(inner, b.sigmoid(x, "s"), "m"));
+  Graph g = b.build();
+  const Pat p = op(OpKind::Mul, {op(OpKind::Mul, {any("x"), any("k")}, "inner"),
+                                 op(OpKind::Sigmoid, {any("x")}, "sig")});
+  auto m = match(g, UseIndex(g), p, 2);
+  REQUIRE(m);
+  CHECK(m->value("x") == "x");
+  CHECK(m->value("k") == "half");
+  // d * d with d = x - 1: the pattern reads d twice, so d may be absorbed; a reader outside the
+  // pattern keeps it.
+  for (bool outside : {false, true}) {
+    Builder b2;
+    b2.set_weights({{"one", Tensor::full({}, 1.0f)}});
+    Val y = b2.input("x", {1, 4, 3, 3});
+    Val d = b2.sub(y, b2.weight("one", {}, OpKind::Sub, "b"), "d");
+    b2.output(b2.mul(d, d, "sq"));
+    if (outside) b2.output(b2.relu(d, "r"));
+    Graph g2 = b2.build();
+    const UseIndex uses(g2);
+    const Pat d_pat = op(OpKind::Sub, {any("x"), any("one")}, "d");
+    auto m2 = match(g2, uses, op(OpKind::Mul, {d_pat, d_pat}, "sq"), 1);
+    REQUIRE(m2);
+    CHECK(m2->nodes.size() == 2);
+    CHECK(m2->links.size() == 2);
+    CHECK(can_absorb(g2, uses, *m2, OpKind::Mul, nullptr) ==
+          (outside ? "'d' has 3 consumers, 1 outside the pattern" : ""));
+  }
+}
+
 TEST_CASE("fusion: every conv rule fuses into one fused_conv2d with the right activation",
           "[fusion]") {
   struct Case {

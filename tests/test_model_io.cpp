@@ -221,6 +221,7 @@ TEST_CASE("io: the layout, reduction, norm, resize and matmul ops survive the JS
   Val p = b.pad(b.slice(g, {1}, {-1}, {2}, {2}), {0, 0, 1, 1, 0, 0, 1, 1}, "reflect");
   b.output(b.resize(p, {2, 8, 9, 12}, "linear", "align_corners"));
   b.output(b.transpose(b.binary(OpKind::Min, x, x), {}));
+  b.output(b.layer_norm(b.channel_shuffle(x, 4, "cs"), "ln2", 1, 1e-5, 1));
   const Graph graph = b.build();
   const Graph back = parse_json_model(dump_json(graph), "ops.json", "");
   require_same(graph, back);

@@ -1,5 +1,6 @@
-// Layout kernels: strided gathers (transpose, slice), padding and resizing. Naive on purpose: each
+// Layout kernels: strided gathers (transpose, slice), the channel shuffle, padding and resizing. Naive on purpose: each
 // output element is computed from its own index, as the op's definition states it.
+#include <algorithm>
 #include <vector>
 
 #include "detail.h"
@@ -55,6 +56,22 @@ void gather(const Tensor& x, int64_t offset, const std::vector<int64_t>& strides
     EPILOG_ASSERT(src >= 0 && src < x.numel());
     yp[i] = xp[src];
   });
+}
+
+void channel_shuffle(const Tensor& x, int64_t groups, Tensor& y) {
+  const Shape& xs = x.shape();
+  EPILOG_ASSERT(xs.size() >= 2 && groups >= 1 && xs[1] % groups == 0 && y.shape() == xs &&
+                    x.contiguous() && y.contiguous(),
+                "channel_shuffle {} in {} groups", shape_str(xs), groups);
+  const int64_t c = xs[1], per = c / groups, inner = x.numel() / (xs[0] * c);
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  for (int64_t n = 0; n < xs[0]; ++n)
+    for (int64_t i = 0; i < groups; ++i)
+      for (int64_t j = 0; j < per; ++j) {
+        const float* from = xp + (n * c + i * per + j) * inner;
+        std::copy(from, from + inner, yp + (n * c + j * groups + i) * inner);
+      }
 }
 
 void pad(const Tensor& x, const std::vector<int64_t>& begins, PadMode mode, float value,

@@ -10,16 +10,17 @@
 namespace epilog::cpu {
 namespace {
 
-// A row's mean and 1 / sqrt(biased variance + eps), two passes in double.
+// The mean and 1 / sqrt(biased variance + eps) of x[0], x[stride], ... x[(n - 1) * stride], two
+// passes in double.
 struct Moments {
   double mean, rstd;
 };
-Moments moments(const float* x, int64_t n, double eps) {
+Moments moments(const float* x, int64_t n, int64_t stride, double eps) {
   double sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  for (int64_t i = 0; i < n; ++i) sum += x[i * stride];
   const double mean = sum / double(n);
   double var = 0;
-  for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+  for (int64_t i = 0; i < n; ++i) var += (x[i * stride] - mean) * (x[i * stride] - mean);
   return {mean, 1.0 / std::sqrt(var / double(n) + eps)};
 }
 
@@ -81,21 +82,25 @@ void softmax(const Tensor& x, int64_t axis, Tensor& y) {
   }
 }
 
-void layer_norm(const Tensor& x, int64_t axis, const Tensor& scale, const Tensor& bias, double eps,
-                Tensor& y) {
-  EPILOG_ASSERT(axis >= 0 && axis < x.rank() && y.shape() == x.shape(), "layer_norm {} from {}",
-                shape_str(x.shape()), axis);
-  const int64_t n = x.numel() / axis_view(x.shape(), axis).outer;
+void layer_norm(const Tensor& x, int64_t axis, int64_t last_axis, const Tensor& scale,
+                const Tensor& bias, double eps, Tensor& y) {
+  EPILOG_ASSERT(axis >= 0 && axis <= last_axis && last_axis < x.rank() && y.shape() == x.shape(),
+                "layer_norm {} from {} to {}", shape_str(x.shape()), axis, last_axis);
+  // x as [outer, n, inner]: each of the outer * inner columns of n values is normalized.
+  const int64_t inner = axis_view(x.shape(), last_axis).inner;
+  const int64_t n = x.numel() / axis_view(x.shape(), axis).outer / inner;
   EPILOG_ASSERT(scale.numel() == n && (!bias.defined() || bias.numel() == n));
   const float *xp = x.f32(), *sp = scale.f32(), *bp = bias.defined() ? bias.f32() : nullptr;
   float* yp = y.f32();
-  const int64_t rows = x.numel() / n;
+  const int64_t columns = x.numel() / n;
 #pragma omp parallel for schedule(static) if (detail::worth_threads(x.numel()))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = xp + r * n;
-    const Moments m = moments(row, n, eps);
-    for (int64_t j = 0; j < n; ++j)
-      yp[r * n + j] = float((row[j] - m.mean) * m.rstd * sp[j] + (bp ? bp[j] : 0.0));
+  for (int64_t c = 0; c < columns; ++c) {
+    const int64_t base = c / inner * n * inner + c % inner;
+    const Moments m = moments(xp + base, n, inner, eps);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t at = base + j * inner;
+      yp[at] = float((xp[at] - m.mean) * m.rstd * sp[j] + (bp ? bp[j] : 0.0));
+    }
   }
 }
 
@@ -109,7 +114,7 @@ void group_norm(const Tensor& x, int64_t groups, const Tensor& scale, const Tens
 #pragma omp parallel for schedule(static) if (detail::worth_threads(x.numel()))
   for (int64_t r = 0; r < x.dim(0) * groups; ++r) {
     const float* row = xp + r * per;
-    const Moments m = moments(row, per, eps);
+    const Moments m = moments(row, per, 1, eps);
     for (int64_t j = 0; j < per; ++j) {
       const int64_t ch = r % groups * (c / groups) + j / inner;
       yp[r * per + j] = float((row[j] - m.mean) * m.rstd * sp[ch] + bp[ch]);

@@ -6,9 +6,10 @@
 //   (coalesced), then a shuffle reduction, and one through shared memory across a block's warps.
 //   Grid-stride over rows, at most one full wave. Used for reductions over the innermost dims
 //   (a last axis, H x W per (n, c)), softmax over the last axis, and every normalization.
-// Strided (reduce and softmax when the reduced dims are not innermost): one output (reduce) or one
-//   (outer, inner) column (softmax) per thread, looping over the reduced elements; consecutive
-//   threads read consecutive elements of the kept inner dims, so the reads stay coalesced.
+// Strided (reduce, softmax and layer_norm when the reduced dims are not innermost): one output
+//   (reduce) or one (outer, inner) column (softmax, layer_norm) per thread, looping over the
+//   reduced elements; consecutive threads read consecutive elements of the kept inner dims, so the
+//   reads stay coalesced.
 // Math: float32 sums (the CPU reference sums in double; the tests bound the difference). Max
 //   propagates NaN. softmax: y = e^(x - max) / sum e^(x - max), three passes over the row.
 //   Normalization: mean, then the biased variance of x - mean (two passes), then
@@ -175,6 +176,31 @@ __global__ void __launch_bounds__(kThreads)
   });
 }
 
+// layer_norm over dims with inner dims after them: one column (o, i) of x as [outer, len, inner]
+// a thread, as softmax_strided_kernel.
+__global__ void __launch_bounds__(kThreads)
+    row_norm_strided_kernel(RowNorm s, const float* __restrict__ x, const float* __restrict__ scale,
+                            const float* __restrict__ bias, float* __restrict__ y) {
+  pdl_begin();
+  for (int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x; c < s.rows;
+       c += int64_t(gridDim.x) * kThreads) {
+    const int64_t base = c / s.inner * s.len * s.inner + c % s.inner;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < s.len; ++j) sum += __ldg(x + base + j * s.inner);
+    const float mean = sum / float(s.len);
+    float var = 0.0f;
+    for (int64_t j = 0; j < s.len; ++j) {
+      const float d = __ldg(x + base + j * s.inner) - mean;
+      var += d * d;
+    }
+    const float rstd = rsqrtf(var / float(s.len) + s.eps);
+    for (int64_t j = 0; j < s.len; ++j) {
+      const float b = bias ? __ldg(bias + j) : 0.0f;
+      y[base + j * s.inner] = (__ldg(x + base + j * s.inner) - mean) * rstd * __ldg(scale + j) + b;
+    }
+  }
+}
+
 // Launches kernel<false> (a warp a row) or kernel<true> (a block a row) over `rows` rows of `len`.
 #define EPILOG_LAUNCH_ROWS(kernel, rows, len, stream, ...)                         \
   do {                                                                             \
@@ -237,7 +263,11 @@ void row_norm(const RowNorm& s, const float* x, const float* scale, const float*
               Stream stream) {
   if (s.rows == 0 || s.len == 0) return;
   EPILOG_CUDA_REQUIRE(s.inner > 0 && (s.groups == 0 || s.len % s.inner == 0));
-  EPILOG_LAUNCH_ROWS(row_norm_kernel, s.rows, s.len, stream, s, x, scale, bias, y);
+  if (s.groups == 0 && s.inner > 1)
+    row_norm_strided_kernel<<<grid_for(s.rows, kThreads), kThreads, 0, stream>>>(s, x, scale, bias,
+                                                                                 y);
+  else
+    EPILOG_LAUNCH_ROWS(row_norm_kernel, s.rows, s.len, stream, s, x, scale, bias, y);
   check_launch("row_norm");
 }
 

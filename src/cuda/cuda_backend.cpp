@@ -385,15 +385,14 @@ void check_rank(const Ctx& c, const Shape& s) {
          cuda::kMaxRank);
 }
 
-// transpose and slice: a strided view of x (GatherView) copied out.
+// transpose, slice and channel_shuffle: a strided view of x (GatherView) copied out.
 void gather(const Ctx& c, In in, Out out) {
-  const Shape& y = out[0].shape();
-  check_rank(c, y);
   const GatherView g = gather_view(c.node, in[0].shape());
+  check_rank(c, g.sizes);
   cuda::StridedView v{};
-  v.rank = static_cast<int>(y.size());
+  v.rank = static_cast<int>(g.sizes.size());
   v.offset = g.offset;
-  for (size_t d = 0; d < y.size(); ++d) v.size[d] = y[d], v.stride[d] = g.strides[d];
+  for (size_t d = 0; d < g.sizes.size(); ++d) v.size[d] = g.sizes[d], v.stride[d] = g.strides[d];
   cuda::gather(v, dev(in[0]), dev(out[0]), c.stream);
 }
 
@@ -440,9 +439,9 @@ void norm(const Ctx& c, In in, Out out) {
   cuda::RowNorm s;
   s.eps = float(c.node.attrs.f("eps"));
   if (c.node.op == OpKind::LayerNorm) {
-    const AxisView v = axis_view(x.shape(), axis_attr(c.node, x.rank()));
-    s.rows = v.outer;
-    s.len = v.outer == 0 ? 0 : x.numel() / v.outer;
+    s.inner = axis_view(x.shape(), axis_attr(c.node, x.rank(), "last_axis")).inner;
+    s.rows = axis_view(x.shape(), axis_attr(c.node, x.rank())).outer * s.inner;
+    s.len = s.rows == 0 ? 0 : x.numel() / s.rows;
   } else {
     const int64_t channels = x.dim(1);
     s.groups = c.node.op == OpKind::GroupNorm ? c.node.attrs.i("groups") : channels;
@@ -536,6 +535,7 @@ const std::array<CudaKernel, kNumOps>& kernels() {
     };
     at(OpKind::Transpose) = gather;
     at(OpKind::Slice) = gather;
+    at(OpKind::ChannelShuffle) = gather;
     at(OpKind::Reshape) = at(OpKind::Flatten);
     at(OpKind::Pad) = pad;
     at(OpKind::ReduceMean) = reduce;

@@ -284,6 +284,12 @@ Val Builder::transpose(Val x, const std::vector<int64_t>& perm, const std::strin
   return single(OpKind::Transpose, {x}, a, name);
 }
 
+Val Builder::channel_shuffle(Val x, int64_t groups, const std::string& name) {
+  Attrs a;
+  a.set("groups", groups);
+  return single(OpKind::ChannelShuffle, {x}, a, name);
+}
+
 Val Builder::reshape(Val x, const std::vector<int64_t>& shape, const std::string& name) {
   Attrs a;
   a.set("shape", shape);
@@ -339,19 +345,23 @@ Val Builder::matmul(Val a, Val b, const std::string& name) {
   return single(OpKind::MatMul, {a, b}, {}, name);
 }
 
-Val Builder::layer_norm(Val x, const std::string& name, int64_t axis, double eps) {
+Val Builder::layer_norm(Val x, const std::string& name, int64_t axis, double eps,
+                        int64_t last_axis) {
   return transactional([&] {
     const Shape& xs = shape(x);
     const int64_t rank = int64_t(xs.size()), ax = axis < 0 ? axis + rank : axis;
-    if (ax < 0 || ax >= rank)
-      fail("[layer_norm] node '{}': axis {} is out of range for {}", name, axis, shape_str(xs));
-    const Shape tail(xs.begin() + ax, xs.end());
+    const int64_t last = last_axis < 0 ? last_axis + rank : last_axis;
+    if (ax < 0 || ax >= rank || last < ax || last >= rank)
+      fail("[layer_norm] node '{}': axis {} to last_axis {} is out of range for {}", name, axis,
+           last_axis, shape_str(xs));
+    const Shape dims(xs.begin() + ax, xs.begin() + last + 1);
     Attrs a;
     a.set("axis", axis);
+    a.set("last_axis", last_axis);
     a.set("eps", eps);
     return single(OpKind::LayerNorm,
-                  {x, weight(name + ".weight", tail, OpKind::LayerNorm, "scale"),
-                   weight(name + ".bias", tail, OpKind::LayerNorm, "bias")},
+                  {x, weight(name + ".weight", dims, OpKind::LayerNorm, "scale"),
+                   weight(name + ".bias", dims, OpKind::LayerNorm, "bias")},
                   a, name);
   });
 }

@@ -21,9 +21,8 @@
 // MaxPool, AveragePool     -> maxpool2d, avgpool2d (2-D, dilations 1); GlobalAveragePool ->
 //                             global_avgpool
 // ReduceMean, ReduceSum, ReduceMax -> reduce_mean, reduce_sum, reduce_max (axes: an attribute
-//                             before opset 18, 13 for ReduceSum, the input from then on); the
-//                             mean over H and W of a 4-D tensor -> global_avgpool (with keepdims
-//                             0 a flatten follows)
+//                             before opset 18, 13 for ReduceSum, the input from then on; the
+//                             mean over H and W becomes global_avgpool in canonicalization)
 // Softmax                  -> softmax (before opset 13, over the dims from axis as one: reshapes
 //                             around it)
 // Resize, Upsample         -> upsample_nearest (nearest, integer scales of H and W, the
@@ -928,37 +927,14 @@ ReduceArgs reduce_args(Importer& im, int64_t input_from) {
   return r;
 }
 
-// A reduction node over the axes, keepdims as given.
-void reduce(Importer& im, OpKind kind, const ReduceArgs& r) {
-  im.emit(kind, {im.dyn(0)}, im.attrs({{"axes", r.axes}, {"keepdims", int64_t(r.keepdims)}}),
+// A reduction node over the axes, keepdims as given, or nothing (noop_with_empty_axes and no
+// axes); the axes are an input from opset `input_from` on.
+template <OpKind Kind, int64_t input_from>
+void op_reduce(Importer& im) {
+  const ReduceArgs r = reduce_args(im, input_from);
+  if (r.noop) return pass_through(im);
+  im.emit(Kind, {im.dyn(0)}, im.attrs({{"axes", r.axes}, {"keepdims", int64_t(r.keepdims)}}),
           {im.out(0)});
-}
-
-// The mean over H and W of an NCHW tensor is global_avgpool (then a flatten without keepdims);
-// other means a reduce_mean.
-void op_reduce_mean(Importer& im) {
-  const ReduceArgs r = reduce_args(im, 18);
-  if (r.noop) return pass_through(im);
-  const std::string x = im.dyn(0);
-  const Shape& s = im.value_shape(x);
-  if (s.size() != 4 || r.axes != std::vector<int64_t>{2, 3})
-    return reduce(im, OpKind::ReduceMean, r);
-  if (r.keepdims) return im.emit(OpKind::GlobalAvgPool, {x}, {}, {im.out(0)});
-  const std::string pooled = im.fresh_value(im.node().output(0) + ".pool");
-  im.emit(OpKind::GlobalAvgPool, {x}, {}, {pooled});
-  im.emit(OpKind::Flatten, {pooled}, im.attrs({{"axis", int64_t(1)}}), {im.out(0)}, "flatten");
-}
-
-void op_reduce_sum(Importer& im) {
-  const ReduceArgs r = reduce_args(im, 13);
-  if (r.noop) return pass_through(im);
-  reduce(im, OpKind::ReduceSum, r);
-}
-
-void op_reduce_max(Importer& im) {
-  const ReduceArgs r = reduce_args(im, 18);
-  if (r.noop) return pass_through(im);
-  reduce(im, OpKind::ReduceMax, r);
 }
 
 // -- handlers: linear layers --
@@ -1550,9 +1526,9 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"Min", op_min},
       {"Mul", op_mul},
       {"Pad", op_pad},
-      {"ReduceMax", op_reduce_max},
-      {"ReduceMean", op_reduce_mean},
-      {"ReduceSum", op_reduce_sum},
+      {"ReduceMax", op_reduce<OpKind::ReduceMax, 18>},
+      {"ReduceMean", op_reduce<OpKind::ReduceMean, 18>},
+      {"ReduceSum", op_reduce<OpKind::ReduceSum, 13>},
       {"Relu", op_relu},
       {"Reshape", op_reshape},
       {"Resize", op_resize},

@@ -80,6 +80,9 @@ const std::array<CpuKernel, kNumOps>& kernels() {
         cpu::gather(in[0], v.offset, v.strides, out[0]);
       };
     at(OpKind::Reshape) = at(OpKind::Flatten);
+    at(OpKind::ChannelShuffle) = [](const Node& n, In in, Out out) {
+      cpu::channel_shuffle(in[0], n.attrs.i("groups"), out[0]);
+    };
     at(OpKind::Pad) = [](const Node& n, In in, Out out) {
       const std::string& mode = n.attrs.s("mode");
       const auto& pads = n.attrs.ints("pads");
@@ -100,8 +103,8 @@ const std::array<CpuKernel, kNumOps>& kernels() {
       cpu::softmax(in[0], axis_attr(n, in[0].rank()), out[0]);
     };
     at(OpKind::LayerNorm) = [](const Node& n, In in, Out out) {
-      cpu::layer_norm(in[0], axis_attr(n, in[0].rank()), in[1], in.size() > 2 ? in[2] : Tensor{},
-                      n.attrs.f("eps"), out[0]);
+      cpu::layer_norm(in[0], axis_attr(n, in[0].rank()), axis_attr(n, in[0].rank(), "last_axis"),
+                      in[1], in.size() > 2 ? in[2] : Tensor{}, n.attrs.f("eps"), out[0]);
     };
     at(OpKind::GroupNorm) = [](const Node& n, In in, Out out) {
       cpu::group_norm(in[0], n.attrs.i("groups"), in[1], in[2], n.attrs.f("eps"), out[0]);

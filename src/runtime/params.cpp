@@ -72,11 +72,21 @@ GatherView gather_view(const Node& node, const Shape& x) {
   for (size_t d = x.size(); d-- > 1;) stride[d - 1] = stride[d] * x[d];
   GatherView v;
   if (node.op == OpKind::Transpose) {
-    for (int64_t p : transpose_perm(ctx)) v.strides.push_back(stride[size_t(p)]);
+    for (int64_t p : transpose_perm(ctx)) {
+      v.sizes.push_back(x[size_t(p)]);
+      v.strides.push_back(stride[size_t(p)]);
+    }
+    return v;
+  }
+  if (node.op == OpKind::ChannelShuffle) {
+    const int64_t groups = node.attrs.i("groups"), per = x[1] / groups, inner = stride[1];
+    v.sizes = {x[0], per, groups, inner};
+    v.strides = {stride[0], inner, per * inner, 1};
     return v;
   }
   EPILOG_ASSERT(node.op == OpKind::Slice, "gather_view of a {}", op_name(node.op));
   const SliceDims s = slice_dims(ctx);
+  v.sizes = s.out;
   for (size_t d = 0; d < x.size(); ++d) {
     v.offset += s.start[d] * stride[d];
     v.strides.push_back(s.step[d] * stride[d]);

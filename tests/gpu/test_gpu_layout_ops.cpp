@@ -67,6 +67,18 @@ TEST_CASE("gpu layout ops: transpose, any permutation, tiled and generic", "[gpu
         {shape}, [&](Builder& b, std::vector<Val> v) { return b.transpose(v[0], perm); }, kExact);
 }
 
+TEST_CASE("gpu layout ops: channel_shuffle, the gather of a 4-D view of x", "[gpu][ops]") {
+  const std::vector<std::pair<Shape, int64_t>> cases = {{{2, 116, 28, 28}, 2},  // ShuffleNetV2's
+                                                        {{3, 12, 5, 7}, 3},
+                                                        {{2, 8}, 4},
+                                                        {{1, 6, 2, 3, 5}, 6},
+                                                        {{2, 5, 3, 3}, 1}};
+  for (const auto& [shape, groups] : cases)
+    check_op(
+        {shape}, [&](Builder& b, std::vector<Val> v) { return b.channel_shuffle(v[0], groups); },
+        kExact);
+}
+
 TEST_CASE("gpu layout ops: reshape is a view on the device too", "[gpu][ops]") {
   check_op(
       {{2, 116, 28, 28}},
@@ -149,6 +161,16 @@ TEST_CASE("gpu layout ops: layer_norm, group_norm and instance_norm", "[gpu][ops
       kFloat32Norm);
   check_op(
       {{2, 4, 6, 5}}, [](Builder& b, std::vector<Val> v) { return b.layer_norm(v[0], "ln", 1); },
+      kFloat32Norm);
+  // Over dims with dims after them (strided columns): ConvNeXt's channels-first LayerNorm, and
+  // two middle dims.
+  check_op(
+      {{2, 96, 14, 14}},
+      [](Builder& b, std::vector<Val> v) { return b.layer_norm(v[0], "ln", 1, 1e-6, 1); },
+      kFloat32Norm);
+  check_op(
+      {{2, 3, 4, 5, 6}},
+      [](Builder& b, std::vector<Val> v) { return b.layer_norm(v[0], "ln", 1, 1e-5, 2); },
       kFloat32Norm);
   for (int64_t groups : {1, 4, 32})
     check_op(

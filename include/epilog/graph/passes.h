@@ -11,8 +11,9 @@
 
 namespace epilog {
 
-// mul(x, sigmoid(x)) -> silu(x), in either operand order (PyTorch's ONNX export of SiLU); GELU
-// as x * (erf(x / sqrt(2)) + 1) * 0.5 (its export below opset 20) -> gelu(x).
+// The forms exporters spell ops in, each rewritten to the op (graph/canonicalize.cpp lists them):
+// SiLU, GELU, HardSwish, LayerNorm, the mean over H and W, and the channel shuffle. A form whose
+// constants are not the op's is left as it is, with the reason among the refusals.
 std::vector<Rule> canonicalize_rules();
 
 // Structural reparameterization (RepVGG, ACNet; graph/reparam.cpp): where an add tree sums two

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,9 @@ namespace epilog {
 
 // Matches either a node of kind `op` whose first inputs match `inputs` in order (operands of
 // add and mul in either order), or, with no op, any value. A binding name used twice must bind
-// the same value both times: mul(any("x"), sigmoid(any("x"))) is x * sigmoid(x).
+// the same value both times: mul(any("x"), sigmoid(any("x"))) is x * sigmoid(x), and a node
+// pattern bound twice matches one node read twice (LayerNorm's x - mean, read by the square and
+// the division).
 struct Pat {
   std::optional<OpKind> op;
   std::vector<Pat> inputs;
@@ -40,6 +43,8 @@ struct Match {
   std::vector<int> nodes;                       // every matched node, root first
   std::map<std::string, int> node_of;           // binding -> node index
   std::map<std::string, std::string> value_of;  // binding -> value name (nodes: first output)
+  // The reads the pattern followed into a matched node: (reading node, input slot).
+  std::set<std::pair<int, size_t>> links;
 
   const Node& node(const std::string& bind) const;
   const Node* find(const std::string& bind) const;  // null when the binding is absent
@@ -50,9 +55,9 @@ struct Match {
 using KernelQuery = std::function<bool(OpKind op, DType dtype)>;
 
 // The one legality helper: the matched nodes other than the root disappear into
-// `result_op`, so each must have exactly one consumer, must not produce a graph output, and
-// the backend must have a kernel for `result_op` at the root's dtype. Returns the reason it
-// refuses, or an empty string.
+// `result_op`, so nothing but the pattern's own links may read them (for a chain: exactly one
+// consumer each), none may produce a graph output, and the backend must have a kernel for
+// `result_op` at the root's dtype. Returns the reason it refuses, or an empty string.
 std::string can_absorb(const Graph& graph, const UseIndex& uses, const Match& match,
                        OpKind result_op, const KernelQuery& has_kernel);
 

@@ -118,6 +118,8 @@ class Builder {
   Val sub(Val a, Val b, const std::string& name = "");
   Val div(Val a, Val b, const std::string& name = "");
   Val transpose(Val x, const std::vector<int64_t>& perm, const std::string& name = "");
+  // ShuffleNet's channel shuffle of x [N, C, ...] in `groups` groups.
+  Val channel_shuffle(Val x, int64_t groups, const std::string& name = "");
   // ONNX Reshape: 0 keeps the dim, one -1 takes what is left.
   Val reshape(Val x, const std::vector<int64_t>& shape, const std::string& name = "");
   // ONNX Slice (axes empty: the first starts.size() dims; steps empty: 1).
@@ -136,8 +138,10 @@ class Builder {
              const std::string& coordinate_mode = "half_pixel",
              const std::string& nearest_mode = "round_prefer_floor", const std::string& name = "");
   Val matmul(Val a, Val b, const std::string& name = "");
-  // Normalizations with weights "<name>.weight" and "<name>.bias" (PyTorch's names).
-  Val layer_norm(Val x, const std::string& name, int64_t axis = -1, double eps = 1e-5);
+  // Normalizations with weights "<name>.weight" and "<name>.bias" (PyTorch's names); layer_norm
+  // over x's dims from axis to last_axis (both included).
+  Val layer_norm(Val x, const std::string& name, int64_t axis = -1, double eps = 1e-5,
+                 int64_t last_axis = -1);
   Val group_norm(Val x, const std::string& name, int64_t groups, double eps = 1e-5);
   Val instance_norm(Val x, const std::string& name, double eps = 1e-5);
 

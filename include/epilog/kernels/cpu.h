@@ -56,6 +56,10 @@ void conv_transpose2d(const ConvShape& s, const float* x, const float* w, const 
 // y = x viewed as y's shape with element strides `strides` from element `offset`:
 // y[i_0, ..., i_r] = x[offset + sum_d i_d * strides[d]]. Transpose and slice are such views.
 void gather(const Tensor& x, int64_t offset, const std::vector<int64_t>& strides, Tensor& y);
+// x [N, C, ...] with its channels in `groups` groups of C / groups, each channel j of group i
+// moved to j * groups + i: y[n, j * groups + i, ...] = x[n, i * (C / groups) + j, ...]
+// (ShuffleNet's channel shuffle).
+void channel_shuffle(const Tensor& x, int64_t groups, Tensor& y);
 using epilog::PadMode;
 // `begins`: the padding before each dim of x (y's shape gives the rest).
 void pad(const Tensor& x, const std::vector<int64_t>& begins, PadMode mode, float value, Tensor& y);
@@ -67,9 +71,10 @@ using epilog::Reduce;
 // Over the dims where `reduced` is set; y holds the kept dims in order (any 1s, keepdims's, too).
 void reduce(Reduce op, const Tensor& x, const std::vector<bool>& reduced, Tensor& y);
 void softmax(const Tensor& x, int64_t axis, Tensor& y);
-// Rows of x's dims from `axis` on, normalized, * scale + bias (bias may be undefined).
-void layer_norm(const Tensor& x, int64_t axis, const Tensor& scale, const Tensor& bias, double eps,
-                Tensor& y);
+// x's values over the dims from `axis` to `last_axis` (both included) normalized at each index
+// of the other dims, * scale + bias (bias may be undefined).
+void layer_norm(const Tensor& x, int64_t axis, int64_t last_axis, const Tensor& scale,
+                const Tensor& bias, double eps, Tensor& y);
 // x [N, C, ...]: each group of C / groups channels normalized, * scale[c] + bias[c].
 void group_norm(const Tensor& x, int64_t groups, const Tensor& scale, const Tensor& bias,
                 double eps, Tensor& y);

@@ -146,7 +146,9 @@ void softmax(int64_t outer, int64_t n, int64_t inner, const float* x, float* y, 
 // Rows of x [rows, len] normalized (mean 0, biased variance + eps to 1), then * scale + bias:
 // per element of a row (layer_norm: groups == 0), or per channel c = (row % groups) *
 // (len / inner) + j / inner for element j of a row (group_norm, instance_norm: rows are
-// (image, group), inner the positions of a channel). bias may be null.
+// (image, group), inner the positions of a channel). bias may be null. For layer_norm, inner > 1
+// makes the rows the columns of x as [rows / inner, len, inner] instead (dims after the
+// normalized ones: ConvNeXt's LayerNorm over the channels of NCHW).
 struct RowNorm {
   int64_t rows, len;
   int64_t groups = 0, inner = 1;

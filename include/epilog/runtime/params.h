@@ -27,10 +27,13 @@ PoolShape pool_shape(const Node& node, const Tensor& x, const Tensor& y);  // wi
 // The binary elementwise op (add, mul, sub, div, max, min) a node kind computes, or nullopt.
 std::optional<Binary> binary_kind(OpKind op);
 
-// transpose and slice as a strided view of x (contiguous, shape x): y[i_0, ..., i_r] =
-// x[offset + sum_d i_d * strides[d]], y shaped as the node's output.
+// transpose, slice and channel_shuffle as a strided view of x (contiguous, shape x): the view's
+// element i_0, ..., i_r (over `sizes`, in row-major order) is x[offset + sum_d i_d * strides[d]],
+// and y (contiguous) holds them in that order. sizes is y's shape, except channel_shuffle's:
+// [N, C / groups, groups, the product of the dims after C].
 struct GatherView {
   int64_t offset = 0;
+  Shape sizes;
   std::vector<int64_t> strides;
 };
 GatherView gather_view(const Node& node, const Shape& x);

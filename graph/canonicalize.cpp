@@ -1,0 +1,347 @@
+// Canonicalization: the ways exporters spell an op, each rewritten to that one op, so that the
+// fusion rules and the kernels see one spelling. Every rule checks the constants of its form
+// against the ones the op means and refuses, naming the constant, where they differ: a wrong
+// match would change what the graph computes.
+//
+//   mul(x, sigmoid(x))                                 -> silu
+//   x * (erf(x / sqrt 2) + 1) * 0.5, in any order      -> gelu
+//   x * relu6(x + 3) / 6, x * hardsigmoid(x)           -> hardswish
+//   LayerNorm as reduce_mean, sub, pow, ..., add       -> layer_norm
+//   reduce_mean over every dim after N and C           -> global_avgpool (+ flatten)
+//   reshape, transpose, reshape on the channels        -> channel_shuffle
+#include <algorithm>
+#include <cmath>
+
+#include "epilog/graph/passes.h"
+
+namespace epilog {
+namespace {
+
+// -- checks --
+
+// Whether v is within a relative 1e-6 of want (exactly want when want is 0).
+bool near(double v, double want) {
+  return std::fabs(v - want) <= 1e-6 * std::fabs(want);
+}
+
+// Whether `value` is a constant of one element near `want`.
+std::string scalar_is(const Graph& g, const std::string& value, double want) {
+  if (!g.is_weight(value) || shape_numel(g.value(value).shape) != 1)
+    return fmt::format("'{}' is not a constant of one value", value);
+  const double v = g.weights.at(value).data.f32()[0];
+  if (!near(v, want)) return fmt::format("'{}' is {}, not {}", value, v, want);
+  return "";
+}
+
+// Whether float attribute `attr` of node n is near `want`.
+std::string attr_is(const Node& n, const char* attr, double want) {
+  const double v = n.attrs.f(attr);
+  if (!near(v, want))
+    return fmt::format("{} '{}' has {} {}, not {}", op_name(n.op), n.name, attr, v, want);
+  return "";
+}
+
+// The first reason to refuse among `reasons`, or "".
+std::string first(std::initializer_list<std::string> reasons) {
+  for (const std::string& why : reasons)
+    if (!why.empty()) return why;
+  return "";
+}
+
+// The root's output has the shape of the value bound to x: no constant of the form broadcasts x
+// to more elements, so the op that replaces it, applied to x, makes the same tensor.
+std::string keeps_shape(const Match& m) {
+  const Graph& g = *m.graph;
+  const Shape& y = g.value(g.nodes[size_t(m.root)].outputs[0]).shape;
+  const Shape& x = g.value(m.value("x")).shape;
+  if (y != x) return fmt::format("a constant broadcasts {} to {}", shape_str(x), shape_str(y));
+  return "";
+}
+
+// The root as one node of `op` that reads x and makes the root's outputs.
+Replacement unary(const Match& m, OpKind kind, const Attrs& attrs = {}) {
+  const Node& root = m.graph->nodes[size_t(m.root)];
+  return Replacement{
+      {Node{
+          root.name, kind, normalize_attrs(kind, root.name, attrs), {m.value("x")}, root.outputs}},
+      {}};
+}
+
+// -- gelu --
+
+// GELU as PyTorch's exporter spells it below opset 20, x * (erf(x / sqrt(2)) + 1) * 0.5, with
+// the division also as a product by 1 / sqrt(2), and the 0.5 taken with the product, with x or
+// with erf + 1.
+void gelu_rules(std::vector<Rule>& rules) {
+  const auto check = [](const Match& m) {
+    const Graph& g = *m.graph;
+    const bool div = m.node("scaled").op == OpKind::Div;
+    return first({scalar_is(g, m.value("k"), div ? std::sqrt(2.0) : std::sqrt(0.5)),
+                  scalar_is(g, m.value("one"), 1.0), scalar_is(g, m.value("half"), 0.5),
+                  keeps_shape(m)});
+  };
+  const auto apply = [](const Match& m) { return unary(m, OpKind::Gelu); };
+  for (OpKind scale : {OpKind::Div, OpKind::Mul}) {
+    const Pat erf1 = op(
+        OpKind::Add,
+        {op(OpKind::Erf, {op(scale, {any("x"), any("k")}, "scaled")}, "erf"), any("one")}, "add");
+    for (const Pat& form :
+         {op(OpKind::Mul, {op(OpKind::Mul, {any("x"), erf1}, "inner"), any("half")}, "mul"),
+          op(OpKind::Mul, {op(OpKind::Mul, {any("x"), any("half")}, "inner"), erf1}, "mul"),
+          op(OpKind::Mul, {any("x"), op(OpKind::Mul, {erf1, any("half")}, "inner")}, "mul")})
+      rules.push_back({"gelu(erf)->gelu", form, OpKind::Gelu, check, apply});
+  }
+}
+
+// -- hardswish --
+
+// x * relu6(x + 3) / 6 with relu6 as clip(0, 6), min(max(., 0), 6) or max(min(., 6), 0) and the
+// division by 6 (or product by 1 / 6) applied to the product, to the relu6 or to x; and
+// x * hardsigmoid(x) with hardsigmoid's alpha 1 / 6 and beta 0.5.
+void hardswish_rules(std::vector<Rule>& rules) {
+  const Pat shifted = op(OpKind::Add, {any("x"), any("three")}, "shifted");
+  const std::vector<Pat> relu6s = {
+      op(OpKind::Clip, {shifted}, "relu6"),
+      op(OpKind::Min, {op(OpKind::Max, {shifted, any("zero")}, "max"), any("six")}, "relu6"),
+      op(OpKind::Max, {op(OpKind::Min, {shifted, any("six")}, "min"), any("zero")}, "relu6")};
+  const auto check = [](const Match& m) {
+    const Graph& g = *m.graph;
+    const Node& relu6 = m.node("relu6");
+    const bool clip = relu6.op == OpKind::Clip;
+    const bool div = m.node("scale").op == OpKind::Div;
+    return first({scalar_is(g, m.value("three"), 3.0),
+                  clip ? attr_is(relu6, "min", 0.0) : scalar_is(g, m.value("zero"), 0.0),
+                  clip ? attr_is(relu6, "max", 6.0) : scalar_is(g, m.value("six"), 6.0),
+                  scalar_is(g, m.value("sixth"), div ? 6.0 : 1.0 / 6.0), keeps_shape(m)});
+  };
+  const auto apply = [](const Match& m) { return unary(m, OpKind::HardSwish); };
+  for (const Pat& relu6 : relu6s)
+    for (OpKind scale : {OpKind::Div, OpKind::Mul}) {
+      const auto sixth = [&](const Pat& p) { return op(scale, {p, any("sixth")}, "scale"); };
+      for (const Pat& form : {sixth(op(OpKind::Mul, {any("x"), relu6}, "mul")),
+                              op(OpKind::Mul, {any("x"), sixth(relu6)}, "mul"),
+                              op(OpKind::Mul, {sixth(any("x")), relu6}, "mul")})
+        rules.push_back({"x*relu6(x+3)/6->hardswish", form, OpKind::HardSwish, check, apply});
+    }
+  rules.push_back({"x*hardsigmoid(x)->hardswish",
+                   op(OpKind::Mul, {any("x"), op(OpKind::HardSigmoid, {any("x")}, "hs")}, "mul"),
+                   OpKind::HardSwish,
+                   [](const Match& m) {
+                     const Node& hs = m.node("hs");
+                     return first({attr_is(hs, "alpha", 1.0 / 6.0), attr_is(hs, "beta", 0.5)});
+                   },
+                   apply});
+}
+
+// -- layer_norm --
+
+// What a decomposed LayerNorm normalizes: x's dims first..last, and its eps.
+struct NormSpan {
+  int64_t first = 0, last = 0;
+  double eps = 0;
+};
+
+// Whether constant `value` holds one number per element of x's dims first..last: its shape,
+// aligned with x's at the back, is x's there and 1 elsewhere (so its numbers, in order, are
+// layer_norm's scale or bias).
+std::string per_element(const Graph& g, const std::string& value, const Shape& x,
+                        const NormSpan& s) {
+  if (!g.is_weight(value)) return fmt::format("'{}' is computed, not a constant", value);
+  const Shape& w = g.value(value).shape;
+  bool ok = w.size() <= x.size();
+  for (size_t d = 0; ok && d < x.size(); ++d) {
+    const size_t lead = x.size() - w.size();
+    const int64_t have = d < lead ? 1 : w[d - lead];
+    ok = have == (int64_t(d) >= s.first && int64_t(d) <= s.last ? x[d] : 1);
+  }
+  if (!ok)
+    return fmt::format("'{}' of shape {} is not one value per element of dims {} to {} of {}",
+                       value, shape_str(w), s.first, s.last, shape_str(x));
+  return "";
+}
+
+// The span of a decomposed LayerNorm, or the reason it is none: both means over one run of x's
+// dims with keepdims, a square as pow 2, eps a constant >= 0, and the weight and bias (where
+// the form has them) constants per element of the normalized dims.
+std::string norm_span(const Match& m, NormSpan& s) {
+  const Graph& g = *m.graph;
+  const Shape& x = g.value(m.value("x")).shape;
+  const Node &mean = m.node("mean"), &var = m.node("var");
+  const std::vector<Shape> shapes{x};
+  const std::vector<bool> axes = reduce_axes(InferContext{mean.op, mean.name, mean.attrs, shapes});
+  if (mean.attrs.i("keepdims") == 0 || var.attrs.i("keepdims") == 0)
+    return fmt::format("'{}' or '{}' drops the reduced dims (keepdims 0)", mean.name, var.name);
+  if (axes != reduce_axes(InferContext{var.op, var.name, var.attrs, shapes}))
+    return fmt::format("'{}' and '{}' reduce other dims", mean.name, var.name);
+  const auto begin = std::find(axes.begin(), axes.end(), true);
+  const auto end = std::find(begin, axes.end(), false);
+  if (std::find(end, axes.end(), true) != axes.end())
+    return fmt::format("'{}' reduces dims that are not one run", mean.name);
+  s.first = begin - axes.begin();
+  s.last = end - axes.begin() - 1;
+  const Node& sq = m.node("sq");
+  if (sq.op == OpKind::Pow && !near(sq.attrs.f("exponent"), 2.0))
+    return fmt::format("'{}' raises to {}, not 2", sq.name, sq.attrs.f("exponent"));
+  const std::string& eps = m.value("eps");
+  if (!g.is_weight(eps) || shape_numel(g.value(eps).shape) != 1 ||
+      !(g.weights.at(eps).data.f32()[0] >= 0))
+    return fmt::format("eps '{}' is not a constant of one value >= 0", eps);
+  s.eps = g.weights.at(eps).data.f32()[0];
+  std::string why = keeps_shape(m);
+  for (const char* affine : {"w", "b"})
+    if (why.empty() && m.value_of.count(affine)) why = per_element(g, m.value(affine), x, s);
+  return why;
+}
+
+// The constant `value` as a weight of `shape` (its numbers): itself where it has that shape.
+std::string weight_as(const Graph& g, Replacement& r, const std::string& value, const Shape& shape,
+                      const std::string& base) {
+  if (g.value(value).shape == shape) return value;
+  const std::string name = g.unique_name(base);
+  r.weights[name] = g.weights.at(value).data.reshape(shape);
+  return name;
+}
+
+Replacement to_layer_norm(const Match& m) {
+  const Graph& g = *m.graph;
+  NormSpan s;
+  norm_span(m, s);
+  const Node& root = g.nodes[size_t(m.root)];
+  const Shape& x = g.value(m.value("x")).shape;
+  const Shape dims(x.begin() + s.first, x.begin() + s.last + 1);
+  Replacement r;
+  std::vector<std::string> ins{m.value("x")};
+  if (m.value_of.count("w")) {
+    ins.push_back(weight_as(g, r, m.value("w"), dims, root.name + ".scale"));
+  } else {
+    ins.push_back(g.unique_name(root.name + ".scale"));
+    r.weights[ins.back()] = Tensor::full(dims, 1.0f);
+  }
+  if (m.value_of.count("b"))
+    ins.push_back(weight_as(g, r, m.value("b"), dims, root.name + ".bias"));
+  Attrs a;
+  a.set("axis", s.first);
+  a.set("last_axis", s.last + 1 == int64_t(x.size()) ? int64_t(-1) : s.last);
+  a.set("eps", s.eps);
+  r.nodes.push_back(Node{root.name, OpKind::LayerNorm,
+                         normalize_attrs(OpKind::LayerNorm, root.name, a), ins, root.outputs});
+  return r;
+}
+
+// LayerNorm as exporters decompose it (before opset 17, and ConvNeXt's channels-first one):
+// d = x - mean(x), (d / sqrt(mean(d^2) + eps)) [* weight] [+ bias], the means over one run of
+// dims with keepdims. The square is pow(d, 2) or d * d, the division one by the square root or
+// a product by its reciprocal, and d may be computed once or twice (with or without the
+// exporter's common subexpression elimination).
+void layer_norm_rules(std::vector<Rule>& rules) {
+  const Pat mean = op(OpKind::ReduceMean, {any("x")}, "mean");
+  const Pat d = op(OpKind::Sub, {any("x"), mean}, "d");
+  const Pat centered = op(OpKind::Sub, {any("x"), mean}, "centered");
+  const auto check = [](const Match& m) {
+    NormSpan s;
+    return norm_span(m, s);
+  };
+  for (const Pat& sq : {op(OpKind::Pow, {d}, "sq"), op(OpKind::Mul, {d, d}, "sq")}) {
+    const Pat var = op(OpKind::ReduceMean, {sq}, "var");
+    const Pat stddev = op(OpKind::Sqrt, {op(OpKind::Add, {var, any("eps")}, "var_eps")}, "std");
+    for (const Pat& norm :
+         {op(OpKind::Div, {centered, stddev}, "norm"),
+          op(OpKind::Mul, {centered, op(OpKind::Reciprocal, {stddev}, "rstd")}, "norm")}) {
+      const Pat scaled = op(OpKind::Mul, {norm, any("w")}, "scaled");
+      for (const Pat& form : {norm, scaled, op(OpKind::Add, {norm, any("b")}, "shifted"),
+                              op(OpKind::Add, {scaled, any("b")}, "shifted")})
+        rules.push_back(
+            {"layer_norm(decomposed)->layer_norm", form, OpKind::LayerNorm, check, to_layer_norm});
+    }
+  }
+}
+
+// -- global_avgpool, channel_shuffle --
+
+// The mean over every dim after N and C is global_avgpool; without keepdims a flatten to [N, C]
+// follows (a view: its output lives in its input's storage).
+Rule global_avgpool_rule() {
+  return {"reduce_mean(h,w)->global_avgpool", op(OpKind::ReduceMean, {any("x")}, "mean"),
+          OpKind::GlobalAvgPool,
+          [](const Match& m) -> std::string {
+            const Node& mean = m.node("mean");
+            const Shape& x = m.graph->value(m.value("x")).shape;
+            const std::vector<Shape> shapes{x};
+            std::vector<bool> want(x.size(), true);
+            if (x.size() >= 2) want[0] = want[1] = false;
+            if (x.size() < 3 ||
+                reduce_axes(InferContext{mean.op, mean.name, mean.attrs, shapes}) != want)
+              return fmt::format("'{}' is no mean over every dim of {} after the first two",
+                                 mean.name, shape_str(x));
+            return "";
+          },
+          [](const Match& m) {
+            const Node& mean = m.node("mean");
+            if (mean.attrs.i("keepdims")) return unary(m, OpKind::GlobalAvgPool);
+            const std::string pooled = m.graph->unique_name(mean.outputs[0] + ".pool");
+            Attrs flat;
+            flat.set("axis", int64_t(1));
+            const std::string name = m.graph->unique_name(mean.name + ".flatten");
+            return Replacement{
+                {Node{mean.name, OpKind::GlobalAvgPool, {}, {m.value("x")}, {pooled}},
+                 Node{name,
+                      OpKind::Flatten,
+                      normalize_attrs(OpKind::Flatten, name, flat),
+                      {pooled},
+                      mean.outputs}},
+                {}};
+          }};
+}
+
+// x [N, C, ...] reshaped to [N, g, C / g, ...], its dims 1 and 2 swapped and reshaped back
+// (torchvision's ShuffleNet, exported) is channel_shuffle(g).
+Rule channel_shuffle_rule() {
+  return {"reshape->transpose->reshape->channel_shuffle",
+          op(OpKind::Reshape,
+             {op(OpKind::Transpose, {op(OpKind::Reshape, {any("x")}, "split")}, "swap")}, "merge"),
+          OpKind::ChannelShuffle,
+          [](const Match& m) -> std::string {
+            const Graph& g = *m.graph;
+            const Shape& x = g.value(m.value("x")).shape;
+            const Shape& split = g.value(m.value("split")).shape;
+            const Node& swap = m.node("swap");
+            const std::vector<Shape> shapes{split};
+            std::vector<int64_t> swapped(split.size());
+            for (size_t d = 0; d < swapped.size(); ++d) swapped[d] = int64_t(d);
+            bool ok = x.size() >= 2 && split.size() == x.size() + 1 && split[0] == x[0] &&
+                      split[1] * split[2] == x[1] &&
+                      std::equal(x.begin() + 2, x.end(), split.begin() + 3) &&
+                      g.value(m.value("merge")).shape == x;
+            if (ok) {
+              std::swap(swapped[1], swapped[2]);
+              ok = transpose_perm(InferContext{swap.op, swap.name, swap.attrs, shapes}) == swapped;
+            }
+            if (!ok)
+              return fmt::format("{} -> {} -> {} is no channel shuffle", shape_str(x),
+                                 shape_str(split), shape_str(g.value(m.value("swap")).shape));
+            return "";
+          },
+          [](const Match& m) {
+            Attrs a;
+            a.set("groups", m.graph->value(m.value("split")).shape[1]);
+            return unary(m, OpKind::ChannelShuffle, a);
+          }};
+}
+
+}  // namespace
+
+std::vector<Rule> canonicalize_rules() {
+  std::vector<Rule> rules;
+  rules.push_back(
+      Rule{"mul(x,sigmoid(x))->silu",
+           op(OpKind::Mul, {any("x"), op(OpKind::Sigmoid, {any("x")}, "sigmoid")}, "mul"),
+           OpKind::Silu, nullptr, [](const Match& m) { return unary(m, OpKind::Silu); }});
+  gelu_rules(rules);
+  hardswish_rules(rules);
+  layer_norm_rules(rules);
+  rules.push_back(global_avgpool_rule());
+  rules.push_back(channel_shuffle_rule());
+  return rules;
+}
+
+}  // namespace epilog

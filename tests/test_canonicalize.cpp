@@ -1,0 +1,409 @@
+// The canonicalization rules (graph/canonicalize.cpp), each on its own: a graph in the form an
+// exporter writes, built as an ONNX model as the forms arrive (the builder's own graphs where the
+// form needs no ONNX), becomes after optimize() the one op it spells, computing what the form
+// computes element by element on random inputs (|got - want| <= atol + rtol |want|); and with
+// one constant changed the graph stays as imported, a refusal saying why.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+#include "epilog/graph/passes.h"
+#include "epilog/io/builder.h"
+#include "kernel_check.h"
+#include "test_util.h"
+
+#ifdef EPILOG_HAVE_ONNX
+#include "onnx_model.h"
+#endif
+
+using namespace epilog;
+
+namespace {
+
+// |got - want| <= atol + rtol * |want| at every element.
+void check_close(const Tensor& got, const Tensor& want, double atol, double rtol) {
+  REQUIRE(got.shape() == want.shape());
+  const std::vector<double> ref(want.f32(), want.f32() + want.numel());
+  std::vector<double> tol;
+  for (double w : ref) tol.push_back(atol + rtol * std::fabs(w));
+  test::expect_close(got.f32(), ref, tol);
+}
+
+// `source` optimized: one node of `op` is left, and on random inputs (normal, of `spread`) it
+// computes what `source` computes. Returns the optimized graph.
+Graph canonical(const Graph& source, OpKind op, double tol, float spread = 1) {
+  Graph g = source;
+  const PassReport r = optimize(g);
+  INFO(r.summary() << "\n" << fmt::format("{}", fmt::join(r.refusals, "\n")));
+  REQUIRE(g.nodes.size() == 1);
+  CHECK(g.nodes[0].op == op);
+  CHECK(g.nodes[0].outputs == source.outputs);
+  std::map<std::string, Tensor> in;
+  for (const std::string& name : source.inputs)
+    in[name] = Tensor::randn(source.value(name).shape, 11, spread);
+  const auto want = test::run_cpu(source, in), got = test::run_cpu(g, in);
+  for (const std::string& out : source.outputs) check_close(got.at(out), want.at(out), tol, tol);
+  return g;
+}
+
+// `source` optimized keeps its nodes, and a refusal says `why`.
+void untouched(const Graph& source, const std::string& why) {
+  Graph g = source;
+  const PassReport r = optimize(g);
+  CHECK(g.op_counts() == source.op_counts());
+  INFO(fmt::format("{}", fmt::join(r.refusals, "\n")));
+  CHECK(std::any_of(r.refusals.begin(), r.refusals.end(),
+                    [&](const std::string& s) { return s.find(why) != std::string::npos; }));
+}
+
+}  // namespace
+
+// -- global_avgpool --
+
+TEST_CASE("canonicalize: reduce_mean over every dim after N and C is global_avgpool",
+          "[canonicalize]") {
+  struct Case {
+    Shape x;
+    std::vector<int64_t> axes;
+    bool keepdims;
+  };
+  for (const Case& c : std::vector<Case>{{{2, 3, 4, 5}, {2, 3}, true},
+                                         {{2, 3, 4, 5}, {-2, -1}, false},
+                                         {{2, 3, 7}, {2}, true},
+                                         {{1, 2, 3, 4, 5}, {4, 2, 3}, false}}) {
+    INFO(shape_str(c.x) << " keepdims " << c.keepdims);
+    Builder b;
+    b.output(b.reduce(OpKind::ReduceMean, b.input("x", c.x), c.axes, c.keepdims, "mean"));
+    const Graph source = b.build();
+    Graph g = source;
+    optimize(g);
+    REQUIRE(g.nodes.size() == (c.keepdims ? 1u : 2u));
+    CHECK(g.nodes[0].op == OpKind::GlobalAvgPool);
+    CHECK(g.nodes[0].name == "mean");
+    if (!c.keepdims) {
+      // The flatten to [N, C] is a view (executor test "a flatten or reshape output lives in its
+      // input's storage").
+      CHECK(g.nodes[1].op == OpKind::Flatten);
+      CHECK(g.value("mean").shape == Shape{c.x[0], c.x[1]});
+    }
+    CHECK(g.outputs == source.outputs);
+    const auto in = test::random_inputs(source, 5);
+    check_close(test::run_cpu(g, in).at("mean"), test::run_cpu(source, in).at("mean"), 1e-6, 1e-6);
+  }
+  Builder b;
+  b.output(b.reduce(OpKind::ReduceMean, b.input("x", {2, 3, 4, 5}), {1, 2, 3}, true, "mean"));
+  untouched(b.build(), "'mean' is no mean over every dim of [2,3,4,5] after the first two");
+}
+
+// -- channel_shuffle --
+
+TEST_CASE("canonicalize: reshape, transpose, reshape on the channels is channel_shuffle",
+          "[canonicalize]") {
+  const auto build = [](const std::vector<int64_t>& split, const std::vector<int64_t>& perm,
+                        const std::vector<int64_t>& merge) {
+    Builder b;
+    Val x = b.input("x", {2, 12, 3, 5});
+    b.output(b.reshape(b.transpose(b.reshape(x, split, "split"), perm, "swap"), merge, "merge"));
+    return b.build();
+  };
+  // torchvision's ShuffleNetV2: view(n, g, c / g, h, w), transpose(1, 2), view(n, -1, h, w).
+  for (const auto& [split, merge] :
+       {std::pair<std::vector<int64_t>, std::vector<int64_t>>{{2, 3, 4, 3, 5}, {2, 12, 3, 5}},
+        {{0, 3, -1, 3, 5}, {0, -1, 3, 5}}}) {
+    const Graph g = canonical(build(split, {0, 2, 1, 3, 4}, merge), OpKind::ChannelShuffle, 0);
+    CHECK(g.nodes[0].attrs.i("groups") == 3);
+    CHECK(g.nodes[0].name == "merge");
+  }
+  untouched(build({2, 3, 4, 3, 5}, {0, 1, 2, 4, 3}, {2, 12, 3, 5}), "is no channel shuffle");
+  untouched(build({2, 3, 4, 3, 5}, {0, 2, 1, 4, 3}, {2, 12, 5, 3}), "is no channel shuffle");
+}
+
+#ifdef EPILOG_HAVE_ONNX
+
+namespace {
+
+using onnx_test::Model;
+using onnx_test::set_f;
+using onnx_test::set_i;
+using onnx_test::set_ints;
+
+const Shape kX{2, 3, 4, 5};
+
+// The model's last node makes "y": the value named `name`, or "y" when `last`.
+std::string out(const std::string& name, bool last) {
+  return last ? "y" : name;
+}
+
+// GELU as x * (erf(x / k) + 1) * 0.5 (scale "Div", k = sqrt 2) or x * erf(x * k) ... (scale
+// "Mul", k = 1 / sqrt 2); the 0.5 with the product (order 0, PyTorch's), with x (1) or with
+// erf + 1 (2).
+Model gelu_model(const char* scale, int order, float k, float half = 0.5f) {
+  Model m;
+  m.input("x", kX);
+  m.init("k", {}, {k});
+  m.init("one", {}, {1});
+  m.init("half", {}, {half});
+  m.node(scale, {"x", "k"}, {"scaled"});
+  m.node("Erf", {"scaled"}, {"erf"});
+  m.node("Add", {"erf", "one"}, {"erf1"});
+  if (order == 0) {
+    m.node("Mul", {"x", "erf1"}, {"inner"});
+    m.node("Mul", {"inner", "half"}, {"y"});
+  } else if (order == 1) {
+    m.node("Mul", {"half", "x"}, {"inner"});
+    m.node("Mul", {"inner", "erf1"}, {"y"});
+  } else {
+    m.node("Mul", {"erf1", "half"}, {"inner"});
+    m.node("Mul", {"x", "inner"}, {"y"});
+  }
+  m.output("y");
+  return m;
+}
+
+// x * relu6(x + 3) / 6 with relu6 as Clip(0, 6) (0), Min(Max(., 0), 6) (1) or Max(Min(., 6), 0)
+// (2); the division (scale "Div" by 6, "Mul" by 1 / 6) of the product (at 0), of the relu6 (1)
+// or of x (2).
+struct Hardswish {
+  int relu6 = 0;
+  const char* scale = "Div";
+  int at = 0;
+  float three = 3, six = 6;
+};
+
+Model hardswish_model(const Hardswish& c) {
+  Model m;
+  m.input("x", kX);
+  m.init("three", {}, {c.three});
+  m.init("zero", {}, {0});
+  m.init("six", {}, {c.six});
+  m.init("sixth", {}, {std::string(c.scale) == "Div" ? 6.0f : 1.0f / 6.0f});
+  m.node("Add", {"x", "three"}, {"shifted"});
+  if (c.relu6 == 0) {
+    m.node("Clip", {"shifted", "zero", "six"}, {"r"}, "relu6");
+  } else if (c.relu6 == 1) {
+    m.node("Max", {"shifted", "zero"}, {"low"});
+    m.node("Min", {"low", "six"}, {"r"});
+  } else {
+    m.node("Min", {"shifted", "six"}, {"high"});
+    m.node("Max", {"high", "zero"}, {"r"});
+  }
+  if (c.at == 0) {
+    m.node("Mul", {"x", "r"}, {"p"});
+    m.node(c.scale, {"p", "sixth"}, {"y"});
+  } else if (c.at == 1) {
+    m.node(c.scale, {"r", "sixth"}, {"q"});
+    m.node("Mul", {"x", "q"}, {"y"});
+  } else {
+    m.node(c.scale, {"x", "sixth"}, {"q"});
+    m.node("Mul", {"q", "r"}, {"y"});
+  }
+  m.output("y");
+  return m;
+}
+
+// LayerNorm decomposed as the exporters write it: over the last dim (span 0), the last two
+// (span 1, opset 18: axes an input) or the channels of NCHW (span 2, ConvNeXt's channels-first
+// LayerNorm: its weight and bias [C, 1, 1]); the square as Pow(d, 2) or d * d, the division as
+// Div or Mul by Reciprocal, x - mean computed once or twice, with or without weight and bias.
+struct LayerNorm {
+  int span = 0;
+  bool pow = true, reciprocal = false, twice = false, weight = true, bias = true;
+  float exponent = 2;
+  std::vector<int64_t> axes, var_axes;  // the span's, the mean's when empty
+  Shape affine;                         // the weight's and bias's shape: the span's when empty
+};
+
+const Shape kNormX{2, 5, 4, 6};
+
+std::vector<int64_t> norm_axes(int span) {
+  return span == 0   ? std::vector<int64_t>{-1}
+         : span == 1 ? std::vector<int64_t>{-2, -1}
+                     : std::vector<int64_t>{1};
+}
+
+Model layer_norm_model(const LayerNorm& c) {
+  const int64_t opset = c.span == 1 ? 18 : 17;
+  Model m(opset);
+  m.input("x", kNormX);
+  const auto mean = [&](const std::string& in, const std::string& y,
+                        const std::vector<int64_t>& axes) {
+    onnx::NodeProto* n;
+    if (opset >= 18) {
+      m.ints(y + ".axes", axes);
+      n = &m.node("ReduceMean", {in, y + ".axes"}, {y});
+    } else {
+      n = &m.node("ReduceMean", {in}, {y});
+      set_ints(*n, "axes", axes);
+    }
+    set_i(*n, "keepdims", 1);
+  };
+  const std::vector<int64_t> axes = c.axes.empty() ? norm_axes(c.span) : c.axes;
+  mean("x", "mean", axes);
+  m.node("Sub", {"x", "mean"}, {"d"});
+  if (c.pow) {
+    m.init("two", {}, {c.exponent});
+    m.node("Pow", {"d", "two"}, {"sq"}, "sq");
+  } else {
+    m.node("Mul", {"d", "d"}, {"sq"});
+  }
+  mean("sq", "var", c.var_axes.empty() ? axes : c.var_axes);
+  m.init("eps", {}, {1e-5f});
+  m.node("Add", {"var", "eps"}, {"var_eps"});
+  m.node("Sqrt", {"var_eps"}, {"std"});
+  const std::string centered = c.twice ? "d2" : "d";
+  if (c.twice) m.node("Sub", {"x", "mean"}, {centered});
+  const bool plain = !c.weight && !c.bias;
+  if (c.reciprocal) {
+    m.node("Reciprocal", {"std"}, {"rstd"});
+    m.node("Mul", {centered, "rstd"}, {out("norm", plain)});
+  } else {
+    m.node("Div", {centered, "std"}, {out("norm", plain)});
+  }
+  const Shape per = !c.affine.empty() ? c.affine
+                    : c.span == 0     ? Shape{6}
+                    : c.span == 1     ? Shape{4, 6}
+                                      : Shape{5, 1, 1};
+  std::string y = "norm";
+  if (c.weight) {
+    m.random("w", per, 3);
+    const std::string scaled = out("scaled", !c.bias);
+    m.node("Mul", {"w", y}, {scaled});  // the weight first: either order matches
+    y = scaled;
+  }
+  if (c.bias) {
+    m.random("b", per, 4);
+    m.node("Add", {y, "b"}, {"y"});
+  }
+  m.output("y");
+  return m;
+}
+
+}  // namespace
+
+// -- gelu --
+
+TEST_CASE("canonicalize: GELU as erf, in each order exporters write it, is gelu",
+          "[canonicalize]") {
+  for (const char* scale : {"Div", "Mul"})
+    for (int order = 0; order < 3; ++order) {
+      INFO(scale << " order " << order);
+      const bool div = std::string(scale) == "Div";
+      const float k = float(div ? std::sqrt(2.0) : std::sqrt(0.5));
+      const Graph g = canonical(gelu_model(scale, order, k).load(), OpKind::Gelu, 1e-6, 2);
+      CHECK(g.nodes[0].attrs.s("approximate") == "none");
+      untouched(gelu_model(scale, order, 1.5f).load(), "'k' is 1.5, not");
+    }
+  untouched(gelu_model("Div", 1, float(std::sqrt(2.0)), 0.25f).load(), "'half' is 0.25, not 0.5");
+}
+
+// -- hardswish --
+
+TEST_CASE("canonicalize: x * relu6(x + 3) / 6, each relu6 and place of the division, is hardswish",
+          "[canonicalize]") {
+  for (int relu6 = 0; relu6 < 3; ++relu6)
+    for (const char* scale : {"Div", "Mul"})
+      for (int at = 0; at < 3; ++at) {
+        Hardswish c;
+        c.relu6 = relu6;
+        c.scale = scale;
+        c.at = at;
+        INFO("relu6 form " << relu6 << ", " << scale << " at " << at);
+        canonical(hardswish_model(c).load(), OpKind::HardSwish, 1e-6, 3);
+        c.three = 2;
+        untouched(hardswish_model(c).load(), "'three' is 2, not 3");
+        c.three = 3;
+        c.six = 5;
+        untouched(hardswish_model(c).load(),
+                  relu6 == 0 ? "clip 'relu6' has max 5, not 6" : "'six' is 5, not 6");
+      }
+}
+
+TEST_CASE("canonicalize: x * hardsigmoid(x) with alpha 1/6 and beta 0.5 is hardswish",
+          "[canonicalize]") {
+  const auto build = [](bool pytorch) {
+    Model m;
+    m.input("x", kX);
+    auto& hs = m.node("HardSigmoid", {"x"}, {"hs"}, "hs");
+    if (pytorch) set_f(hs, "alpha", 1.0f / 6.0f);  // else ONNX's default, 0.2
+    m.node("Mul", {"x", "hs"}, {"y"});
+    m.output("y");
+    return m.load();
+  };
+  canonical(build(true), OpKind::HardSwish, 1e-6, 3);
+  untouched(build(false), "hardsigmoid 'hs' has alpha 0.2");
+}
+
+// -- layer_norm --
+
+TEST_CASE("canonicalize: LayerNorm decomposed, in each form exporters write, is layer_norm",
+          "[canonicalize]") {
+  for (int span = 0; span < 3; ++span)
+    for (int form = 0; form < 32; ++form) {
+      LayerNorm c;
+      c.span = span;
+      c.pow = form & 1;
+      c.reciprocal = form & 2;
+      c.twice = form & 4;
+      c.weight = form & 8;
+      c.bias = form & 16;
+      INFO("span " << span << " pow " << c.pow << " reciprocal " << c.reciprocal << " twice "
+                   << c.twice << " weight " << c.weight << " bias " << c.bias);
+      const Graph g = canonical(layer_norm_model(c).load(), OpKind::LayerNorm, 1e-5);
+      const Node& n = g.nodes[0];
+      CHECK(n.attrs.i("axis") == (span == 0 ? 3 : span == 1 ? 2 : 1));
+      CHECK(n.attrs.i("last_axis") == (span == 2 ? 1 : -1));
+      CHECK(n.attrs.f("eps") == Approx(1e-5).epsilon(1e-6));
+      CHECK(n.inputs.size() == (c.bias ? 3u : 2u));
+    }
+}
+
+TEST_CASE("canonicalize: a LayerNorm whose constants or axes differ is left alone",
+          "[canonicalize]") {
+  LayerNorm cube;
+  cube.exponent = 3;
+  untouched(layer_norm_model(cube).load(), "'sq' raises to 3, not 2");
+  LayerNorm other;
+  other.var_axes = {1, 2, 3};
+  untouched(layer_norm_model(other).load(), "reduce other dims");
+  LayerNorm gap;  // the channels and W: not one run of dims
+  gap.span = 2;
+  gap.axes = {1, 3};
+  gap.affine = {5, 1, 6};
+  untouched(layer_norm_model(gap).load(), "reduces dims that are not one run");
+  // A weight per channel on a LayerNorm over the last dim is no layer_norm weight: the
+  // normalization becomes layer_norm, the weight and bias stay a mul and an add after it.
+  LayerNorm per_channel;
+  per_channel.affine = {5, 1, 1};
+  Model pc = layer_norm_model(per_channel);
+  Graph source = pc.load();
+  Graph g = source;
+  optimize(g);
+  CHECK(onnx_test::count(g, OpKind::LayerNorm) == 1);
+  CHECK(onnx_test::count(g, OpKind::Mul) == 1);
+  CHECK(onnx_test::count(g, OpKind::Add) == 1);
+  const Tensor x = Tensor::randn(kNormX, 5);
+  check_close(onnx_test::run1(g, x), onnx_test::run1(source, x), 1e-5, 1e-5);
+}
+
+// -- channel_shuffle, as ONNX --
+
+TEST_CASE("canonicalize: ShuffleNet's channel shuffle as exported is channel_shuffle",
+          "[canonicalize]") {
+  const auto build = [](const std::vector<int64_t>& perm) {
+    Model m;
+    m.input("x", {2, 12, 3, 5});
+    m.ints("split", {2, 3, 4, 3, 5});
+    m.ints("merge", {2, -1, 3, 5});
+    m.node("Reshape", {"x", "split"}, {"r"});
+    set_ints(m.node("Transpose", {"r"}, {"t"}), "perm", perm);
+    m.node("Reshape", {"t", "merge"}, {"y"});
+    m.output("y");
+    return m.load();
+  };
+  const Graph g = canonical(build({0, 2, 1, 3, 4}), OpKind::ChannelShuffle, 0);
+  CHECK(g.nodes[0].attrs.i("groups") == 3);
+  untouched(build({0, 1, 2, 4, 3}), "is no channel shuffle");
+}
+
+#endif  // EPILOG_HAVE_ONNX
