@@ -17,6 +17,7 @@
 #include "epilog/io/dump.h"
 #include "epilog/io/onnx.h"
 #include "onnx_model.h"
+#include "test_util.h"
 
 namespace {
 
@@ -631,3 +632,28 @@ TEST_CASE("onnx: the CLI runs and dumps an ONNX model", "[onnx][cli]") {
 }
 
 #endif  // EPILOG_HAVE_ONNX
+
+TEST_CASE("onnx: --batch rebinds a reshape that carries the exported batch (channel shuffle)",
+          "[onnx]") {
+  // shufflenet as exported at batch 1: Reshape to [1, 2, 3, 2, 2], Transpose, Reshape back.
+  Model m;
+  m.input("x", {1, 6, 2, 2});
+  m.ints("split", {1, 2, 3, 2, 2});
+  m.ints("back", {1, 6, 2, 2});
+  m.node("Reshape", {"x", "split"}, {"r"}, "r1");
+  set_ints(m.node("Transpose", {"r"}, {"t"}, "tr"), "perm", {0, 2, 1, 3, 4});
+  m.node("Reshape", {"t", "back"}, {"y"}, "r2");
+  m.output("y");
+  LoadOptions o;
+  o.batch = 3;
+  const Graph g = m.load(o);
+  CHECK(g.value("y").shape == Shape{3, 6, 2, 2});
+  // Each image shuffled as the batch-1 file shuffles one: channel c of y is channel
+  // (c % 2) * 3 + c / 2 of x.
+  Tensor x = Tensor::empty({3, 6, 2, 2});
+  for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = float(i);
+  const Tensor y = test::run_cpu(g, {{"x", x}}).at("y");
+  for (int64_t img = 0; img < 3; ++img)
+    for (int64_t c = 0; c < 6; ++c)
+      CHECK(y.f32()[(img * 6 + c) * 4] == x.f32()[(img * 6 + (c % 2) * 3 + c / 2) * 4]);
+}

@@ -134,6 +134,7 @@ void Importer::read_inputs(const onnx::GraphProto& g) {
     for (int d = 0; d < tt.shape().dim_size(); ++d) {
       const auto& dim = tt.shape().dim(d);
       if (d == 0 && options_.batch > 0) {
+        if (dim.has_dim_value()) file_batch_ = dim.dim_value();
         shape.push_back(options_.batch);
       } else if (dim.has_dim_value()) {
         if (dim.dim_value() < 1)

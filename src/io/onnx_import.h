@@ -188,6 +188,10 @@ class Importer {
   // -- the model --
 
   int64_t opset() const { return opset_; }
+  // With the batch rebound (LoadOptions::batch): the batch the file's inputs were exported at,
+  // and the one they have now; else 0 and 0.
+  int64_t file_batch() const { return file_batch_; }
+  int64_t batch() const { return options_.batch > 0 ? options_.batch : 0; }
   const TensorReader& reader() const { return reader_; }
   // Refuses a shape beyond epilog's limits; `what` names the value.
   void check_size(const Shape& shape, const std::string& what) const;
@@ -282,6 +286,7 @@ class Importer {
 
   const std::string& source_;
   const LoadOptions& options_;
+  int64_t file_batch_ = 0;
   TensorReader reader_;
   int64_t opset_ = -1;
   Graph graph_;

@@ -137,7 +137,11 @@ void reshape_to(Importer& im, const Shape& target) {
   if (std::any_of(target.begin(), target.end(), [](int64_t d) { return d < 1; }))
     im.unsupported("reshaping the run-time tensor '{}' from {} to the empty {} is not supported", x,
                    shape_str(s), shape_str(target));
-  im.emit(OpKind::Reshape, {x}, im.attrs({{"shape", std::vector<int64_t>(target)}}), {im.out(0)});
+  // The batch stays free (0: the input's) where the reshape keeps it, so that a plan for another
+  // batch size (Model) infers the same reshape.
+  std::vector<int64_t> shape(target);
+  if (!s.empty() && shape[0] == s[0]) shape[0] = 0;
+  im.emit(OpKind::Reshape, {x}, im.attrs({{"shape", std::move(shape)}}), {im.out(0)});
 }
 
 // Unsqueeze and Squeeze: their attributes and input counts, and the axes (the attribute before
@@ -1285,7 +1289,18 @@ void op_flatten(Importer& im) {
 void op_reshape(Importer& im) {
   im.allow({"allowzero"});
   im.arity(2, 2);
-  Shape target = reshaped(im.shape_in(0), im.ints_in(1, "shape"), im.attr_int("allowzero", 0) != 0);
+  std::vector<int64_t> want = im.ints_in(1, "shape");
+  const Shape& x = im.shape_in(0);
+  // A shape the exporter wrote with the batch it traced (shufflenet's channel shuffle at
+  // batch 1), on a run-time tensor whose batch was rebound: its first dim is the batch.
+  if (im.batch() > 0 && im.file_batch() > 0 && !want.empty() && want[0] == im.file_batch() &&
+      !x.empty() && x[0] == im.batch() && !im.const_in(0)) {
+    int64_t known = 1, total = 1;
+    for (int64_t d : want) known *= d > 0 ? d : 1;
+    for (int64_t d : x) total *= d;
+    if (known != total && std::find(want.begin(), want.end(), -1) == want.end()) want[0] = 0;
+  }
+  Shape target = reshaped(x, want, im.attr_int("allowzero", 0) != 0);
   reshape_to(im, target);
 }
 
