@@ -15,7 +15,7 @@ bool match_node(const Graph& g, const UseIndex& uses, const Pat& p, int idx, Mat
 
 bool match_value(const Graph& g, const UseIndex& uses, const Pat& p, const std::string& value,
                  Match& m) {
-  if (p.op) {
+  if (!p.ops.empty()) {
     int idx = uses.producer(value);
     if (idx < 0 || g.nodes[idx].outputs[0] != value) return false;
     return match_node(g, uses, p, idx, m);
@@ -27,7 +27,9 @@ bool match_value(const Graph& g, const UseIndex& uses, const Pat& p, const std::
 
 bool match_node(const Graph& g, const UseIndex& uses, const Pat& p, int idx, Match& m) {
   const Node& n = g.nodes[idx];
-  if (n.op != *p.op || p.inputs.size() > n.inputs.size()) return false;
+  if (std::find(p.ops.begin(), p.ops.end(), n.op) == p.ops.end() ||
+      p.inputs.size() > n.inputs.size())
+    return false;
   if (!p.bind.empty()) {
     auto [it, fresh] = m.node_of.emplace(p.bind, idx);
     if (!fresh && it->second != idx) return false;
@@ -94,7 +96,7 @@ std::optional<Match> match(const Graph& graph, const UseIndex& uses, const Pat& 
   Match m;
   m.graph = &graph;
   m.root = root;
-  if (!pattern.op || !match_node(graph, uses, pattern, root, m)) return std::nullopt;
+  if (pattern.ops.empty() || !match_node(graph, uses, pattern, root, m)) return std::nullopt;
   return m;
 }
 
@@ -118,8 +120,8 @@ std::string can_absorb(const Graph& graph, const UseIndex& uses, const Match& ma
 RewriteStats rewrite(Graph& graph, const std::vector<Rule>& rules, const KernelQuery& has_kernel) {
   std::map<OpKind, std::vector<const Rule*>> by_root;
   for (const Rule& r : rules) {
-    EPILOG_ASSERT(r.pattern.op, "rule '{}' needs an op at its root", r.name);
-    by_root[*r.pattern.op].push_back(&r);
+    EPILOG_ASSERT(!r.pattern.ops.empty(), "rule '{}' needs an op at its root", r.name);
+    for (OpKind kind : r.pattern.ops) by_root[kind].push_back(&r);
   }
   RewriteStats stats;
   for (bool changed = true; changed;) {
