@@ -1,5 +1,7 @@
 #include "epilog/graph/activation.h"
 
+#include <charconv>
+
 namespace epilog {
 namespace {
 
@@ -50,6 +52,72 @@ float attr_or_zero(const Attrs& attrs, const char* name) {
   return *name ? static_cast<float>(attrs.f(name)) : 0.0f;
 }
 
+// The parameters an activation takes: those its op holds in attributes.
+int param_count(Activation kind) {
+  return (*info(kind).a_attr ? 1 : 0) + (*info(kind).b_attr ? 1 : 0);
+}
+
+const std::pair<Binary, OpKind> kBinaries[] = {
+    {Binary::Add, OpKind::Add}, {Binary::Mul, OpKind::Mul}, {Binary::Sub, OpKind::Sub},
+    {Binary::Div, OpKind::Div}, {Binary::Max, OpKind::Max}, {Binary::Min, OpKind::Min},
+};
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(' '), e = s.find_last_not_of(' ');
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// "name" or "name(a, b, ...)": the name and its arguments, trimmed.
+std::pair<std::string, std::vector<std::string>> split_call(const std::string& step) {
+  const size_t open = step.find('(');
+  if (open == std::string::npos) return {trim(step), {}};
+  if (step.back() != ')') fail("'{}' does not end in ')'", step);
+  std::vector<std::string> args;
+  std::string arg;
+  for (char c : step.substr(open + 1, step.size() - open - 2)) {
+    if (c == ',') {
+      args.push_back(trim(arg));
+      arg.clear();
+    } else {
+      arg += c;
+    }
+  }
+  args.push_back(trim(arg));
+  return {trim(step.substr(0, open)), args};
+}
+
+float parse_float(const std::string& s) {
+  float v = 0;
+  const auto [end, err] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (err != std::errc() || end != s.data() + s.size()) fail("'{}' is not a number", s);
+  return v;
+}
+
+ChainStep parse_step(const std::string& step) {
+  const auto [name, args] = split_call(step);
+  ChainStep s;
+  for (const auto& [binary, kind] : kBinaries) {
+    if (name != op_name(kind)) continue;
+    s.op = binary;
+    const std::string& x = args.empty() ? "" : args[0];
+    if (args.empty() || args.size() > 2 || (args.size() == 2 && args[1] != "v") || x.size() != 2 ||
+        x[0] != 'x' || x[1] < '0' || x[1] >= '0' + kMaxChainInputs)
+      fail("'{}' is not {}(xK) or {}(xK, v) with K below {}", step, name, name, kMaxChainInputs);
+    s.operand = int8_t(x[1] - '0');
+    s.swap = args.size() == 2;
+    return s;
+  }
+  const ActivationInfo* row = nullptr;
+  for (const ActivationInfo& r : kActivations)
+    if (name == r.name && r.kind != Activation::None) row = &r;
+  if (!row) fail("'{}' is neither an activation nor a binary op", step);
+  const size_t want = size_t(param_count(row->kind));
+  if (args.size() != want) fail("'{}' takes {} parameters, got {}", name, want, args.size());
+  s.act = Act(row->kind, want > 0 ? parse_float(args[0]) : 0.0f,
+              want > 1 ? parse_float(args[1]) : 0.0f);
+  return s;
+}
+
 }  // namespace
 
 const char* activation_name(Activation kind) {
@@ -85,6 +153,71 @@ std::pair<OpKind, Attrs> activation_op(const Act& act) {
   if (*row.a_attr) attrs.set(row.a_attr, double(act.a));
   if (*row.b_attr) attrs.set(row.b_attr, double(act.b));
   return {*row.op, attrs};
+}
+
+std::optional<Binary> binary_kind(OpKind op) {
+  for (const auto& [binary, kind] : kBinaries)
+    if (kind == op) return binary;
+  return std::nullopt;
+}
+
+OpKind binary_op(Binary op) {
+  for (const auto& [binary, kind] : kBinaries)
+    if (binary == op) return kind;
+  EPILOG_ASSERT(false, "unknown binary op {}", static_cast<int>(op));
+  return OpKind::Add;
+}
+
+ChainProgram parse_chain(const std::string& text) {
+  // Steps end at the commas outside parentheses.
+  std::vector<std::string> steps{""};
+  int depth = 0;
+  for (char c : text) {
+    depth += c == '(' ? 1 : c == ')' ? -1 : 0;
+    if (c == ',' && depth == 0)
+      steps.emplace_back();
+    else
+      steps.back() += c;
+  }
+  if (steps.size() > size_t(kMaxChainSteps))
+    fail("{} steps, more than the {} a kernel runs", steps.size(), kMaxChainSteps);
+  ChainProgram p;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    try {
+      p.step[i] = parse_step(trim(steps[i]));
+    } catch (const Error& e) {
+      fail("step {}: {}", i + 1, e.what());
+    }
+  }
+  p.steps = int(steps.size());
+  return p;
+}
+
+std::string chain_str(const ChainProgram& program) {
+  std::vector<std::string> steps;
+  for (int i = 0; i < program.steps; ++i) {
+    const ChainStep& s = program.step[i];
+    if (s.operand >= 0) {
+      steps.push_back(
+          fmt::format("{}(x{}{})", op_name(binary_op(s.op)), s.operand, s.swap ? ", v" : ""));
+      continue;
+    }
+    const int n = param_count(s.act.kind);
+    steps.push_back(n == 0 ? std::string(activation_name(s.act.kind))
+                    : n == 1
+                        ? fmt::format("{}({})", activation_name(s.act.kind), s.act.a)
+                        : fmt::format("{}({}, {})", activation_name(s.act.kind), s.act.a, s.act.b));
+  }
+  return fmt::format("{}", fmt::join(steps, ", "));
+}
+
+ChainProgram node_chain(const Node& node) {
+  try {
+    return parse_chain(node.attrs.s("program"));
+  } catch (const Error& e) {
+    fail("[{}] node '{}': program '{}': {}", op_name(node.op), node.name, node.attrs.s("program"),
+         e.what());
+  }
 }
 
 bool is_activation_op(OpKind op) {

@@ -717,6 +717,9 @@ Plan lower(Graph graph, const LowerOptions& options) {
       np.kernel = op_name(node.op);
       np.rule = maxpool_rule(
           pool_shape(node, graph.value(node.inputs[0]).shape, graph.value(node.outputs[0]).shape));
+    } else if (node.op == OpKind::FusedElementwise) {
+      np.kernel = op_name(node.op);
+      np.rule = fmt::format("one kernel: {}", chain_str(node_chain(node)));
     } else {
       np.kernel = op_name(node.op);
       np.rule = "one kernel";
@@ -794,7 +797,7 @@ NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size
 std::string explain(const Plan& plan, const std::vector<bool>& in_place) {
   const Graph& g = plan.graph;
   // The rule last: it is free text, and the longest ones would push a column after it askew.
-  std::string out = fmt::format("{:<24} {:<16} {:<46} {:<16} {:<38} {}\n", "node", "op",
+  std::string out = fmt::format("{:<24} {:<17} {:<46} {:<17} {:<38} {}\n", "node", "op",
                                 "input -> output", "kernel", "tiles", "rule");
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
@@ -820,7 +823,7 @@ std::string explain(const Plan& plan, const std::vector<bool>& in_place) {
         tiles += " tma";
       if (np.tiles.persistent) tiles += " persistent";
     }
-    out += fmt::format("{:<24} {:<16} {:<46} {:<16} {:<38} {}\n", n.name, op_name(n.op), io,
+    out += fmt::format("{:<24} {:<17} {:<46} {:<17} {:<38} {}\n", n.name, op_name(n.op), io,
                        choice.kernel, tiles, choice.rule);
   }
   return out;

@@ -1,6 +1,7 @@
 // The op table built from ops.def, attribute checking and shape inference for every op.
 #include <algorithm>
 
+#include "epilog/graph/activation.h"
 #include "epilog/graph/op.h"
 
 namespace epilog {
@@ -89,19 +90,40 @@ std::vector<Shape> infer_same(const InferContext& ctx) {
   return {ctx.inputs[0]};
 }
 
-// NumPy broadcasting: shapes align at the back; each pair of dims is equal or one is 1.
+// NumPy broadcasting: shapes align at the back; each pair of dims is equal or one is 1. Every
+// input in turn, against the broadcast of those before it.
 std::vector<Shape> infer_broadcast(const InferContext& ctx) {
-  const Shape& a = ctx.inputs[0];
-  const Shape& b = ctx.inputs[1];
-  Shape out(std::max(a.size(), b.size()));
-  for (size_t i = 0; i < out.size(); ++i) {
-    int64_t da = i < a.size() ? a[a.size() - 1 - i] : 1;
-    int64_t db = i < b.size() ? b[b.size() - 1 - i] : 1;
-    if (da != db && da != 1 && db != 1)
-      ctx.fail("shapes {} and {} do not broadcast", shape_str(a), shape_str(b));
-    out[out.size() - 1 - i] = da == 1 ? db : da;
+  Shape out = ctx.inputs[0];
+  for (size_t k = 1; k < ctx.inputs.size(); ++k) {
+    const Shape a = out, &b = ctx.inputs[k];
+    out.assign(std::max(a.size(), b.size()), 1);
+    for (size_t i = 0; i < out.size(); ++i) {
+      int64_t da = i < a.size() ? a[a.size() - 1 - i] : 1;
+      int64_t db = i < b.size() ? b[b.size() - 1 - i] : 1;
+      if (da != db && da != 1 && db != 1)
+        ctx.fail("shapes {} and {} do not broadcast", shape_str(a), shape_str(b));
+      out[out.size() - 1 - i] = da == 1 ? db : da;
+    }
   }
   return {out};
+}
+
+std::vector<Shape> infer_fused_elementwise(const InferContext& ctx) {
+  if (ctx.inputs.size() > size_t(kMaxChainInputs))
+    ctx.fail("{} inputs, more than the {} a kernel reads", ctx.inputs.size(), kMaxChainInputs);
+  const Node node{ctx.node, ctx.op, ctx.attrs, {}, {}};
+  const ChainProgram p = node_chain(node);
+  std::vector<bool> read(ctx.inputs.size(), false);
+  read[0] = true;
+  for (int i = 0; i < p.steps; ++i) {
+    const int k = p.step[i].operand;
+    if (k >= int(ctx.inputs.size()))
+      ctx.fail("step {} reads x{}, but there are {} inputs", i + 1, k, ctx.inputs.size());
+    if (k >= 0) read[size_t(k)] = true;
+  }
+  for (size_t k = 0; k < read.size(); ++k)
+    if (!read[k]) ctx.fail("no step reads input x{}", k);
+  return infer_broadcast(ctx);
 }
 
 std::vector<Shape> infer_concat(const InferContext& ctx) {
@@ -444,6 +466,7 @@ const std::vector<OpInfo>& table() {
 #define INT_REQ(name) attr_req(name, AttrType::Int)
 #define FLOAT_REQ(name) attr_req(name, AttrType::Float)
 #define INTS_REQ(name, length) attr_req(name, AttrType::Ints, length)
+#define STRING_REQ(name) attr_req(name, AttrType::String)
 #define EPILOG_OP(kind, name, inputs, attrs, infer) \
   make_info(OpKind::kind, name, inputs, attrs, infer),
   static const std::vector<OpInfo> ops = {
@@ -459,6 +482,7 @@ const std::vector<OpInfo>& table() {
 #undef INT_REQ
 #undef FLOAT_REQ
 #undef INTS_REQ
+#undef STRING_REQ
   return ops;
 }
 
@@ -586,7 +610,7 @@ const std::string& OpInfo::input_name(size_t i) const {
 }
 
 const OpInfo& op_info(OpKind kind) {
-  static_assert(kNumOps == 51, "a new op needs a CPU kernel, a CUDA kernel and a test");
+  static_assert(kNumOps == 52, "a new op needs a CPU kernel, a CUDA kernel and a test");
   const auto& ops = table();
   EPILOG_ASSERT(ops.size() == size_t(kNumOps));
   return ops[static_cast<size_t>(kind)];

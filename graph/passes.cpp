@@ -4,11 +4,21 @@
 
 #include "epilog/graph/activation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
 namespace epilog {
 namespace {
+
+// A batchnorm's statistics and parameters must be constants for a fold at compile time.
+std::string bn_constant(const Graph& g, const Node& bn) {
+  for (size_t i = 1; i < bn.inputs.size(); ++i)
+    if (!g.is_weight(bn.inputs[i]))
+      return fmt::format("batchnorm '{}' is not in inference form ({} is computed, not a constant)",
+                         bn.name, op_info(OpKind::BatchNorm).input_name(i));
+  return "";
+}
 
 // The batchnorm (and the conv bias) must be constants for the fold to happen at compile time.
 std::string foldable(const Match& m) {
@@ -21,11 +31,7 @@ std::string foldable(const Match& m) {
     return fmt::format("the bias of '{}' is computed, not a constant", conv.name);
   }
   const Node* bn = m.find("bn");
-  for (size_t i = 1; bn && i < bn->inputs.size(); ++i)
-    if (!g.is_weight(bn->inputs[i]))
-      return fmt::format("batchnorm '{}' is not in inference form ({} is computed, not a constant)",
-                         bn->name, op_info(OpKind::BatchNorm).input_name(i));
-  return "";
+  return bn ? bn_constant(g, *bn) : "";
 }
 
 // A conv2d, or a fused conv without activation or residual, and the batchnorm after it, if any,
@@ -174,6 +180,195 @@ Replacement linear_as_conv(const Match& m) {
   return r;
 }
 
+// -- what the conv rules leave: batchnorms before a conv, elementwise chains --
+
+// A batchnorm as y = x * s[c] + t[c] over axis 1: s = gamma / sqrt(var + eps), t = beta -
+// mean * s, in float64.
+struct Affine {
+  std::vector<double> s, t;
+};
+Affine bn_affine(const Graph& g, const Node& bn) {
+  auto param = [&](int i) { return g.weights.at(bn.inputs[size_t(i)]).data.f32(); };
+  const float *gamma = param(1), *beta = param(2), *mean = param(3), *var = param(4);
+  const int64_t c = g.value(bn.inputs[1]).shape[0];
+  Affine a{std::vector<double>(size_t(c)), std::vector<double>(size_t(c))};
+  for (int64_t i = 0; i < c; ++i) {
+    a.s[size_t(i)] = double(gamma[i]) / std::sqrt(double(var[i]) + bn.attrs.f("eps"));
+    a.t[size_t(i)] = double(beta[i]) - double(mean[i]) * a.s[size_t(i)];
+  }
+  return a;
+}
+
+// The batchnorm before a fused conv, in its weights: conv(x * s + t, w) = conv(x, w * s[c]) +
+// b[k], b[k] = sum over c, i, j of w[k, c, i, j] * t[c] (input channel c of group k / (K /
+// groups)), which the conv's epilogue adds times its scale: shift' = shift + scale * b. All in
+// float64, each weight rounded once. Exact where every tap reads x, so not where the conv pads.
+std::string input_foldable(const Match& m) {
+  const Graph& g = *m.graph;
+  const Node &conv = m.node("conv"), &bn = m.node("bn");
+  std::string why = bn_constant(g, bn);
+  for (size_t i = 1; why.empty() && i < 4; ++i)
+    if (!g.is_weight(conv.inputs[i]))
+      why = fmt::format("the {} of '{}' is computed, not a constant",
+                        op_info(conv.op).input_name(i), conv.name);
+  const std::vector<int64_t>& pad = conv.attrs.ints("padding");
+  if (why.empty() && std::any_of(pad.begin(), pad.end(), [](int64_t p) { return p != 0; }))
+    why = fmt::format(
+        "'{}' pads its input ({}), and its padded zeros are not shifted as the batchnorm shifts "
+        "'{}': folded into the weights it would not be exact",
+        conv.name, fmt::join(pad, ","), bn.inputs[0]);
+  return why;
+}
+
+Replacement fold_input_bn(const Match& m) {
+  const Graph& g = *m.graph;
+  Node conv = m.node("conv");
+  const Affine a = bn_affine(g, m.node("bn"));
+  const Tensor& w = g.weights.at(conv.inputs[1]).data;
+  const float *scale = g.weights.at(conv.inputs[2]).data.f32(),
+              *shift = g.weights.at(conv.inputs[3]).data.f32();
+  const int64_t k = w.dim(0), per_group = w.dim(1), taps = w.numel() / (k * per_group);
+  const int64_t k_per_group = k / conv.attrs.i("groups");
+  Tensor wf = Tensor::empty(w.shape()), tb = Tensor::empty({k});
+  for (int64_t o = 0; o < k; ++o) {
+    const int64_t c0 = o / k_per_group * per_group;  // the first input channel of o's group
+    double b = 0;
+    for (int64_t c = 0; c < per_group; ++c)
+      for (int64_t tap = 0; tap < taps; ++tap) {
+        const int64_t at = (o * per_group + c) * taps + tap;
+        const double v = w.f32()[at];
+        wf.f32()[at] = float(v * a.s[size_t(c0 + c)]);
+        b += v * a.t[size_t(c0 + c)];
+      }
+    tb.f32()[o] = float(double(shift[o]) + double(scale[o]) * b);
+  }
+  Replacement r;
+  const std::string wname = g.unique_name(conv.name + ".weight");
+  const std::string bname = g.unique_name(conv.name + ".shift");
+  r.weights[wname] = wf;
+  r.weights[bname] = tb;
+  conv.inputs[0] = m.node("bn").inputs[0];
+  conv.inputs[1] = wname;
+  conv.inputs[3] = bname;
+  r.nodes.push_back(conv);
+  return r;
+}
+
+// The links of an elementwise chain.
+bool chain_link(OpKind op) {
+  return is_activation_op(op) || binary_kind(op) || op == OpKind::FusedElementwise ||
+         op == OpKind::BatchNorm;
+}
+
+// Whether a chain could take in the producer of `value` later: a link read by one node alone.
+bool link_value(const Graph& g, const std::string& value) {
+  if (g.is_output(value)) return false;
+  bool made_by_link = false;
+  int readers = 0;
+  for (const Node& n : g.nodes) {
+    made_by_link = made_by_link || (n.outputs[0] == value && chain_link(n.op));
+    readers += int(std::count(n.inputs.begin(), n.inputs.end(), value));
+  }
+  return made_by_link && readers == 1;
+}
+
+// The input a node starting a chain takes its running value from: a binary op's second where
+// only that one could grow the chain further up.
+size_t running_input(const Graph& g, const Node& n) {
+  return binary_kind(n.op) && !link_value(g, n.inputs[0]) && link_value(g, n.inputs[1]) ? 1 : 0;
+}
+
+// A node of a chain as fused_elementwise's inputs and steps, its running value input `main`;
+// a batchnorm is a per-channel scale and shift, two new constants [C, 1, ...] against x.
+struct Chain {
+  std::vector<std::string> inputs;
+  ChainProgram program;
+  std::map<std::string, Tensor> weights;
+};
+
+Chain chain_of(const Graph& g, const Node& n, size_t main) {
+  Chain c;
+  ChainProgram& p = c.program;
+  c.inputs.push_back(n.inputs[main]);
+  if (n.op == OpKind::FusedElementwise) {
+    c.inputs = n.inputs;
+    p = node_chain(n);
+  } else if (std::optional<Act> act = node_activation(n)) {
+    p.step[p.steps++].act = *act;
+  } else if (std::optional<Binary> op = binary_kind(n.op)) {
+    // Which side the running value is on shows only where the operands do not commute.
+    c.inputs.push_back(n.inputs[1 - main]);
+    const bool commutes = *op == Binary::Add || *op == Binary::Mul;
+    p.step[p.steps++] = ChainStep{Act(), *op, 1, main == 1 && !commutes};
+  } else {
+    EPILOG_ASSERT(n.op == OpKind::BatchNorm, "no chain step for {}", op_name(n.op));
+    const Affine a = bn_affine(g, n);
+    const int64_t channels = int64_t(a.s.size());
+    Shape shape(g.value(n.inputs[0]).shape.size() - 1, 1);
+    shape[0] = channels;
+    for (const auto& [part, v] : {std::pair{".scale", &a.s}, std::pair{".shift", &a.t}}) {
+      Tensor t = Tensor::empty(shape);
+      for (int64_t i = 0; i < channels; ++i) t.f32()[i] = float((*v)[size_t(i)]);
+      const std::string name = g.unique_name(n.name + part);
+      c.weights[name] = t;
+      c.inputs.push_back(name);
+    }
+    p.step[p.steps++] = ChainStep{Act(), Binary::Mul, 1, false};
+    p.step[p.steps++] = ChainStep{Act(), Binary::Add, 2, false};
+  }
+  return c;
+}
+
+// The chain of node "first", then the steps of node "last" on its result, their other inputs
+// added to the chain's (once each): into `out`, or the reason it cannot be one kernel.
+std::string merge_chain(const Match& m, Chain& out) {
+  const Graph& g = *m.graph;
+  const Node &first = m.node("first"), &last = m.node("last");
+  for (const Node* n : {&first, &last}) {
+    const std::string why = n->op == OpKind::BatchNorm ? bn_constant(g, *n) : "";
+    if (!why.empty()) return why;
+  }
+  const Shape& y = g.value(last.outputs[0]).shape;
+  if (y.size() > size_t(kMaxChainRank))
+    return fmt::format("its output {} has more than {} dims", shape_str(y), kMaxChainRank);
+  const std::string& mid = first.outputs[0];
+  const size_t main =
+      size_t(std::find(last.inputs.begin(), last.inputs.end(), mid) - last.inputs.begin());
+  out = chain_of(g, first, running_input(g, first));
+  Chain tail = chain_of(g, last, main);
+  out.weights.insert(tail.weights.begin(), tail.weights.end());
+  for (int i = 0; i < tail.program.steps; ++i) {
+    ChainStep s = tail.program.step[i];
+    if (s.operand >= 0) {
+      const std::string& v = tail.inputs[size_t(s.operand)];
+      if (v == mid) return fmt::format("'{}' reads '{}' again in a step", last.name, mid);
+      auto it = std::find(out.inputs.begin(), out.inputs.end(), v);
+      s.operand = int8_t(it - out.inputs.begin());
+      if (it == out.inputs.end()) out.inputs.push_back(v);
+    }
+    if (out.program.steps == kMaxChainSteps)
+      return fmt::format("the chain would take more than {} steps", kMaxChainSteps);
+    out.program.step[out.program.steps++] = s;
+  }
+  if (out.inputs.size() > size_t(kMaxChainInputs))
+    return fmt::format("the chain would read {} inputs, more than {}", out.inputs.size(),
+                       kMaxChainInputs);
+  return "";
+}
+
+Replacement fuse_chain(const Match& m) {
+  Chain c;
+  const std::string why = merge_chain(m, c);
+  EPILOG_ASSERT(why.empty(), "{}", why);
+  const Node& last = m.node("last");
+  Attrs attrs;
+  attrs.set("program", chain_str(c.program));
+  return Replacement{
+      {Node{last.name, OpKind::FusedElementwise,
+            normalize_attrs(OpKind::FusedElementwise, last.name, attrs), c.inputs, last.outputs}},
+      std::move(c.weights)};
+}
+
 }  // namespace
 
 std::vector<Rule> fusion_rules() {
@@ -281,6 +476,30 @@ std::vector<Rule> fusion_rules() {
   return rules;
 }
 
+std::vector<Rule> input_fold_rules() {
+  return {{"batchnorm->fused_conv2d",
+           op(OpKind::FusedConv2d, {op(OpKind::BatchNorm, {}, "bn")}, "conv"), OpKind::FusedConv2d,
+           input_foldable, fold_input_bn}};
+}
+
+std::vector<Rule> elementwise_rules() {
+  std::vector<OpKind> binary, links;
+  for (int i = 0; i < kNumOps; ++i) {
+    if (binary_kind(OpKind(i))) binary.push_back(OpKind(i));
+    if (chain_link(OpKind(i))) links.push_back(OpKind(i));
+  }
+  const Pat first = one_of(links, {}, "first");
+  const auto check = [](const Match& m) {
+    Chain c;
+    return merge_chain(m, c);
+  };
+  // The running value goes on through input 0 of any link, or input 1 of a binary op.
+  return {{"elementwise chain", one_of(links, {first}, "last"), OpKind::FusedElementwise, check,
+           fuse_chain},
+          {"elementwise chain", one_of(binary, {any(), first}, "last"), OpKind::FusedElementwise,
+           check, fuse_chain}};
+}
+
 int eliminate_dead_code(Graph& graph) {
   std::set<std::string> live(graph.outputs.begin(), graph.outputs.end());
   std::vector<Node> kept;
@@ -335,6 +554,8 @@ PassReport optimize(Graph& graph, const PassOptions& options) {
     record("reparameterized", reparameterize(graph, options.has_kernel));
     after("reparameterize");
     record("fused", rewrite(graph, fusion_rules(), options.has_kernel));
+    record("fused", rewrite(graph, input_fold_rules(), options.has_kernel));
+    record("fused", rewrite(graph, elementwise_rules(), options.has_kernel));
     after("fuse");
   }
   report.dead_nodes = eliminate_dead_code(graph);

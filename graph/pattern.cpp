@@ -26,7 +26,7 @@ bool match_node(const Graph& g, const UseIndex& uses, const Pat& p, int idx, Mat
 bool match_value(const Graph& g, const UseIndex& uses, const Pat& p, int reader, size_t slot,
                  Match& m, const Next& next) {
   const std::string& value = g.nodes[size_t(reader)].inputs[slot];
-  if (p.op) {
+  if (!p.ops.empty()) {
     const int idx = uses.producer(value);
     if (idx < 0 || g.nodes[size_t(idx)].outputs[0] != value) return false;
     const bool fresh = m.links.insert({reader, slot}).second;
@@ -54,7 +54,9 @@ bool match_inputs(const Graph& g, const UseIndex& uses, const Pat& p, int idx,
 bool match_node(const Graph& g, const UseIndex& uses, const Pat& p, int idx, Match& m,
                 const Next& next) {
   const Node& n = g.nodes[size_t(idx)];
-  if (n.op != *p.op || p.inputs.size() > n.inputs.size()) return false;
+  if (std::find(p.ops.begin(), p.ops.end(), n.op) == p.ops.end() ||
+      p.inputs.size() > n.inputs.size())
+    return false;
   const Match saved = m;
   if (!p.bind.empty()) {
     auto [it, fresh] = m.node_of.emplace(p.bind, idx);
@@ -116,7 +118,7 @@ std::optional<Match> match(const Graph& graph, const UseIndex& uses, const Pat& 
   Match m;
   m.graph = &graph;
   m.root = root;
-  if (!pattern.op || !match_node(graph, uses, pattern, root, m, [](Match&) { return true; }))
+  if (pattern.ops.empty() || !match_node(graph, uses, pattern, root, m, [](Match&) { return true; }))
     return std::nullopt;
   return m;
 }
@@ -146,8 +148,8 @@ std::string can_absorb(const Graph& graph, const UseIndex& uses, const Match& ma
 RewriteStats rewrite(Graph& graph, const std::vector<Rule>& rules, const KernelQuery& has_kernel) {
   std::map<OpKind, std::vector<const Rule*>> by_root;
   for (const Rule& r : rules) {
-    EPILOG_ASSERT(r.pattern.op, "rule '{}' needs an op at its root", r.name);
-    by_root[*r.pattern.op].push_back(&r);
+    EPILOG_ASSERT(!r.pattern.ops.empty(), "rule '{}' needs an op at its root", r.name);
+    for (OpKind kind : r.pattern.ops) by_root[kind].push_back(&r);
   }
   RewriteStats stats;
   for (bool changed = true; changed;) {

@@ -105,6 +105,24 @@ TEST_CASE("executor: a strided value never reaches a kernel that cannot take it"
   CHECK(r.in_place == std::vector<std::string>{"placed"});
 }
 
+TEST_CASE("executor: an elementwise chain of equal shapes reads and writes strided slabs",
+          "[executor]") {
+  // At batch 2 a concat input and a split's parts are strided channel slabs: the chains that
+  // make and read them (equal shapes) take the strides, so the concat and split run in place.
+  Builder b(10);
+  Val x = b.input("x", {2, 4, 6, 6});
+  Val c1 = b.conv2d(x, "c1", ConvOpts(4, 3).padding(1));
+  Val c2 = b.conv2d(x, "c2", ConvOpts(4, 1));
+  Val c3 = b.conv2d(x, "c3", ConvOpts(2, 1));
+  Val sum = b.relu(b.add(c1, c2, "sum"), "chain");
+  b.output(b.concat({sum, c3}, 1, "cat"));
+  std::vector<Val> parts = b.split(b.conv2d(x, "c4", ConvOpts(6, 1)), 1, {3, 3}, "parts");
+  b.output(b.sigmoid(b.mul(parts[0], parts[1], "prod"), "gate"));
+  Runs r = run_both(b.build());
+  check_equal(r);
+  CHECK(r.in_place == std::vector<std::string>{"cat", "parts"});
+}
+
 TEST_CASE("executor: what cannot be produced in place is copied", "[executor]") {
   Builder b(5);
   Val x = b.input("x", {1, 4, 6, 6});

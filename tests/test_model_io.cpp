@@ -230,12 +230,37 @@ TEST_CASE("io: the layout, reduction, norm, resize and matmul ops survive the JS
   for (const auto& [name, t] : want) CHECK(test::bit_equal(got.at(name), t));
 }
 
+TEST_CASE("io: an elementwise chain survives the JSON round trip, its program as text",
+          "[io]") {
+  Builder b(13);
+  Val x = b.input("x", {2, 8, 6, 6});
+  Val g = b.sigmoid(b.batchnorm(b.input("g", {2, 8, 1, 1}), "bn"), "gate");
+  Val y = b.activation(b.sub(b.input("c", {8, 1, 1}), b.mul(x, g, "se"), "sub"),
+                       Act(Activation::Clip, -0.1f, 6.0f), "clip");
+  b.output(y);
+  const Graph source = b.build();
+  Graph graph = source;
+  optimize(graph);
+  REQUIRE(graph.nodes.size() == 1);
+  CHECK(graph.nodes[0].attrs.s("program") ==
+        "mul(x1), add(x2), sigmoid, mul(x3), sub(x4, v), clip(-0.1, 6)");
+  const std::string text = dump_json(graph);
+  CHECK_THAT(text, Contains(R"("program":"mul(x1), add(x2), sigmoid, mul(x3), sub(x4, v))"));
+  const Graph back = parse_json_model(text, "chain.json", "");
+  require_same(graph, back);
+  const auto in = test::random_inputs(source, 3);
+  const auto want = test::run_cpu(graph, in), got = test::run_cpu(back, in);
+  for (const auto& [name, t] : want) CHECK(test::bit_equal(got.at(name), t));
+}
+
 TEST_CASE("io: dump_dot draws every value, node and edge, its names escaped", "[io]") {
   // Names with a quote and a backslash, which DOT strings must escape.
   Builder b(5);
   Val x = b.input("in\"put", {1, 3, 8, 8});
   Val y = b.silu(b.batchnorm(b.conv2d(x, "conv\\1", ConvOpts(4, 3).padding(1)), "bn"), "act");
-  b.output(b.add(y, b.relu(y, "r\"1"), "sum"));
+  Val r = b.relu(y, "r\"1");
+  b.output(b.add(y, r, "sum"));
+  b.output(r);  // a graph output: no elementwise chain takes it into "sum"
   Graph g = b.build();
   optimize(g);
   REQUIRE(g.op_counts()[OpKind::FusedConv2d] == 1);

@@ -1,4 +1,5 @@
-// Elementwise kernels: inference batchnorm, activations, and the broadcasting binary ops.
+// Elementwise kernels: inference batchnorm, activations, the broadcasting binary ops and chains
+// of them (fused_elementwise).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -158,6 +159,36 @@ void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& y) {
       return binary_impl<Binary::Min>(dims, a.f32(), b.f32(), y.f32());
   }
   EPILOG_ASSERT(false, "unknown binary op {}", static_cast<int>(op));
+}
+
+void fused_elementwise(const ChainProgram& p, const ChainShape& s, const float* const* x,
+                       float* y) {
+  const int last = s.rank - 1;
+  const int64_t inner = s.size[last];
+  int64_t rows = 1;
+  for (int d = 0; d < last; ++d) rows *= s.size[d];
+  // Jobs are pieces of rows, so that one long row (equal shapes) still splits.
+  const int64_t pieces = (inner + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (detail::worth_threads(rows * inner))
+  for (int64_t job = 0; job < rows * pieces; ++job) {
+    const int64_t row = job / pieces, j0 = job % pieces * kPiece;
+    int64_t at[kMaxChainInputs] = {}, y_at = 0, rest = row;
+    for (int d = last - 1; d >= 0; --d) {
+      const int64_t i = rest % s.size[d];
+      rest /= s.size[d];
+      for (int k = 0; k < s.inputs; ++k) at[k] += i * s.stride[k][d];
+      y_at += i * s.y_stride[d];
+    }
+    const auto read = [&](int k, int64_t j) { return x[k][at[k] + j * s.stride[k][last]]; };
+    for (int64_t j = j0; j < std::min(inner, j0 + kPiece); ++j) {
+      float v = read(0, j);
+      for (int t = 0; t < p.steps; ++t) {
+        const ChainStep& step = p.step[t];
+        v = chain_step(step, v, step.operand < 0 ? 0.0f : read(step.operand, j));
+      }
+      y[y_at + j * s.y_stride[last]] = v;
+    }
+  }
 }
 
 }  // namespace epilog::cpu

@@ -1,10 +1,14 @@
-// Elementwise CUDA kernels: inference batchnorm, activations, the binary ops with broadcasting.
+// Elementwise CUDA kernels: inference batchnorm, activations, the binary ops with broadcasting,
+// and chains of them (fused_elementwise).
 //
 // Math
 //   batchnorm   y[o, c, i] = (x[o, c, i] - mean[c]) * (gamma[c] / sqrt(var[c] + eps)) + beta[c]
 //   activation  y[i] = act(x[i]), act as in shapes.h (silu, relu, sigmoid, none)
 //   binary      y[p] = binary_apply(op, a[p mod a's shape], b[p mod b's shape]) (shapes.h:
 //               add, mul, sub, div, max, min), NumPy broadcasting
+//   chain       y[p] = the program's steps (shapes.h ChainProgram, chain_step) from x0[p] on, each
+//               input read at p NumPy-broadcast: one read of each input, one write, the steps in
+//               registers
 // Layout: float32, contiguous, device pointers; batchnorm sees x as [outer, channels, inner].
 //   Outputs must not alias inputs (inputs are read through the non-coherent cache).
 // Grid: 1-D and grid-stride, kThreads per block, at most one full wave (grid_for: full
@@ -20,8 +24,18 @@
 //   and column (w % chunks) * V of the last one, whose stride is 1 or 0 in each operand.
 //   binary_items runs the same kernel as one outer dim whose strides may differ per operand,
 //   the output's included (y's rows y_row apart; contiguous everywhere else).
+// Chain: the host hands its merged dims (runtime/params.h chain_shape: size-1 dims dropped,
+//   neighbours every tensor walks as one merged) with every tensor's element strides, any of
+//   them a part's item stride. An item is V floats of the innermost dim, decoded as binary's
+//   broadcast items (one division per outer dim); float4 where y and every input step by 1 or 0
+//   along that dim, its size and every outer stride of a stepping tensor are multiples of 4 and
+//   their pointers 16-byte aligned. The steps are unrolled to kMaxChainSteps and a step's
+//   operand picked from the inputs' registers by a bit of its own (ChainWalk::pick), so that
+//   nothing is indexed at run time (which would move those registers to local memory).
 // Index math is 32-bit when every index is below 2^31, else 64-bit.
-// Restrictions: binary up to kMaxRank dims (checked), shapes that broadcast (the caller's).
+// Restrictions: binary up to kMaxRank dims (checked), shapes that broadcast (the caller's); a
+//   chain up to kMaxChainRank merged dims, kMaxChainInputs inputs and kMaxChainSteps steps whose
+//   operands are among them (checked).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -295,6 +309,75 @@ void binary_items_impl(int64_t items, int64_t len, const float* a, int64_t a_str
   check_launch("binary (items)");
 }
 
+// -- fused_elementwise --
+
+// The chain's dims as the kernel decodes them: the outer ones innermost first, the inner one's
+// strides apart (it is split into items of V floats), and the inputs. pick[t]: the input a
+// binary step t reads past x0, as the bit 1 << k (0: x0). A bit the compiler cannot trace back
+// to the step's operand index: compared with the index, it turned the pick into an indexed load
+// and the inputs' registers into local memory (80 bytes of stack, ptxas -v).
+struct ChainWalk {
+  int outer, inputs;
+  int64_t size[kMaxChainRank - 1];
+  int64_t stride[kMaxChainInputs][kMaxChainRank - 1], y_stride[kMaxChainRank - 1];
+  int64_t inner_stride[kMaxChainInputs], y_inner;
+  const float* x[kMaxChainInputs];
+  uint8_t pick[kMaxChainSteps];
+};
+
+template <int V, class I>
+__global__ void __launch_bounds__(kThreads)
+    chain_kernel(ChainProgram p, ChainWalk w, I chunks, I items, float* __restrict__ y) {
+  const I step = I(gridDim.x) * kThreads;
+  for (I item = I(blockIdx.x) * kThreads + threadIdx.x; item < items; item += step) {
+    const I row = item / chunks, col = (item - row * chunks) * V;
+    I at[kMaxChainInputs] = {}, y_at = 0, rest = row;
+#pragma unroll
+    for (int d = 0; d < kMaxChainRank - 1; ++d) {
+      if (d >= w.outer) break;
+      const I size = I(w.size[d]), idx = rest % size;
+      rest /= size;
+#pragma unroll
+      for (int k = 0; k < kMaxChainInputs; ++k) at[k] += idx * I(w.stride[k][d]);
+      y_at += idx * I(w.y_stride[d]);
+    }
+    // -- each input once --
+    Vec<V> in[kMaxChainInputs];
+#pragma unroll
+    for (int k = 0; k < kMaxChainInputs; ++k) {
+      if (k >= w.inputs) {
+        in[k] = splat<V>(0.0f);
+        continue;
+      }
+      const float* base = w.x[k] + at[k];
+      if constexpr (V == 4)
+        in[k] = w.inner_stride[k] ? load<V>(base + col) : splat<V>(__ldg(base));
+      else
+        in[k].v[0] = __ldg(base + col * I(w.inner_stride[k]));
+    }
+    // -- the steps, in registers --
+    Vec<V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      float v = in[0].v[j];
+#pragma unroll
+      for (int t = 0; t < kMaxChainSteps; ++t) {
+        if (t >= p.steps) break;
+        float x = in[0].v[j];
+#pragma unroll
+        for (int k = 1; k < kMaxChainInputs; ++k)
+          if (w.pick[t] & (1u << k)) x = in[k].v[j];
+        v = chain_step(p.step[t], v, x);
+      }
+      out.v[j] = v;
+    }
+    if constexpr (V == 4)
+      store<V>(y + y_at + col, out);
+    else
+      y[y_at + col * I(w.y_inner)] = out.v[0];
+  }
+}
+
 // Calls f(integral_constant<Binary, op>): one instantiation of a kernel per binary op.
 template <class F>
 void with_binary(Binary op, F&& f) {
@@ -327,6 +410,56 @@ void activation(Act act, int64_t n, const float* x, float* y, Stream stream) {
   with_activation(act, [&](auto a) {
     launch_map("activation", ActivationOp<decltype(a)>{a}, n, true, x, y, stream);
   });
+}
+
+void fused_elementwise(const ChainProgram& p, const ChainShape& s, const float* const* x, float* y,
+                       Stream stream) {
+  EPILOG_CUDA_REQUIRE(s.rank >= 1 && s.rank <= kMaxChainRank && s.inputs >= 1 &&
+                      s.inputs <= kMaxChainInputs && p.steps >= 0 && p.steps <= kMaxChainSteps);
+  for (int t = 0; t < p.steps; ++t) EPILOG_CUDA_REQUIRE(p.step[t].operand < s.inputs);
+  const int last = s.rank - 1;
+  int64_t total = 1, span = 0;  // span: the farthest element any tensor's walk reaches
+  for (int d = 0; d < s.rank; ++d) total *= s.size[d];
+  if (total == 0) return;
+  for (int k = 0; k <= s.inputs; ++k) {
+    int64_t reach = 0;
+    for (int d = 0; d < s.rank; ++d)
+      reach += (s.size[d] - 1) * (k < s.inputs ? s.stride[k][d] : s.y_stride[d]);
+    span = std::max(span, reach + 1);
+  }
+  ChainWalk w{};
+  w.outer = last;
+  w.inputs = s.inputs;
+  for (int q = 0; q < last; ++q) {  // innermost first
+    const int d = last - 1 - q;
+    w.size[q] = s.size[d];
+    for (int k = 0; k < s.inputs; ++k) w.stride[k][q] = s.stride[k][d];
+    w.y_stride[q] = s.y_stride[d];
+  }
+  for (int k = 0; k < s.inputs; ++k) w.inner_stride[k] = s.stride[k][last], w.x[k] = x[k];
+  for (int t = 0; t < p.steps; ++t)
+    w.pick[t] = p.step[t].operand > 0 ? uint8_t(1u << p.step[t].operand) : uint8_t(0);
+  w.y_inner = s.y_stride[last];
+  // float4 items: every tensor steps by 1 or 0 along the inner dim, and those that step start
+  // each row 16-byte aligned.
+  const int64_t inner = s.size[last];
+  const auto rows_aligned = [&](const float* base, const int64_t* outer) {
+    if (!aligned16(base)) return false;
+    for (int q = 0; q < last; ++q)
+      if (outer[q] % 4 != 0) return false;
+    return true;
+  };
+  bool vec = inner % 4 == 0 && w.y_inner == 1 && rows_aligned(y, w.y_stride);
+  for (int k = 0; k < s.inputs; ++k)
+    vec = vec &&
+          (w.inner_stride[k] == 0 || (w.inner_stride[k] == 1 && rows_aligned(x[k], w.stride[k])));
+  const int64_t chunks = vec ? inner / 4 : inner, items = total / inner * chunks;
+  dispatch(vec, fits32(std::max(span, total)), [&](auto v, auto i) {
+    using I = decltype(i);
+    chain_kernel<decltype(v)::value, I>
+        <<<grid_for(items, kThreads), kThreads, 0, stream>>>(p, w, I(chunks), I(items), y);
+  });
+  check_launch("fused_elementwise");
 }
 
 void binary(Binary op, const BroadcastShape& s, const float* a, const float* b, float* y,

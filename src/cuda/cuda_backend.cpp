@@ -338,6 +338,13 @@ void binary(const Ctx& c, In in, Out out) {
   cuda::binary(op, s, dev(in[0]), dev(in[1]), dev(out[0]), c.stream);
 }
 
+void fused_elementwise(const Ctx& c, In in, Out out) {
+  const ChainShape s = chain_shape(c.node, in, out[0]);
+  const float* xs[kMaxChainInputs] = {};
+  for (size_t k = 0; k < in.size(); ++k) xs[k] = dev(in[k]);
+  cuda::fused_elementwise(node_chain(c.node), s, xs, dev(out[0]), c.stream);
+}
+
 int64_t norm_axis(const Node& n, int rank) {
   const int64_t axis = n.attrs.i("axis");
   return axis < 0 ? axis + rank : axis;
@@ -489,6 +496,7 @@ const std::array<CudaKernel, kNumOps>& kernels() {
       if (is_activation_op(OpKind(op))) t[size_t(op)] = activation;
     for (int op = 0; op < kNumOps; ++op)
       if (binary_kind(OpKind(op))) t[size_t(op)] = binary;
+    at(OpKind::FusedElementwise) = fused_elementwise;
     at(OpKind::Concat) = concat;
     at(OpKind::Split) = split;
     at(OpKind::MaxPool2d) = [](const Ctx& c, In in, Out out) {

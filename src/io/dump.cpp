@@ -43,10 +43,16 @@ std::string attrs_str(const Graph& graph, const Node& node) {
   const OpInfo& info = op_info(node.op);
   for (const AttrSpec& spec : info.attrs) {
     const AttrValue& v = node.attrs.all().at(spec.name);
-    if (spec.fallback && *spec.fallback == v) continue;
+    if ((spec.fallback && *spec.fallback == v) || node.op == OpKind::FusedElementwise) continue;
     parts.push_back(fmt::format("{}={}", short_name(spec.name), attr_str(v)));
   }
   return parts.empty() ? "" : fmt::format(" {{{}}}", fmt::join(parts, " "));
+}
+
+// The op, and for a fused_elementwise its steps: "fused_elementwise[sigmoid, mul(x1)]".
+std::string op_label(const Node& node) {
+  if (node.op != OpKind::FusedElementwise) return op_name(node.op);
+  return fmt::format("{}[{}]", op_name(node.op), node.attrs.s("program"));
 }
 
 std::string operand(const Graph& graph, const std::string& name) {
@@ -123,7 +129,7 @@ std::string dump_text(const Graph& graph) {
     std::string name_note = node.outputs.size() == 1 && node.outputs[0] == node.name
                                 ? ""
                                 : fmt::format("  # {}", node.name);
-    out += fmt::format("{} = {}({}){} : {}{}\n", fmt::join(outs, ", "), op_name(node.op),
+    out += fmt::format("{} = {}({}){} : {}{}\n", fmt::join(outs, ", "), op_label(node),
                        fmt::join(ins, ", "), attrs_str(graph, node), fmt::join(shapes, ", "),
                        name_note);
   }
@@ -140,10 +146,10 @@ std::string dump_dot(const Graph& graph) {
   UseIndex uses(graph);
   for (size_t i = 0; i < graph.nodes.size(); ++i) {
     const Node& node = graph.nodes[i];
-    bool fused = node.op == OpKind::FusedConv2d;
+    const bool fused = node.op == OpKind::FusedConv2d || node.op == OpKind::FusedElementwise;
     out += fmt::format(
         "  \"n:{}\" [shape=box, label=\"{}\\n{}{}\"{}];\n", dot_escape(node.name),
-        dot_escape(node.name), op_name(node.op), dot_escape(attrs_str(graph, node)),
+        dot_escape(node.name), dot_escape(op_label(node)), dot_escape(attrs_str(graph, node)),
         fused ? ", style=\"filled,bold\", fillcolor=\"#ffcc66\", penwidth=2" : ", style=rounded");
     for (const std::string& in : node.inputs) {
       if (graph.is_weight(in)) continue;

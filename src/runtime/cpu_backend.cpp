@@ -45,6 +45,11 @@ const std::array<CpuKernel, kNumOps>& kernels() {
         t[size_t(op)] = [](const Node& n, In in, Out out) {
           cpu::binary(*binary_kind(n.op), in[0], in[1], out[0]);
         };
+    at(OpKind::FusedElementwise) = [](const Node& n, In in, Out out) {
+      std::vector<const float*> xs;
+      for (const Tensor& t : in) xs.push_back(t.f32());
+      cpu::fused_elementwise(node_chain(n), chain_shape(n, in, out[0]), xs.data(), out[0].f32());
+    };
     at(OpKind::Concat) = [](const Node& n, In in, Out out) {
       std::vector<const Tensor*> xs;
       for (const Tensor& t : in) xs.push_back(&t);

@@ -103,9 +103,11 @@ bool takes_strided(const Graph& g, const Node& node) {
     case OpKind::Concat:
     case OpKind::Split:
       return true;
-    case OpKind::Add: {
+    case OpKind::Add:
+    case OpKind::FusedElementwise: {
       const Shape& y = g.value(node.outputs[0]).shape;
-      return g.value(node.inputs[0]).shape == y && g.value(node.inputs[1]).shape == y;
+      return std::all_of(node.inputs.begin(), node.inputs.end(),
+                         [&](const std::string& in) { return g.value(in).shape == y; });
     }
     default:
       return false;

@@ -46,23 +46,60 @@ PoolShape pool_shape(const Node& node, const Tensor& x, const Tensor& y) {
   return s;
 }
 
-std::optional<Binary> binary_kind(OpKind op) {
-  switch (op) {
-    case OpKind::Add:
-      return Binary::Add;
-    case OpKind::Mul:
-      return Binary::Mul;
-    case OpKind::Sub:
-      return Binary::Sub;
-    case OpKind::Div:
-      return Binary::Div;
-    case OpKind::Max:
-      return Binary::Max;
-    case OpKind::Min:
-      return Binary::Min;
-    default:
-      return std::nullopt;
+ChainShape chain_shape(const Node& node, const std::vector<Tensor>& in, const Tensor& y) {
+  const auto bad = [&](const std::string& why) {
+    fail("[{}] node '{}': {}", op_name(node.op), node.name, why);
+  };
+  if (in.empty() || in.size() > size_t(kMaxChainInputs))
+    bad(fmt::format("{} inputs, expected 1 to {}", in.size(), kMaxChainInputs));
+  // Every tensor's strides against y's dims, from the back where shapes align; dim 0 of each
+  // steps by its item stride (a part of a larger batch's items).
+  const Shape& ys = y.shape();
+  const size_t rank = ys.size();
+  std::vector<std::vector<int64_t>> strides(in.size() + 1, std::vector<int64_t>(rank, 0));
+  const auto walk = [&](const Tensor& t, std::vector<int64_t>& out) {
+    const Shape& s = t.shape();
+    if (s.size() > rank)
+      bad(fmt::format("input {} does not broadcast to the output {}", shape_str(s), shape_str(ys)));
+    int64_t stride = 1;
+    for (size_t i = 0; i < s.size(); ++i) {
+      const size_t d = rank - 1 - i, e = s.size() - 1 - i;
+      if (s[e] != 1 && s[e] != ys[d])
+        bad(fmt::format("input {} does not broadcast to the output {}", shape_str(s),
+                        shape_str(ys)));
+      out[d] = s[e] == 1 ? 0 : e == 0 && !t.contiguous() ? t.item_stride() : stride;
+      stride *= s[e];
+    }
+  };
+  for (size_t k = 0; k < in.size(); ++k) walk(in[k], strides[k]);
+  walk(y, strides.back());
+  ChainShape cs;
+  cs.inputs = int(in.size());
+  const auto set = [&](int at, size_t d) {
+    cs.size[at] = ys[d];
+    for (size_t k = 0; k < in.size(); ++k) cs.stride[k][at] = strides[k][d];
+    cs.y_stride[at] = strides.back()[d];
+  };
+  for (size_t d = 0; d < rank; ++d) {
+    if (ys[d] == 1) continue;
+    // Merged into the dim before where every tensor steps through both as through one.
+    bool chains = cs.rank > 0;
+    for (size_t k = 0; chains && k <= in.size(); ++k)
+      chains = strides[k][d] * ys[d] ==
+               (k < in.size() ? cs.stride[k][cs.rank - 1] : cs.y_stride[cs.rank - 1]);
+    if (chains) {
+      const int64_t size = cs.size[cs.rank - 1] * ys[d];
+      set(cs.rank - 1, d);
+      cs.size[cs.rank - 1] = size;
+      continue;
+    }
+    if (cs.rank == kMaxChainRank)
+      bad(fmt::format("output {} has more than {} dims the inputs walk apart", shape_str(ys),
+                      kMaxChainRank));
+    set(cs.rank++, d);
   }
+  if (cs.rank == 0) cs.size[cs.rank++] = 1;  // one element, every stride 0
+  return cs;
 }
 
 GatherView gather_view(const Node& node, const Shape& x) {

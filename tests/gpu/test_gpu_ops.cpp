@@ -121,6 +121,95 @@ TEST_CASE("gpu ops: add and mul broadcast as NumPy does", "[gpu][ops]") {
     }
 }
 
+// -- fused_elementwise --
+
+namespace {
+
+// Chains run device math in their steps (sigmoid and silu through ex2.approx, within 3e-6 of
+// their result; expf, tanhf, erff, powf within an ulp or two) on values of order 1 to 5, and
+// carry that error on through the steps after, where an add or sub may cancel what it scales
+// with: 3e-5 absolute bounds it with room, 1e-5 of the result the rounding of up to 8 steps.
+constexpr test::Tolerance kChain{3e-5, 1e-5, "float32 chain"};
+
+Graph chain_graph(const std::vector<Shape>& shapes, const std::string& program) {
+  Builder b(4);
+  std::vector<Val> xs;
+  for (size_t k = 0; k < shapes.size(); ++k)
+    xs.push_back(b.input("x" + std::to_string(k), shapes[k]));
+  Attrs a;
+  a.set("program", program);
+  b.output(b.node(OpKind::FusedElementwise, xs, a, "chain")[0]);
+  return b.build();
+}
+
+}  // namespace
+
+TEST_CASE("gpu ops: fused_elementwise chains match the CPU", "[gpu][ops]") {
+  struct Case {
+    std::vector<Shape> shapes;
+    std::string program;
+  };
+  const std::vector<Case> cases = {
+      {{{2, 3, 5, 7}}, "relu, tanh, clip(0, 0.5)"},  // odd rows: a float an item
+      {{{4, 16, 8, 8}}, "silu, neg, abs, sigmoid"},  // float4 items
+      // Squeeze-excite: the gate [N,C,1,1] is the running value, broadcast up.
+      {{{2, 8, 1, 1}, {2, 8, 5, 7}}, "sigmoid, mul(x1)"},
+      {{{2, 8, 1, 1}, {2, 8, 8, 8}}, "sigmoid, mul(x1)"},
+      {{{2, 8, 8, 8}, {2, 8, 1, 1}}, "mul(x1)"},
+      {{{2, 8, 8, 8}, {8, 1, 1}, {8, 1, 1}}, "mul(x1), add(x2), relu"},  // batchnorm -> relu
+      {{{2, 3, 5, 7}, {1, 3, 1, 1}}, "relu, sub(x1, v)"},
+      {{{2, 3, 5, 7}, {5, 7}, {2, 1, 1, 7}}, "exp, div(x1, v), div(x2)"},
+      {{{2, 3, 8, 8}, {3, 1, 8}, {8}, {2, 1, 8, 1}, {1}},  // five inputs
+       "max(x1), min(x2, v), add(x3), mul(x4)"},
+      {{{3, 1}, {1, 4}}, "add(x1), tanh"},  // an outer product
+      {{{1}}, "relu"},
+      {{{}, {2, 3}}, "neg, add(x1)"},                                               // a scalar
+      {{{2, 1, 3, 1, 2, 5}, {1, 4, 1, 2, 1, 5}}, "mul(x1), gelu"},                  // six dims
+      {{{8, 64, 40, 40}, {1, 64, 1, 1}, {1, 64, 1, 1}}, "mul(x1), add(x2), silu"},  // many waves
+      {{{2, 3, 5, 7}},  // eight steps, the rarer activations
+       "leaky_relu(0.1), hardsigmoid(0.2, 0.5), hardswish, elu(0.5), softplus, mish, gelu_tanh, "
+       "erf"},
+      {{{2, 3, 5, 7}, {2, 3, 5, 7}}, "abs, sqrt, reciprocal, mul(x1), pow(2)"},
+      {{{4, 16, 8, 8}}, "tanh, mul(x0), sub(x0, v)"},  // x0 read again by a step
+  };
+  for (const Case& c : cases) {
+    std::string shapes;
+    for (const Shape& s : c.shapes) shapes += shape_str(s) + " ";
+    INFO(c.program << " on " << shapes);
+    const Outputs o = run_node(chain_graph(c.shapes, c.program));
+    require_close(o.gpu[0], o.cpu[0], c.program, kChain);
+  }
+}
+
+TEST_CASE("gpu ops: fused_elementwise on channel slabs of a batch", "[gpu][ops]") {
+  // Channels 4..11 of 12 read, channels 2..9 of 12 written: dim 0 steps by the image. 7 wide
+  // rows (a float an item) and 8 (float4 items on strided rows).
+  for (const int64_t w : {7, 8}) {
+    INFO("planes 5 x " << w);
+    const int64_t plane = 5 * w;
+    const Shape part{2, 8, 5, w}, whole{2, 12, 5, w};
+    const Graph g = chain_graph({part, part}, "add(x1), relu, mul(x1)");
+    const Node& node = g.nodes[0];
+    const Tensor a = Tensor::randn(whole, 1), b = Tensor::randn(part, 2);
+    std::vector<Tensor> cpu{Tensor::empty(part)};
+    make_cpu_backend()->run(node, NodePlan{}, {a.part(4 * plane, part).clone(), b}, cpu);
+    const Tensor dev_a = a.to(Device::CUDA);
+    Tensor dev_y = Tensor::full(whole, kNaN).to(Device::CUDA);
+    std::vector<Tensor> gpu{dev_y.part(2 * plane, part)};
+    cuda_backend().run(node, NodePlan{}, {dev_a.part(4 * plane, part), b.to(Device::CUDA)}, gpu);
+    cuda_backend().synchronize();
+    require_close(gpu[0], cpu[0], "a chain on slabs", kChain);
+    // The channels around the slab are not written.
+    const Tensor y = dev_y.to(Device::CPU);
+    int64_t written = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) {
+      const int64_t c = i / plane % 12;
+      if (c < 2 || c >= 10) written += !std::isnan(y.f32()[i]);
+    }
+    CHECK(written == 0);
+  }
+}
+
 // -- data movement --
 
 TEST_CASE("gpu ops: concat on every axis", "[gpu][ops]") {

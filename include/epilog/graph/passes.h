@@ -1,6 +1,6 @@
-// The pass pipeline: canonicalize -> reparameterize -> fuse -> dead-code elimination, the
-// verifier after every pass, per-rule hit counts, and a hook to dump the graph before and after
-// each pass.
+// The pass pipeline: canonicalize -> reparameterize -> fuse (conv rules, batchnorm folds,
+// elementwise chains) -> dead-code elimination, the verifier after every pass, per-rule hit
+// counts, and a hook to dump the graph before and after each pass.
 #pragma once
 
 #include <functional>
@@ -32,6 +32,17 @@ RewriteStats reparameterize(Graph& graph, const KernelQuery& has_kernel);
 // adds folded into the scale and shift. A conv nothing follows is fused alone (its bias the
 // shift), so that every conv runs on the same kernels.
 std::vector<Rule> fusion_rules();
+
+// Then, on what those leave: a batchnorm read only by a fused conv that does not pad, folded
+// into that conv's weights and shift (float64, each rounded once); where the conv pads it is
+// refused, and said why (its padded zeros would not be shifted).
+std::vector<Rule> input_fold_rules();
+
+// Last, chains of elementwise ops (activations, binary ops with broadcasting, batchnorms as a
+// per-channel scale and shift) whose links each feed the next alone, as one fused_elementwise:
+// at most kMaxChainSteps steps over kMaxChainInputs inputs (kernels/shapes.h), grown a link at
+// a time; the running value may be the smaller side of a broadcast.
+std::vector<Rule> elementwise_rules();
 
 // Removes nodes whose outputs nobody reads and weights no node uses. Returns what it removed.
 int eliminate_dead_code(Graph& graph);

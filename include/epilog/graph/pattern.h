@@ -19,22 +19,26 @@
 
 namespace epilog {
 
-// Matches either a node of kind `op` whose first inputs match `inputs` in order (operands of
-// add and mul in either order), or, with no op, any value. A binding name used twice must bind
+// Matches either a node of one of the kinds `ops` whose first inputs match `inputs` in order
+// (operands of add and mul in either order), or, with no ops, any value. A binding name used twice must bind
 // the same value both times: mul(any("x"), sigmoid(any("x"))) is x * sigmoid(x), and a node
 // pattern bound twice matches one node read twice (LayerNorm's x - mean, read by the square and
 // the division).
 struct Pat {
-  std::optional<OpKind> op;
+  std::vector<OpKind> ops;
   std::vector<Pat> inputs;
   std::string bind;
 };
 
 inline Pat op(OpKind kind, std::vector<Pat> inputs = {}, std::string bind = "") {
-  return Pat{kind, std::move(inputs), std::move(bind)};
+  return Pat{{kind}, std::move(inputs), std::move(bind)};
+}
+// A node of any of `kinds`: a category of ops (the unary ones, the elementwise ones, ...).
+inline Pat one_of(std::vector<OpKind> kinds, std::vector<Pat> inputs = {}, std::string bind = "") {
+  return Pat{std::move(kinds), std::move(inputs), std::move(bind)};
 }
 inline Pat any(std::string bind = "") {
-  return Pat{std::nullopt, {}, std::move(bind)};
+  return Pat{{}, {}, std::move(bind)};
 }
 
 struct Match {
@@ -88,8 +92,8 @@ struct RewriteStats {
   std::map<std::string, int> refused;  // "rule at 'node': reason" -> times refused
 };
 
-// Applies rules (indexed by root op; earlier rules first) until no rule matches. Visits
-// consumers before producers so that the longest chain ending at a node wins.
+// Applies rules (indexed by each op their root takes; earlier rules first) until no rule matches.
+// Visits consumers before producers so that the longest chain ending at a node wins.
 RewriteStats rewrite(Graph& graph, const std::vector<Rule>& rules, const KernelQuery& has_kernel);
 
 }  // namespace epilog

@@ -31,6 +31,10 @@ using epilog::Binary;
 // NumPy broadcasting; y has the broadcast shape.
 void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& y);
 
+// fused_elementwise: y = the program on every element, input k read at x[k] through s's strides
+// (runtime/params.h chain_shape): one program run an output element, each step in turn.
+void fused_elementwise(const ChainProgram& p, const ChainShape& s, const float* const* x, float* y);
+
 void concat(const std::vector<const Tensor*>& xs, int64_t axis, Tensor& y);
 void split(const Tensor& x, int64_t axis, std::vector<Tensor>& ys);
 

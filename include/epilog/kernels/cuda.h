@@ -102,6 +102,11 @@ void binary(Binary op, const BroadcastShape& s, const float* a, const float* b, 
 void binary_items(Binary op, int64_t items, int64_t len, const float* a, int64_t a_stride,
                   const float* b, int64_t b_stride, float* y, int64_t y_stride, Stream stream);
 
+// fused_elementwise: y = the program on every element of y, input k read at x[k] through s's
+// strides (runtime/params.h chain_shape): each input read once an element, y written once.
+void fused_elementwise(const ChainProgram& p, const ChainShape& s, const float* const* x, float* y,
+                       Stream stream);
+
 // -- data movement --
 // Copies a [outer, count, inner] block between two tensors viewed as [outer, extent, inner]
 // (outer = product of the dims before the axis, inner = of those after it), starting at the

@@ -265,6 +265,42 @@ EPILOG_HD inline float activate(const Act& act, float v) {
   }
 }
 
+// -- fused_elementwise: a chain of elementwise ops as one program run on each output element --
+// A running value v starts as input 0's element; each step is an activation, v = act(v), or a
+// binary op with input `operand`: v = v op x, or x op v where `swap`. Every input is read at the
+// output element NumPy-broadcast, so a chain whose first inputs are smaller than its output
+// computes their part again for each element it broadcasts to. The CPU and CUDA kernels take the
+// steps through chain_step; at most kMaxChainSteps steps over kMaxChainInputs inputs.
+constexpr int kMaxChainSteps = 8;
+constexpr int kMaxChainInputs = 5;  // the first input and up to four operands
+constexpr int kMaxChainRank = 6;
+struct ChainStep {
+  Act act;                  // a unary step's activation
+  Binary op = Binary::Add;  // a binary step's op
+  int8_t operand = -1;      // a binary step's other input; -1: a unary step
+  bool swap = false;        // a binary step: the running value is the right-hand operand
+};
+struct ChainProgram {
+  int steps = 0;
+  ChainStep step[kMaxChainSteps];
+};
+
+EPILOG_HD inline float chain_step(const ChainStep& s, float v, float x) {
+  if (s.operand < 0) return activate(s.act, v);
+  return s.swap ? binary_apply(s.op, x, v) : binary_apply(s.op, v, x);
+}
+
+// What both kernels walk: the output's dims, outermost first, with each input's and the
+// output's element strides (0 where an input broadcasts); input k's element at index (i_0, ...)
+// is x_k[sum_d i_d * stride[k][d]]. Size-1 dims are dropped and neighbours every tensor steps
+// through as one dim merged, so [N,C,H,W] * [N,C,1,1] runs as [N*C, H*W]; at least one dim.
+struct ChainShape {
+  int rank = 0, inputs = 0;
+  int64_t size[kMaxChainRank] = {};
+  int64_t stride[kMaxChainInputs][kMaxChainRank] = {};
+  int64_t y_stride[kMaxChainRank] = {};
+};
+
 // fused_conv2d's epilogue around its residual r: y = act(v + r) where the residual comes before
 // the activation (ResNet's relu(bn(conv) + x)), else act(v) + r (C2f's x + silu(bn(conv))). A
 // kernel applies `pre` where it finishes an accumulator and `post` where it adds the residual.

@@ -20,12 +20,13 @@ ConvShape conv_shape(const Node& node, const std::vector<Tensor>& in, const Tens
 // fused_conv2d's residual input, or null.
 const Tensor* conv_residual(const Node& node, const std::vector<Tensor>& in);
 
+// fused_elementwise's inputs and output as its kernels walk them (ChainShape): also the item
+// strides of parts. Errors name the op and node.
+ChainShape chain_shape(const Node& node, const std::vector<Tensor>& in, const Tensor& y);
+
 // For maxpool2d and avgpool2d nodes.
 PoolShape pool_shape(const Node& node, const Shape& x, const Shape& y);
 PoolShape pool_shape(const Node& node, const Tensor& x, const Tensor& y);  // with image strides
-
-// The binary elementwise op (add, mul, sub, div, max, min) a node kind computes, or nullopt.
-std::optional<Binary> binary_kind(OpKind op);
 
 // transpose, slice and channel_shuffle as a strided view of x (contiguous, shape x): the view's
 // element i_0, ..., i_r (over `sizes`, in row-major order) is x[offset + sum_d i_d * strides[d]],
