@@ -9,9 +9,12 @@
 //   LayerNorm as reduce_mean, sub, pow, ..., add       -> layer_norm
 //   reduce_mean over every dim after N and C           -> global_avgpool (+ flatten)
 //   reshape, transpose, reshape on the channels        -> channel_shuffle
+//   transpose to NHWC, layer_norm / linear / activation -> their NCHW twins, transposes that
+//   cancel                                               -> none
 #include <algorithm>
 #include <cmath>
 
+#include "epilog/graph/activation.h"
 #include "epilog/graph/passes.h"
 
 namespace epilog {
@@ -328,6 +331,134 @@ Rule channel_shuffle_rule() {
           }};
 }
 
+// -- channels-last blocks back to NCHW --
+// ConvNeXt runs its MLP on NHWC: transpose(0,2,3,1), layer_norm over C, linear, gelu, linear,
+// transpose(0,3,1,2). The transpose moves down through each op, which becomes its NCHW twin (the
+// layer norm over axis 1, the linear a 1x1 conv, an activation as it is), until it meets its
+// inverse and both go: the block is then convs that fuse, their activations and the layer scale
+// in their epilogues.
+
+const std::vector<int64_t> kToNhwc{0, 2, 3, 1};
+
+std::string to_nhwc(const Node& t) {
+  if (t.attrs.ints("perm") != kToNhwc)
+    return fmt::format("'{}' permutes [{}], not [0,2,3,1]", t.name, fmt::join(t.attrs.ints("perm"), ","));
+  return "";
+}
+
+// The NCHW op `n` of kind `op` on x (its first input) with n's other inputs, then the transpose
+// to NHWC into n's outputs.
+Replacement then_to_nhwc(const Match& m, const Node& n, OpKind op, const Attrs& attrs,
+                         std::vector<std::string> inputs, std::map<std::string, Tensor> w = {}) {
+  const Graph& g = *m.graph;
+  const std::string y = g.unique_name(n.name + ".nchw");
+  Attrs perm;
+  perm.set("perm", kToNhwc);
+  const std::string t = g.unique_name(n.name + ".to_nhwc");
+  return Replacement{{Node{n.name, op, normalize_attrs(op, n.name, attrs), std::move(inputs), {y}},
+                      Node{t, OpKind::Transpose, normalize_attrs(OpKind::Transpose, t, perm), {y},
+                           n.outputs}},
+                     std::move(w)};
+}
+
+void channels_last_rules(std::vector<Rule>& rules) {
+  const Pat t = op(OpKind::Transpose, {any("x")}, "t");
+  // layer_norm over the last dim of NHWC is layer_norm over C of NCHW (the same scale and bias).
+  rules.push_back(Rule{
+      "layer_norm(nhwc)->layer_norm(c)", op(OpKind::LayerNorm, {t}, "n"), OpKind::LayerNorm,
+      [](const Match& m) {
+        const Node& n = m.node("n");
+        std::string why = to_nhwc(m.node("t"));
+        const auto last = [&](int64_t a) { return a == -1 || a == 3; };
+        if (why.empty() && !(last(n.attrs.i("axis")) && last(n.attrs.i("last_axis"))))
+          why = fmt::format("'{}' normalizes more than the last dim", n.name);
+        return why;
+      },
+      [](const Match& m) {
+        const Node& n = m.node("n");
+        Attrs a = n.attrs;
+        a.set("axis", int64_t(1));
+        a.set("last_axis", int64_t(1));
+        std::vector<std::string> ins = n.inputs;
+        ins[0] = m.value("x");
+        return then_to_nhwc(m, n, OpKind::LayerNorm, a, ins);
+      }});
+  // linear over C of NHWC, with a constant weight, is a 1x1 conv of NCHW.
+  rules.push_back(Rule{
+      "linear(nhwc)->conv2d(1x1)", op(OpKind::Linear, {t}, "n"), OpKind::Conv2d,
+      [](const Match& m) {
+        const Graph& g = *m.graph;
+        const Node& n = m.node("n");
+        std::string why = to_nhwc(m.node("t"));
+        for (size_t i = 1; why.empty() && i < n.inputs.size(); ++i)
+          if (!g.is_weight(n.inputs[i]))
+            why = fmt::format("input '{}' of '{}' is computed, not a constant", n.inputs[i], n.name);
+        return why;
+      },
+      [](const Match& m) {
+        const Graph& g = *m.graph;
+        const Node& n = m.node("n");
+        const Shape& w = g.value(n.inputs[1]).shape;
+        std::map<std::string, Tensor> weights;
+        const std::string wname = g.unique_name(n.inputs[1] + ".1x1");
+        weights[wname] = g.weights.at(n.inputs[1]).data.clone().reshape({w[0], w[1], 1, 1});
+        std::vector<std::string> ins{m.value("x"), wname};
+        if (n.inputs.size() > 2) ins.push_back(n.inputs[2]);
+        return then_to_nhwc(m, n, OpKind::Conv2d, {}, ins, std::move(weights));
+      }});
+  // An activation commutes with any transpose: it runs before it, next to what made its input.
+  for (int i = 0; i < kNumOps; ++i) {
+    const OpKind kind = OpKind(i);
+    if (!is_activation_op(kind)) continue;
+    rules.push_back(Rule{std::string(op_name(kind)) + "(transpose)->transpose(" + op_name(kind) + ")",
+                         op(kind, {op(OpKind::Transpose, {any("x")}, "t")}, "n"), kind, nullptr,
+                         [](const Match& m) {
+                           const Graph& g = *m.graph;
+                           Node act = m.node("n"), t = m.node("t");
+                           const std::string pre = g.unique_name(act.name + ".pre_transpose");
+                           t.outputs = act.outputs;
+                           t.inputs = {pre};
+                           act.inputs = {m.value("x")};
+                           act.outputs = {pre};
+                           return Replacement{{act, t}, {}};
+                         }});
+  }
+  // A transpose of a transpose: one, or none where they cancel (a reshape to the same shape,
+  // a view that eliminate_views then removes).
+  rules.push_back(Rule{
+      "transpose(transpose)", op(OpKind::Transpose, {t}, "n"), OpKind::Transpose,
+      [](const Match& m) -> std::string {
+        if (m.node("n").attrs.ints("perm").empty() || m.node("t").attrs.ints("perm").empty())
+          return "a transpose reverses its dims (no perm)";
+        return "";
+      },
+      [](const Match& m) {
+        const Graph& g = *m.graph;
+        const Node& n = m.node("n");
+        const std::vector<int64_t>& inner = m.node("t").attrs.ints("perm");
+        const std::vector<int64_t>& outer = n.attrs.ints("perm");
+        const Shape& x = g.value(m.value("x")).shape;
+        std::vector<int64_t> perm(outer.size());
+        bool identity = true;
+        for (size_t d = 0; d < outer.size(); ++d) {
+          perm[d] = inner[size_t(outer[d])];
+          identity = identity && perm[d] == int64_t(d);
+        }
+        Attrs a;
+        if (identity) {
+          a.set("shape", std::vector<int64_t>(x.begin(), x.end()));
+          return Replacement{{Node{n.name, OpKind::Reshape, normalize_attrs(OpKind::Reshape, n.name, a),
+                                   {m.value("x")}, n.outputs}},
+                             {}};
+        }
+        a.set("perm", perm);
+        return Replacement{{Node{n.name, OpKind::Transpose,
+                                 normalize_attrs(OpKind::Transpose, n.name, a), {m.value("x")},
+                                 n.outputs}},
+                           {}};
+      }});
+}
+
 }  // namespace
 
 std::vector<Rule> canonicalize_rules() {
@@ -341,6 +472,7 @@ std::vector<Rule> canonicalize_rules() {
   layer_norm_rules(rules);
   rules.push_back(global_avgpool_rule());
   rules.push_back(channel_shuffle_rule());
+  channels_last_rules(rules);
   return rules;
 }
 

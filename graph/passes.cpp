@@ -500,6 +500,21 @@ std::vector<Rule> elementwise_rules() {
            check, fuse_chain}};
 }
 
+// A reshape to its input's own shape (what transposes that cancel leave) is no op: its readers
+// read the input. Not where the reshape makes a graph output.
+int eliminate_identity_views(Graph& graph) {
+  std::map<std::string, std::string> to;
+  for (const Node& n : graph.nodes)
+    if (n.op == OpKind::Reshape && !graph.is_output(n.outputs[0]) &&
+        graph.value(n.inputs[0]).shape == graph.value(n.outputs[0]).shape)
+      to[n.outputs[0]] = to.count(n.inputs[0]) ? to.at(n.inputs[0]) : n.inputs[0];
+  if (to.empty()) return 0;
+  for (Node& n : graph.nodes)
+    for (std::string& in : n.inputs)
+      if (to.count(in)) in = to.at(in);
+  return int(to.size());  // dead now: dead-code elimination removes them
+}
+
 int eliminate_dead_code(Graph& graph) {
   std::set<std::string> live(graph.outputs.begin(), graph.outputs.end());
   std::vector<Node> kept;
@@ -549,6 +564,10 @@ PassReport optimize(Graph& graph, const PassOptions& options) {
     for (const auto& [why, n] : s.refused) report.refusals.push_back(why);
   };
   record("canonicalized", rewrite(graph, canonicalize_rules(), options.has_kernel));
+  if (const int views = eliminate_identity_views(graph)) {
+    report.hits.push_back({"removed", "identity view", views});
+    report.dead_nodes += eliminate_dead_code(graph);  // the views, read by no one now
+  }
   after("canonicalize");
   if (options.fuse) {
     record("reparameterized", reparameterize(graph, options.has_kernel));
@@ -558,7 +577,7 @@ PassReport optimize(Graph& graph, const PassOptions& options) {
     record("fused", rewrite(graph, elementwise_rules(), options.has_kernel));
     after("fuse");
   }
-  report.dead_nodes = eliminate_dead_code(graph);
+  report.dead_nodes += eliminate_dead_code(graph);
   after("dce");
   return report;
 }

@@ -413,3 +413,58 @@ TEST_CASE("canonicalize: ShuffleNet's channel shuffle as exported is channel_shu
 }
 
 #endif  // EPILOG_HAVE_ONNX
+
+// -- channels-last blocks --
+
+TEST_CASE("canonicalize: ConvNeXt's NHWC block becomes NCHW convs with no transpose left",
+          "[canonicalize]") {
+  Builder b(31);
+  Val x = b.input("x", {2, 8, 5, 5});
+  Val dw = b.conv2d(x, "dw", ConvOpts(8, 7).padding(3).groups(8).bias());
+  Val h = b.layer_norm(b.transpose(dw, {0, 2, 3, 1}, "to_nhwc"), "ln", -1, 1e-6);
+  h = b.activation(b.linear(h, "fc1", 32), Act(Activation::Gelu), "gelu");
+  h = b.transpose(b.linear(h, "fc2", 8), {0, 3, 1, 2}, "to_nchw");
+  Val scaled = b.mul(b.weight("gamma", {8, 1, 1}, OpKind::Mul, "b"), h, "layer_scale");
+  b.output(b.add(x, scaled, "residual"));
+  const Graph source = b.build();
+  Graph g = source;
+  const PassReport r = optimize(g);
+  INFO(r.summary() << "\n" << fmt::format("{}", fmt::join(r.refusals, "\n")));
+  const auto counts = g.op_counts();
+  for (OpKind gone : {OpKind::Transpose, OpKind::Linear, OpKind::Mul, OpKind::Add, OpKind::Gelu,
+                      OpKind::Reshape})
+    CHECK(counts.count(gone) == 0);
+  CHECK(counts.at(OpKind::FusedConv2d) == 3);
+  CHECK(counts.at(OpKind::LayerNorm) == 1);
+  const Node* ln = g.find_node("ln");
+  REQUIRE(ln);
+  CHECK(ln->attrs.i("axis") == 1);
+  CHECK(ln->attrs.i("last_axis") == 1);
+  const Node* fc2 = g.find_node("fc2");
+  REQUIRE(fc2);
+  CHECK(fc2->inputs.size() == 5);  // the residual
+  std::map<std::string, Tensor> in{{"x", Tensor::randn({2, 8, 5, 5}, 7)}};
+  const auto want = test::run_cpu(source, in), got = test::run_cpu(g, in);
+  for (const std::string& out : source.outputs) check_close(got.at(out), want.at(out), 1e-5, 1e-5);
+}
+
+TEST_CASE("canonicalize: transposes that are not NHWC's stay, composed where they meet",
+          "[canonicalize]") {
+  Builder b(32);
+  Val x = b.input("x", {2, 3, 4, 5});
+  Val t = b.transpose(b.transpose(x, {0, 3, 1, 2}, "a"), {0, 1, 3, 2}, "b");
+  b.output(b.layer_norm(t, "ln", -1));
+  const Graph source = b.build();
+  Graph g = source;
+  const PassReport r = optimize(g);
+  const auto counts = g.op_counts();
+  CHECK(counts.at(OpKind::Transpose) == 1);
+  CHECK(g.nodes[0].attrs.ints("perm") == std::vector<int64_t>{0, 3, 2, 1});
+  INFO(fmt::format("{}", fmt::join(r.refusals, "\n")));
+  CHECK(std::any_of(r.refusals.begin(), r.refusals.end(), [](const std::string& s) {
+    return s.find("permutes [0,3,2,1], not [0,2,3,1]") != std::string::npos;
+  }));
+  std::map<std::string, Tensor> in{{"x", Tensor::randn({2, 3, 4, 5}, 8)}};
+  const auto want = test::run_cpu(source, in), got = test::run_cpu(g, in);
+  for (const std::string& out : source.outputs) check_close(got.at(out), want.at(out), 1e-6, 1e-6);
+}

@@ -42,7 +42,8 @@ std::map<std::string, Tensor> run(Graph g, const CompileOptions& options,
   if (uses_gemm) {
     *uses_gemm = false;
     for (size_t i = 0; i < c.plan.nodes.size(); ++i)
-      if (c.plan.graph.nodes[i].op == OpKind::FusedConv2d &&
+      if ((c.plan.graph.nodes[i].op == OpKind::FusedConv2d ||
+           c.plan.graph.nodes[i].op == OpKind::Conv2d) &&
           c.plan.nodes[i].conv == ConvKernel::Gemm)
         *uses_gemm = true;
   }
