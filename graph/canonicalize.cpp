@@ -411,17 +411,8 @@ void channels_last_rules(std::vector<Rule>& rules) {
     const OpKind kind = OpKind(i);
     if (!is_activation_op(kind)) continue;
     rules.push_back(Rule{std::string(op_name(kind)) + "(transpose)->transpose(" + op_name(kind) + ")",
-                         op(kind, {op(OpKind::Transpose, {any("x")}, "t")}, "n"), kind, nullptr,
-                         [](const Match& m) {
-                           const Graph& g = *m.graph;
-                           Node act = m.node("n"), t = m.node("t");
-                           const std::string pre = g.unique_name(act.name + ".pre_transpose");
-                           t.outputs = act.outputs;
-                           t.inputs = {pre};
-                           act.inputs = {m.value("x")};
-                           act.outputs = {pre};
-                           return Replacement{{act, t}, {}};
-                         }});
+                         op(kind, {op(OpKind::Transpose, {any("x")}, "layout")}, "act"), kind,
+                         nullptr, activation_first});
   }
   // A transpose of a transpose: one, or none where they cancel (a reshape to the same shape,
   // a view that eliminate_views then removes).
@@ -460,6 +451,17 @@ void channels_last_rules(std::vector<Rule>& rules) {
 }
 
 }  // namespace
+
+Replacement activation_first(const Match& m) {
+  const Graph& g = *m.graph;
+  Node act = m.node("act"), layout = m.node("layout");
+  const std::string pre = g.unique_name(act.name + ".pre_" + op_name(layout.op));
+  layout.outputs = act.outputs;
+  layout.inputs = {pre};
+  act.inputs = {m.value("x")};
+  act.outputs = {pre};
+  return Replacement{{act, layout}, {}};
+}
 
 std::vector<Rule> canonicalize_rules() {
   std::vector<Rule> rules;

@@ -386,17 +386,8 @@ std::vector<Rule> fusion_rules() {
     // conv's output is reshaped back to 2-D before the activation).
     for (OpKind view : {OpKind::Reshape, OpKind::Flatten})
       rules.push_back({std::string(op_name(view)) + "->" + name,
-                       op(kind, {op(view, {any("y")}, "view")}, "act"), kind, nullptr,
-                       [](const Match& m) {
-                         const Graph& g = *m.graph;
-                         Node act = m.node("act"), view = m.node("view");
-                         const std::string pre = g.unique_name(act.name + ".pre_view");
-                         view.outputs = act.outputs;
-                         view.inputs = {pre};
-                         act.inputs = {m.value("y")};
-                         act.outputs = {pre};
-                         return Replacement{{act, view}, {}};
-                       }});
+                       op(kind, {op(view, {any("x")}, "layout")}, "act"), kind, nullptr,
+                       activation_first});
     const auto apply = [](const Match& m) { return fuse_conv(m, *node_activation(m.node("act"))); };
     rules.push_back({"conv2d->batchnorm->" + name, op(kind, {bn}, "act"), OpKind::FusedConv2d,
                      foldable, apply});

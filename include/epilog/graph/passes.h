@@ -16,6 +16,10 @@ namespace epilog {
 // constants are not the op's is left as it is, with the reason among the refusals.
 std::vector<Rule> canonicalize_rules();
 
+// An activation (bound "act") of a layout op (a view or transpose, bound "layout", reading "x")
+// moved before it: act(layout(x)) == layout(act(x)), the activation next to what made its input.
+Replacement activation_first(const Match& m);
+
 // Structural reparameterization (RepVGG, ACNet; graph/reparam.cpp): where an add tree sums two
 // or more convs of one value x, conv2d(x) or batchnorm(conv2d(x)), with x or batchnorm(x) as
 // identity branches, they become one conv2d(x) whose kernel and bias are the branches' sum
