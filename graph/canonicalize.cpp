@@ -390,21 +390,14 @@ void channels_last_rules(std::vector<Rule>& rules) {
         const Graph& g = *m.graph;
         const Node& n = m.node("n");
         std::string why = to_nhwc(m.node("t"));
-        for (size_t i = 1; why.empty() && i < n.inputs.size(); ++i)
-          if (!g.is_weight(n.inputs[i]))
-            why = fmt::format("input '{}' of '{}' is computed, not a constant", n.inputs[i], n.name);
-        return why;
+        return why.empty() ? linear_constants(g, n) : why;
       },
       [](const Match& m) {
         const Graph& g = *m.graph;
         const Node& n = m.node("n");
-        const Shape& w = g.value(n.inputs[1]).shape;
-        std::map<std::string, Tensor> weights;
-        const std::string wname = g.unique_name(n.inputs[1] + ".1x1");
-        weights[wname] = g.weights.at(n.inputs[1]).data.clone().reshape({w[0], w[1], 1, 1});
-        std::vector<std::string> ins{m.value("x"), wname};
-        if (n.inputs.size() > 2) ins.push_back(n.inputs[2]);
-        return then_to_nhwc(m, n, OpKind::Conv2d, {}, ins, std::move(weights));
+        Replacement r;
+        const std::vector<std::string> ins = linear_conv_inputs(g, n, m.value("x"), r);
+        return then_to_nhwc(m, n, OpKind::Conv2d, {}, ins, std::move(r.weights));
       }});
   // An activation commutes with any transpose: it runs before it, next to what made its input.
   for (int i = 0; i < kNumOps; ++i) {
@@ -415,7 +408,7 @@ void channels_last_rules(std::vector<Rule>& rules) {
                          nullptr, activation_first});
   }
   // A transpose of a transpose: one, or none where they cancel (a reshape to the same shape,
-  // a view that eliminate_views then removes).
+  // a view that eliminate_identity_views then removes).
   rules.push_back(Rule{
       "transpose(transpose)", op(OpKind::Transpose, {t}, "n"), OpKind::Transpose,
       [](const Match& m) -> std::string {

@@ -142,23 +142,11 @@ std::vector<OpKind> activation_ops() {
 // one conv path (its bias the shift, the convs' epilogue, the selector's gemv and gemm kernels):
 // x [..., k] is viewed as [m, k, 1, 1] and the conv's [m, n, 1, 1] as y [..., n] (reshapes are
 // views: no copies).
-std::string linear_foldable(const Match& m) {
-  const Graph& g = *m.graph;
-  const Node& lin = m.node("linear");
-  if (!g.is_weight(lin.inputs[1]))
-    return fmt::format("the weight of '{}' is computed, not a constant", lin.name);
-  if (lin.inputs.size() > 2 && !g.is_weight(lin.inputs[2]))
-    return fmt::format("the bias of '{}' is computed, not a constant", lin.name);
-  return "";
-}
-
 Replacement linear_as_conv(const Match& m) {
   const Graph& g = *m.graph;
   const Node& lin = m.node("linear");
   const Shape& w = g.value(lin.inputs[1]).shape;
   Replacement r;
-  const std::string wname = g.unique_name(lin.inputs[1] + ".1x1");
-  r.weights[wname] = g.weights.at(lin.inputs[1]).data.clone().reshape({w[0], w[1], 1, 1});
   const std::string x4 = g.unique_name(lin.name + ".x"),
                     y4 = g.unique_name(lin.name + ".y");
   const auto reshape = [](const std::string& name, std::vector<int64_t> shape,
@@ -167,8 +155,7 @@ Replacement linear_as_conv(const Match& m) {
     a.set("shape", std::move(shape));
     return Node{name, OpKind::Reshape, normalize_attrs(OpKind::Reshape, name, a), {in}, {out}};
   };
-  std::vector<std::string> conv_in{x4, wname};
-  if (lin.inputs.size() > 2) conv_in.push_back(lin.inputs[2]);
+  const std::vector<std::string> conv_in = linear_conv_inputs(g, lin, x4, r);
   r.nodes.push_back(reshape(lin.name + ".to_4d", {-1, w[1], 1, 1}, lin.inputs[0], x4));
   r.nodes.push_back(Node{lin.name, OpKind::Conv2d, normalize_attrs(OpKind::Conv2d, lin.name, {}),
                          conv_in, {y4}});
@@ -371,13 +358,32 @@ Replacement fuse_chain(const Match& m) {
 
 }  // namespace
 
+std::string linear_constants(const Graph& g, const Node& linear) {
+  if (!g.is_weight(linear.inputs[1]))
+    return fmt::format("the weight of '{}' is computed, not a constant", linear.name);
+  if (linear.inputs.size() > 2 && !g.is_weight(linear.inputs[2]))
+    return fmt::format("the bias of '{}' is computed, not a constant", linear.name);
+  return "";
+}
+
+std::vector<std::string> linear_conv_inputs(const Graph& g, const Node& linear,
+                                            const std::string& x, Replacement& r) {
+  const Shape& w = g.value(linear.inputs[1]).shape;
+  const std::string name = g.unique_name(linear.inputs[1] + ".1x1");
+  r.weights[name] = g.weights.at(linear.inputs[1]).data.clone().reshape({w[0], w[1], 1, 1});
+  std::vector<std::string> ins{x, name};
+  if (linear.inputs.size() > 2) ins.push_back(linear.inputs[2]);
+  return ins;
+}
+
 std::vector<Rule> fusion_rules() {
   const Pat conv = op(OpKind::Conv2d, {}, "conv");
   const Pat bn = op(OpKind::BatchNorm, {conv}, "bn");
   const Pat fused = op(OpKind::FusedConv2d, {}, "conv");
   std::vector<Rule> rules;
   rules.push_back({"linear->conv2d(1x1)", op(OpKind::Linear, {}, "linear"), OpKind::Conv2d,
-                   linear_foldable, linear_as_conv});
+                   [](const Match& m) { return linear_constants(*m.graph, m.node("linear")); },
+                   linear_as_conv});
   // The activation attribute of fused_conv2d is the activation op's own name.
   for (OpKind kind : activation_ops()) {
     const std::string name = op_name(kind);

@@ -16,6 +16,13 @@ namespace epilog {
 // constants are not the op's is left as it is, with the reason among the refusals.
 std::vector<Rule> canonicalize_rules();
 
+// A linear layer as a 1x1 conv (fusion's linear->conv2d, canonicalization's NHWC rule): the
+// reason its weight or bias is not a constant, or ""; and the conv's inputs reading x, the
+// weight as [n, k, 1, 1] (added to r's weights) and the bias.
+std::string linear_constants(const Graph& g, const Node& linear);
+std::vector<std::string> linear_conv_inputs(const Graph& g, const Node& linear,
+                                            const std::string& x, Replacement& r);
+
 // An activation (bound "act") of a layout op (a view or transpose, bound "layout", reading "x")
 // moved before it: act(layout(x)) == layout(act(x)), the activation next to what made its input.
 Replacement activation_first(const Match& m);
