@@ -349,11 +349,14 @@ int bench_sweep(const Parsed& p, const std::vector<int64_t>& sizes) {
     }
     const std::vector<double> times = time_runs([&] { model.run(inputs); }, warmup, iters);
     const double median = times[times.size() / 2];
+    const MemoryUse mem = memory_use(*model.plan(batch));
+    const double mib = double(1 << 20);
     std::printf(
-        "  batch %-5lld median %9.3f ms  min %9.3f ms  %10.1f images/s  activations "
-        "%.1f MiB\n",
+        "  batch %-5lld median %9.3f ms  min %9.3f ms  %10.1f images/s  activations %.1f MiB  "
+        "workspace %.1f MiB  inputs and outputs %.1f MiB\n",
         (long long)batch, median, times.front(), 1000.0 * double(batch) / median,
-        double(memory_use(*model.plan(batch)).activations) / double(1 << 20));
+        double(mem.activations) / mib, double(mem.workspace) / mib,
+        double(mem.inputs_outputs) / mib);
   }
   return 0;
 }

@@ -6,10 +6,11 @@
 //   (coalesced), then a shuffle reduction, and one through shared memory across a block's warps.
 //   Grid-stride over rows, at most one full wave. Used for reductions over the innermost dims
 //   (a last axis, H x W per (n, c)), softmax over the last axis, and every normalization.
-// Strided (reduce, softmax and layer_norm when the reduced dims are not innermost): one output
-//   (reduce) or one (outer, inner) column (softmax, layer_norm) per thread, looping over the
-//   reduced elements; consecutive threads read consecutive elements of the kept inner dims, so the
-//   reads stay coalesced.
+// Strided (reduce and softmax when the reduced dims are not innermost): one output (reduce) or
+//   one (outer, inner) column (softmax) per thread, looping over the reduced elements; consecutive
+//   threads read consecutive elements of the kept inner dims, so the reads stay coalesced.
+// Columns (layer_norm over dims that have inner dims after them): a block takes 8 to 32
+//   neighbouring columns and splits each column's elements among its threads.
 // Math: float32 sums (the CPU reference sums in double; the tests bound the difference). Max
 //   propagates NaN. softmax: y = e^(x - max) / sum e^(x - max), three passes over the row.
 //   Normalization: mean, then the biased variance of x - mean (two passes), then
@@ -176,28 +177,57 @@ __global__ void __launch_bounds__(kThreads)
   });
 }
 
-// layer_norm over dims with inner dims after them: one column (o, i) of x as [outer, len, inner]
-// a thread, as softmax_strided_kernel.
+// layer_norm over dims with inner dims after them (ConvNeXt's LayerNorm over the channels of
+// NCHW): x as [outer, len, inner], one column (o, i) normalized over its len elements. A block
+// takes kCols neighbouring columns of one o and splits each column's len elements among
+// kThreads / kCols threads, so even a 7x7 plane at batch 1 fills many threads; a warp reads
+// kCols consecutive floats per element (coalesced), and partial sums meet in shared memory.
+template <int kCols>
 __global__ void __launch_bounds__(kThreads)
-    row_norm_strided_kernel(RowNorm s, const float* __restrict__ x, const float* __restrict__ scale,
+    row_norm_columns_kernel(RowNorm s, const float* __restrict__ x, const float* __restrict__ scale,
                             const float* __restrict__ bias, float* __restrict__ y) {
+  constexpr int kParts = kThreads / kCols;
   pdl_begin();
-  for (int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x; c < s.rows;
-       c += int64_t(gridDim.x) * kThreads) {
-    const int64_t base = c / s.inner * s.len * s.inner + c % s.inner;
+  __shared__ float partial[kParts][kCols];
+  __shared__ float column[kCols];
+  const int col = threadIdx.x % kCols, part = threadIdx.x / kCols;
+  const int64_t outer = s.rows / s.inner, tiles_per_outer = (s.inner + kCols - 1) / kCols;
+  // The sum over a column of each thread's v; every thread of the column gets it.
+  auto column_sum = [&](float v) {
+    partial[part][col] = v;
+    __syncthreads();
+    if (part == 0) {
+      float t = 0.0f;
+#pragma unroll 8
+      for (int p = 0; p < kParts; ++p) t += partial[p][col];
+      column[col] = t;
+    }
+    __syncthreads();
+    const float t = column[col];
+    __syncthreads();  // partial and column are rewritten by the next sum
+    return t;
+  };
+  for (int64_t tile = blockIdx.x; tile < outer * tiles_per_outer; tile += gridDim.x) {
+    const int64_t i = tile % tiles_per_outer * kCols + col;
+    const bool live = i < s.inner;  // dead threads still join the block's barriers
+    const int64_t base = tile / tiles_per_outer * s.len * s.inner + i;
     float sum = 0.0f;
-    for (int64_t j = 0; j < s.len; ++j) sum += __ldg(x + base + j * s.inner);
-    const float mean = sum / float(s.len);
+    if (live)
+      for (int64_t j = part; j < s.len; j += kParts) sum += __ldg(x + base + j * s.inner);
+    const float mean = column_sum(sum) / float(s.len);
     float var = 0.0f;
-    for (int64_t j = 0; j < s.len; ++j) {
-      const float d = __ldg(x + base + j * s.inner) - mean;
-      var += d * d;
-    }
-    const float rstd = rsqrtf(var / float(s.len) + s.eps);
-    for (int64_t j = 0; j < s.len; ++j) {
-      const float b = bias ? __ldg(bias + j) : 0.0f;
-      y[base + j * s.inner] = (__ldg(x + base + j * s.inner) - mean) * rstd * __ldg(scale + j) + b;
-    }
+    if (live)
+      for (int64_t j = part; j < s.len; j += kParts) {
+        const float d = __ldg(x + base + j * s.inner) - mean;
+        var += d * d;
+      }
+    const float rstd = rsqrtf(column_sum(var) / float(s.len) + s.eps);
+    if (live)
+      for (int64_t j = part; j < s.len; j += kParts) {
+        const float b = bias ? __ldg(bias + j) : 0.0f;
+        y[base + j * s.inner] =
+            (__ldg(x + base + j * s.inner) - mean) * rstd * __ldg(scale + j) + b;
+      }
   }
 }
 
@@ -263,10 +293,21 @@ void row_norm(const RowNorm& s, const float* x, const float* scale, const float*
               Stream stream) {
   if (s.rows == 0 || s.len == 0) return;
   EPILOG_CUDA_REQUIRE(s.inner > 0 && (s.groups == 0 || s.len % s.inner == 0));
-  if (s.groups == 0 && s.inner > 1)
-    row_norm_strided_kernel<<<grid_for(s.rows, kThreads), kThreads, 0, stream>>>(s, x, scale, bias,
-                                                                                 y);
-  else
+  if (s.groups == 0 && s.inner > 1) {
+    // The widest column tile that still gives every SM two blocks; 8 columns at least (32-byte
+    // reads).
+    const int64_t outer = s.rows / s.inner, enough = max_blocks() / 4;
+    auto tiles = [&](int64_t cols) { return outer * ceil_div(s.inner, cols); };
+    if (tiles(32) >= enough)
+      row_norm_columns_kernel<32>
+          <<<grid_for(tiles(32), 1), kThreads, 0, stream>>>(s, x, scale, bias, y);
+    else if (tiles(16) >= enough)
+      row_norm_columns_kernel<16>
+          <<<grid_for(tiles(16), 1), kThreads, 0, stream>>>(s, x, scale, bias, y);
+    else
+      row_norm_columns_kernel<8>
+          <<<grid_for(tiles(8), 1), kThreads, 0, stream>>>(s, x, scale, bias, y);
+  } else
     EPILOG_LAUNCH_ROWS(row_norm_kernel, s.rows, s.len, stream, s, x, scale, bias, y);
   check_launch("row_norm");
 }
