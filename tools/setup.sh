@@ -6,9 +6,9 @@
 #   tools/setup.sh demo   build, then run the demo model (dumps before/after fusion, kernels,
 #                         outputs, time) on the GPU if there is one, else on the CPU
 #   tools/setup.sh test   build, then run every test: the CPU and GPU suites (GPU tests show as
-#                         skipped without a device), tools/zoo.py's unit tests, examples/hello
-#                         against the installed package, the ASan+UBSan CPU suite and a fuzz
-#                         smoke run
+#                         skipped without a device), the unit tests of tools/zoo.py and
+#                         op_bench.py, examples/hello against the installed package, the
+#                         ASan+UBSan CPU suite and a fuzz smoke run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +16,7 @@ mode=${1:-}
 case "$mode" in
   demo | test) ;;
   -h | --help)
-    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
   *)
@@ -72,8 +72,9 @@ fi
 step "tests (build/)"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
-step "tools: the zoo harness's own tests (no PyTorch needed)"
+step "tools: the zoo and op_bench harnesses' own tests (no PyTorch needed)"
 python3 tools/test_zoo.py
+python3 tools/test_op_bench.py
 
 step "installed package: examples/hello built against it with find_package(epilog)"
 start=$SECONDS
