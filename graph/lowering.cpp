@@ -118,7 +118,8 @@ constexpr int64_t kDirectWgmmaMinCout = 32;
 constexpr double kDirectWgmmaMinWaves = 1.0;
 constexpr int64_t kDirectWgmmaDeepInput = 256;
 
-// The same kernel gathering its A tiles (any other shape with an even output plane), for deep
+// The same kernel gathering its A tiles (any other shape; odd planes such as 7x7 since
+// perf-history "wgmma gather on odd planes"), for deep
 // reductions (over kGemmDeepReduction) where the halo kernels do not take the layer: 64 x
 // Cout-covering tiles in 4 stages from kGatherWgmmaMinWaves waves of them, else the mma.sync
 // gather kernel (split). Shallower reductions and other windows were not measured and keep the
@@ -203,8 +204,8 @@ ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile& device) {
   const int64_t reduction = s.c / s.groups * s.r * s.s;
   if (s.groups != 1) return {ConvKernel::Scalar, "groups > 1: only scalar handles groups"};
   if (conv_supports(ConvKernel::Gemv, s) && s.n <= kGemvMaxRows)
-    return {ConvKernel::Gemv,
-            fmt::format("linear layer, {} rows <= {}: gemv streams the weights", s.n, kGemvMaxRows)};
+    return {ConvKernel::Gemv, fmt::format("linear layer, {} rows <= {}: gemv streams the weights",
+                                          s.n, kGemvMaxRows)};
   if (gemm_stem_takes(s, device))
     return {ConvKernel::Gemm,
             fmt::format("3x3, {} -> {} channels, {} tiles >= {} per SM: gemm's stem kernel", s.c,

@@ -27,8 +27,8 @@
 //   k = 32  direct 1x1, stride 1, no padding, ho*wo % 4 == 0, x 16-byte aligned: persistent.
 //                  With `wgmma` (m in {64, 128}, no splits) the same on warpgroup MMA
 //                  (conv_direct_wgmma_kernel below), reading the weights packed ahead; on any
-//                  other shape with an even output plane they run it with gathered A tiles
-//                  (Gather), on the rest the mma.sync kernels. With `up` (an upsample_nearest
+//                  other shape (groups 1) they run it with gathered A tiles (Gather). With
+//                  `up` (an upsample_nearest
 //                  folded into the conv, ConvUpsampledInput) the wgmma one reads those
 //                  channels from the upsampling's source (DirectUpA); without, it copies A
 //                  by tensor copies where conv_gemm_direct_tma admits it (tiles of one image
@@ -559,16 +559,18 @@ struct DirectCursor {
 };
 
 // -- the direct kernels' batchnorm + activation epilogue of one tile, from the accumulators --
-// acc[mi][ni][e] and acc[mi][ni][2 + e]: pixels m + 16 mi and m + 16 mi + 1 (m even; the output
-// plane hw = ho*wo is even, so a pair never straddles two images), channel n + 8 ni + 2t + e.
-// The direct kernels pass h*w, which is the same there: with ho*wo ptxas allocated their
-// registers anew and the 1x1 layers got up to 2% slower.
+// acc[mi][ni][e] and acc[mi][ni][2 + e]: pixels m + 16 mi and m + 16 mi + 1 (m even), channel
+// n + 8 ni + 2t + e. Where the output plane hw = ho*wo is even a pair never straddles two
+// images, so the second pixel is the first's neighbour; AnyPlane (the gather kernel on odd
+// planes, such as 7x7) places it on its own. The direct kernels pass h*w, which is the same
+// there: with ho*wo ptxas allocated their registers anew and the 1x1 layers got up to 2% slower.
 // PerImage (the tensor-copy tiles): m counts pixels of images `plane` apart (hw rounded up to the
 // tile), and the rows past hw, which the copies zero-filled, are not stored.
-template <bool PerImage = false, int MI, int NI, class ActFn>
+template <bool PerImage = false, bool AnyPlane = false, int MI, int NI, class ActFn>
 __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[MI][NI][4], int m,
                                                 int n, int t, ActFn act, int hw, int plane = 0) {
-  int pix[MI], rpix[MI];  // y's and the residual's offsets (channel 0)
+  // y's and the residual's offsets (channel 0) of the pair's pixels; -1: not stored.
+  int pix[MI], rpix[MI], pix1[MI], rpix1[MI];
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi) {
     const int mm = m + 16 * mi;
@@ -580,6 +582,14 @@ __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[
       const int img = mm / hw;
       pix[mi] = mm < a.m ? img * a.ys + (mm - img * hw) : -1;
       rpix[mi] = img * a.r_img + (mm - img * hw);
+    }
+    if constexpr (AnyPlane) {
+      const int m1 = mm + 1, img1 = m1 / hw;
+      pix1[mi] = m1 < a.m ? img1 * a.ys + (m1 - img1 * hw) : -1;
+      rpix1[mi] = img1 * a.r_img + (m1 - img1 * hw);
+    } else {
+      pix1[mi] = pix[mi] < 0 ? -1 : pix[mi] + 1;
+      rpix1[mi] = rpix[mi] + 1;
     }
   }
   // Batchnorm and activation in place, then the residual (its loads fly together, no store
@@ -598,8 +608,9 @@ __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[
         for (int mi = 0; mi < MI; ++mi) {
           if (pix[mi] < 0) continue;
           acc[mi][ni][e] = activate(a.res_act, acc[mi][ni][e] + __ldg(a.res + (c * hw + rpix[mi])));
+          if (AnyPlane && pix1[mi] < 0) continue;
           acc[mi][ni][2 + e] =
-              activate(a.res_act, acc[mi][ni][2 + e] + __ldg(a.res + (c * hw + rpix[mi] + 1)));
+              activate(a.res_act, acc[mi][ni][2 + e] + __ldg(a.res + (c * hw + rpix1[mi])));
         }
       }
   }
@@ -614,11 +625,11 @@ __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[
         if (pix[mi] < 0) continue;
         float* yc = a.y + (c * hw + pix[mi]);
         const float2 v = {acc[mi][ni][e], acc[mi][ni][2 + e]};
-        if (a.vec2_y) {
+        if (a.vec2_y) {  // never on odd planes
           *reinterpret_cast<float2*>(yc) = v;
         } else {
           yc[0] = v.x;
-          yc[1] = v.y;
+          if (!AnyPlane || pix1[mi] >= 0) a.y[c * hw + pix1[mi]] = v.y;
         }
       }
     }
@@ -724,7 +735,7 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
 // at c ^ k % 8): a warp's fragment loads then meet no bank conflict, as with the padded rows.
 // Why: cp.async's copies reach shared memory through L1, and the layers waited on them (shapes.h
 // has the A/B).
-// Gather: the same kernel on any other shape with an even output plane, its A tiles gathered
+// Gather: the same kernel on any other shape, its A tiles gathered
 // 4 bytes at a time by GatherA (as the mma.sync gather kernel stages them) and the weights packed
 // over the whole reduction (c, i, j). Why: the mma.sync gather kernel's deep 3x3 stride-2 layers
 // onto small planes (where the halo kernel's 8x8 squares waste a third or more) ran at a fifth
@@ -841,9 +852,9 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN, Tma>::kThreads,
   uint32_t phase = 0;  // of read_stage's mbarrier: flips each time the stages come round
   const auto epilogue = [&] {
     with_activation(a.act, [&](auto act) {
-      direct_epilogue<Tma>(a, acc, tile / a.n_tiles * BM + 64 * wg + 16 * w4 + 2 * g,
-                           tile % a.n_tiles * BN, t, act, Gather ? a.ho * a.wo : a.h * a.w,
-                           a.plane);
+      direct_epilogue<Tma, Gather>(a, acc, tile / a.n_tiles * BM + 64 * wg + 16 * w4 + 2 * g,
+                                   tile % a.n_tiles * BN, t, act, Gather ? a.ho * a.wo : a.h * a.w,
+                                   a.plane);
     });
   };
   for (int it = 0; it < total; ++it) {

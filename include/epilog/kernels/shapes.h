@@ -338,7 +338,8 @@ struct ConvShape {
 };
 
 // The CUDA kernels for fused_conv2d, and the tile sizes one launch uses (their meaning per kernel
-// is in that kernel's header comment). Gemv: a linear layer's weight stream (kernels/cuda/linear.cu).
+// is in that kernel's header comment). Gemv: a linear layer's weight stream
+// (kernels/cuda/linear.cu).
 enum class ConvKernel : uint8_t { Scalar, Tiled, Gemm, Gemv };
 
 struct ConvTiles {
@@ -491,15 +492,15 @@ inline bool conv_gemm_direct_fits(const ConvShape& s) {
 
 // Which warpgroup-MMA kernel (ConvTiles::wgmma) runs tiles `t` on `s`: the halo kernel for
 // k = 72 on its 3x3 shapes, the direct kernel for k = 32 on its 1x1 shapes, and for k = 32 on
-// any other shape whose output plane has an even number of pixels the same kernel gathering its
-// A tiles as the mma.sync gather kernel does (its epilogue stores pixel pairs of one image). On
-// any other shape wgmma tiles run the mma.sync kernels, and no packed weights are read.
+// any other shape the same kernel gathering its A tiles as the mma.sync gather kernel does (on
+// odd planes its epilogue places the two pixels of a pair apart). Where none takes a shape, wgmma
+// tiles run the mma.sync kernels, and no packed weights are read.
 enum class WgmmaKernel : uint8_t { None, Halo, Direct, Gather };
 inline WgmmaKernel conv_gemm_wgmma_kernel(const ConvTiles& t, const ConvShape& s) {
   if (!t.wgmma || s.groups != 1) return WgmmaKernel::None;
   if (t.k == 72 && conv_gemm_halo_fits(s)) return WgmmaKernel::Halo;
   if (t.k == 32 && conv_gemm_direct_fits(s)) return WgmmaKernel::Direct;
-  if (t.k == 32 && (s.ho * s.wo) % 2 == 0) return WgmmaKernel::Gather;
+  if (t.k == 32) return WgmmaKernel::Gather;
   return WgmmaKernel::None;
 }
 
