@@ -30,7 +30,8 @@ export TMPDIR=$out/tmp
 # -- build --
 # The I/O layer and what it stands on: the graph, tensors and common code. Sources that reach
 # into the runtime (kernels, CUDA) are left out; the loaders do not need them.
-flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=all -I"$root/include")
+flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -fno-sanitize-recover=all -I"$root/include"
+  -I"$root/internal")
 [[ ${targets[*]} == *onnx* ]] && flags+=(-DEPILOG_HAVE_ONNX=1 -DONNX_NAMESPACE=onnx -DONNX_ML=1)
 sources=("$root"/graph/*.cpp "$root/src/common.cpp" "$root/src/tensor.cpp")
 for f in "$root"/src/io/*.cpp; do
@@ -39,7 +40,8 @@ done
 objects=()
 for f in "${sources[@]}"; do
   o=$out/obj/$(basename "$(dirname "$f")")_$(basename "${f%.cpp}").o
-  if [[ ! -f $o || $f -nt $o || -n $(find "$root/include" -newer "$o" -name '*.h*' -print -quit) ]]; then
+  if [[ ! -f $o || $f -nt $o ||
+    -n $(find "$root/include" "$root/internal" -newer "$o" -name '*.h*' -print -quit) ]]; then
     echo "compiling ${f#"$root"/}"
     "$cxx" "${flags[@]}" -fsanitize=fuzzer-no-link,address,undefined -c "$f" -o "$o"
   fi

@@ -81,6 +81,20 @@ start=$SECONDS
 prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 cmake --install build --prefix "$prefix" >/dev/null
+# Only the API is installed: no kernel header nor any other of internal/, and every epilog header
+# an installed one includes is installed too.
+leaked=$(
+  find "$prefix/include" -path '*/kernels/*'
+  (cd internal && find epilog -type f) | while read -r h; do
+    [ ! -e "$prefix/include/$h" ] || echo "$h (internal, installed)"
+  done
+  grep -rhoE '#include "epilog/[^"]+"' "$prefix/include" | cut -d'"' -f2 | sort -u |
+    while read -r h; do [ -e "$prefix/include/$h" ] || echo "$h (included, not installed)"; done
+)
+if [ -n "$leaked" ]; then
+  printf 'the installed headers are more or less than the API:\n%s\n' "$leaked" >&2
+  exit 1
+fi
 cmake -S examples/hello -B "$prefix/build-hello" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$prefix/build-hello"
 "$prefix/build-hello/hello" models/demo_conv_bn_silu.json cpu

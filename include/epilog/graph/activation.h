@@ -1,4 +1,4 @@
-// The activations and binary ops (kernels/shapes.h) as the graph spells them: which unary op is
+// The activations and binary ops (graph/pointwise.h) as the graph spells them: which unary op is
 // which activation, with which attributes for its parameters, fused_conv2d's activation
 // attributes, and fused_elementwise's program.
 #pragma once
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "epilog/graph/graph.h"
-#include "epilog/kernels/shapes.h"
+#include "epilog/graph/pointwise.h"
 
 namespace epilog {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "epilog/kernels/shapes.h"
+#include "epilog/graph/conv_kernel.h"
 #include "epilog/runtime/plan.h"
 
 namespace epilog {

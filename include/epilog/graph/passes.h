@@ -51,7 +51,7 @@ std::vector<Rule> input_fold_rules();
 
 // Last, chains of elementwise ops (activations, binary ops with broadcasting, batchnorms as a
 // per-channel scale and shift) whose links each feed the next alone, as one fused_elementwise:
-// at most kMaxChainSteps steps over kMaxChainInputs inputs (kernels/shapes.h), grown a link at
+// at most kMaxChainSteps steps over kMaxChainInputs inputs (graph/pointwise.h), grown a link at
 // a time; the running value may be the smaller side of a broadcast.
 std::vector<Rule> elementwise_rules();
 

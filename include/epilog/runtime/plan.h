@@ -5,8 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "epilog/graph/conv_kernel.h"
 #include "epilog/graph/graph.h"
-#include "epilog/kernels/shapes.h"
+#include "epilog/graph/pointwise.h"
 
 namespace epilog {
 

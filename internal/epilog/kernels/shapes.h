@@ -1,66 +1,22 @@
-// Kernel geometry (convolution, pooling) and the activations an epilogue can apply. Shared by
-// the CPU and CUDA kernels and the kernel selector; plain data, usable from device code.
+// What the kernels take and how they compute, shared by the CPU and CUDA kernels, their
+// launchers and the kernel selector: the pointwise functions (activate, binary_apply), kernel
+// geometry (convolution, pooling, resize, elementwise chains) and each CUDA kernel's fits and tile
+// limits. Plain data and inline functions, usable from device code. The library's own: the
+// types a plan and the graph API carry are in the public graph/pointwise.h and
+// graph/conv_kernel.h.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#ifdef __CUDACC__
-#define EPILOG_HD __host__ __device__
-#else
-#define EPILOG_HD
-#endif
+#include "epilog/graph/conv_kernel.h"
+#include "epilog/graph/pointwise.h"
 
 namespace epilog {
 
-// The pointwise functions an epilogue (and the unary elementwise ops) can apply. An activation
-// is a value: a kind and its parameters (Act), applied by one activate() that the CPU kernels and
-// every CUDA epilogue share, so that adding one touches this file and the op table only.
-enum class Activation : uint8_t {
-  None,
-  Silu,
-  Relu,
-  Sigmoid,
-  Clip,         // min(max(x, a), b); relu6 is clip(0, 6)
-  LeakyRelu,    // x >= 0 ? x : a * x
-  HardSigmoid,  // clip(a * x + b, 0, 1)
-  HardSwish,    // x * relu6(x + 3) / 6
-  Tanh,
-  Gelu,      // x * Phi(x), with erf
-  GeluTanh,  // GELU's tanh approximation
-  Mish,      // x * tanh(softplus(x))
-  Softplus,  // log(1 + e^x)
-  Elu,       // x > 0 ? x : a * (e^x - 1)
-  Exp,
-  Erf,
-  Sqrt,
-  Reciprocal,
-  Neg,
-  Abs,
-  Pow,  // x^a, a constant exponent
-};
-constexpr int kNumActivations = int(Activation::Pow) + 1;
-
-struct Act {
-  Activation kind;
-  float a, b;  // parameters: Clip min, max; LeakyRelu, Elu alpha; HardSigmoid alpha, beta; Pow
-               // the exponent
-  // Implicit from a kind: an activation without parameters reads as its kind.
-  constexpr EPILOG_HD Act(Activation k = Activation::None, float pa = 0.0f, float pb = 0.0f)
-      : kind(k), a(pa), b(pb) {}
-};
-inline bool operator==(const Act& x, const Act& y) {
-  return x.kind == y.kind && x.a == y.a && x.b == y.b;
-}
-inline bool operator!=(const Act& x, const Act& y) {
-  return !(x == y);
-}
-
-// The elementwise binary ops (NumPy broadcasting), applied by one binary_apply() that the CPU
-// kernel and the CUDA kernel share. Max and min propagate NaN, as NumPy's maximum and minimum.
-enum class Binary : uint8_t { Add, Mul, Sub, Div, Max, Min };
-
+// A binary op (graph/pointwise.h Binary) on two values. Max and min propagate NaN, as NumPy's
+// maximum and minimum.
 EPILOG_HD inline float binary_apply(Binary op, float a, float b) {
   switch (op) {
     case Binary::Add:
@@ -246,6 +202,8 @@ static __device__ __noinline__ float activate_rare_call(Act act, float v) {
 }
 #endif
 
+// An activation (graph/pointwise.h Act) on one value: the CPU kernels and every CUDA epilogue
+// apply them through this one function.
 EPILOG_HD inline float activate(const Act& act, float v) {
   switch (act.kind) {
     case Activation::None:
@@ -265,26 +223,8 @@ EPILOG_HD inline float activate(const Act& act, float v) {
   }
 }
 
-// -- fused_elementwise: a chain of elementwise ops as one program run on each output element --
-// A running value v starts as input 0's element; each step is an activation, v = act(v), or a
-// binary op with input `operand`: v = v op x, or x op v where `swap`. Every input is read at the
-// output element NumPy-broadcast, so a chain whose first inputs are smaller than its output
-// computes their part again for each element it broadcasts to. The CPU and CUDA kernels take the
-// steps through chain_step; at most kMaxChainSteps steps over kMaxChainInputs inputs.
-constexpr int kMaxChainSteps = 8;
-constexpr int kMaxChainInputs = 5;  // the first input and up to four operands
-constexpr int kMaxChainRank = 6;
-struct ChainStep {
-  Act act;                  // a unary step's activation
-  Binary op = Binary::Add;  // a binary step's op
-  int8_t operand = -1;      // a binary step's other input; -1: a unary step
-  bool swap = false;        // a binary step: the running value is the right-hand operand
-};
-struct ChainProgram {
-  int steps = 0;
-  ChainStep step[kMaxChainSteps];
-};
-
+// -- fused_elementwise (graph/pointwise.h ChainProgram): the CPU and CUDA kernels take the
+// steps through chain_step --
 EPILOG_HD inline float chain_step(const ChainStep& s, float v, float x) {
   if (s.operand < 0) return activate(s.act, v);
   return s.swap ? binary_apply(s.op, x, v) : binary_apply(s.op, v, x);
@@ -310,68 +250,6 @@ struct ResidualActs {
 inline ResidualActs split_residual_act(const Act& act, bool has_residual, bool residual_first) {
   if (has_residual && residual_first) return {Act{}, act};
   return {act, Act{}};
-}
-// NCHW input [n, c, h, w], weight [k, c / groups, r, s], output [n, k, ho, wo].
-// Output (oh, ow) reads input rows oh * stride_h - pad_t + i * dil_h, i in [0, r).
-struct ConvShape {
-  int64_t n, c, h, w;
-  int64_t k, r, s;
-  int64_t ho, wo;
-  int64_t stride_h, stride_w;
-  int64_t pad_t, pad_l;  // bottom/right padding only shows in ho/wo
-  int64_t dil_h, dil_w;
-  int64_t groups;
-  // Elements between consecutive images of x and of y; 0 means contiguous (c*h*w, k*ho*wo).
-  // Larger when x or y is a channel slab of a larger batch (Tensor::part): always a multiple of
-  // the plane, so every alignment a kernel derives from the plane holds for each image too.
-  int64_t x_stride = 0, y_stride = 0;
-  int64_t r_stride = 0;  // the same for the residual (fused_conv2d's fifth input), y's shape
-
-  int64_t x_image() const { return x_stride ? x_stride : c * h * w; }
-  int64_t y_image() const { return y_stride ? y_stride : k * ho * wo; }
-  int64_t r_image() const { return r_stride ? r_stride : k * ho * wo; }
-  int64_t flops() const { return 2 * n * k * ho * wo * (c / groups) * r * s; }
-  // Fewest bytes a fused layer must move: input once, weights, scale/shift, output once.
-  int64_t min_bytes() const {
-    return 4 * (n * c * h * w + k * (c / groups) * r * s + 2 * k + n * k * ho * wo);
-  }
-};
-
-// The CUDA kernels for fused_conv2d, and the tile sizes one launch uses (their meaning per kernel
-// is in that kernel's header comment). Gemv: a linear layer's weight stream
-// (kernels/cuda/linear.cu).
-enum class ConvKernel : uint8_t { Scalar, Tiled, Gemm, Gemv };
-
-struct ConvTiles {
-  int m = 0;       // output pixels (N*Ho*Wo) per block
-  int n = 0;       // output channels per block
-  int k = 0;       // reduction slice (Cin*Kh*Kw) staged per step
-  int stages = 0;  // shared-memory pipeline depth (gemm)
-  int splits = 1;  // gemm k = 32, and k = 72 with wgmma: blocks (one cluster) each output tile's
-                   // reduction is split over
-  bool wgmma = false;  // gemm: the halo (k = 72) or 1x1 direct (k = 32) kernel on Hopper's wgmma
-  // gemm, wgmma 64 x n halo tiles, n in {16, 32}: the persistent halo kernel where it takes the
-  // shape (halo_persistent_fits) and x's rows are 16-byte aligned, else these tiles as they are.
-  bool persistent = false;
-};
-
-inline bool operator==(const ConvTiles& a, const ConvTiles& b) {
-  return a.m == b.m && a.n == b.n && a.k == b.k && a.stages == b.stages && a.splits == b.splits &&
-         a.wgmma == b.wgmma && a.persistent == b.persistent;
-}
-
-inline const char* conv_kernel_name(ConvKernel kernel) {
-  switch (kernel) {
-    case ConvKernel::Scalar:
-      return "scalar";
-    case ConvKernel::Tiled:
-      return "tiled";
-    case ConvKernel::Gemm:
-      return "gemm";
-    case ConvKernel::Gemv:
-      return "gemv";
-  }
-  return "?";
 }
 
 // Whether a conv kernel can run a shape at all: scalar runs everything; tiled and gemm need

@@ -1,4 +1,5 @@
-// Kernel geometry read off graph nodes, shared by the backends and the kernel selector.
+// Kernel geometry read off graph nodes, shared by the backends and the kernel selector: the
+// library's own, as kernels/shapes.h whose types it returns (not installed).
 #pragma once
 
 #include <optional>
