@@ -6,6 +6,8 @@
 #include <optional>
 
 #include "epilog/graph/pattern.h"
+#include "epilog/kernels/launch.h"
+#include "epilog/runtime/executor.h"
 #include "epilog/runtime/params.h"
 
 namespace epilog {
@@ -345,8 +347,8 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       t.k = 8;  // input channels staged per step
       break;
     case ConvKernel::Gemv:
-      t.m = 8;  // rows of x a warp sums at once (linear.cu, kGemvRows)
-      t.n = 8;  // output columns a block, one a warp
+      t.m = kGemvRows;  // rows of x a warp sums at once (launch.h)
+      t.n = kGemvCols;  // output columns a block, one a warp
       break;
     case ConvKernel::Gemm: {
       const int cover = smallest_covering({32, 64, 128}, s.k);
@@ -718,6 +720,13 @@ Plan lower(Graph graph, const LowerOptions& options) {
       np.kernel = op_name(node.op);
       np.rule = maxpool_rule(
           pool_shape(node, graph.value(node.inputs[0]).shape, graph.value(node.outputs[0]).shape));
+    } else if (node.op == OpKind::Linear) {
+      np.kernel = op_name(node.op);
+      const int64_t k = graph.value(node.inputs[1]).shape[1];
+      const int64_t rows = k == 0 ? 0 : shape_numel(graph.value(node.inputs[0]).shape) / k;
+      np.rule = linear_runs_gemv(rows)
+                    ? fmt::format("{} rows <= {}: gemv streams the weights", rows, kGemvRows)
+                    : fmt::format("{} rows > {}: tiles of the product", rows, kGemvRows);
     } else if (node.op == OpKind::FusedElementwise) {
       np.kernel = op_name(node.op);
       np.rule = fmt::format("one kernel: {}", chain_str(node_chain(node)));
@@ -749,9 +758,8 @@ bool reads_upsampled(const Plan& plan, const std::vector<bool>& in_place, size_t
   return u < in_place.size() && in_place[u];
 }
 
-}  // namespace
-
-NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size_t i) {
+// Node i's kernel and the rule that chose it (node_choices adds the tiles).
+NodeChoice kernel_and_rule(const Plan& plan, const std::vector<bool>& in_place, size_t i) {
   const auto masked = [&](size_t j) { return j < in_place.size() && in_place[j]; };
   const Node& node = plan.graph.nodes[i];
   const NodePlan& np = plan.nodes[i];
@@ -795,37 +803,77 @@ NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size
   return {np.kernel, np.rule};
 }
 
+// The launch node i's kernel runs, as explain's tiles column shows it and the CUDA launchers log
+// it (launch.h): for the kernels with a choice to make, the one they make on the operands as the
+// executor lays them out (`places`).
+std::string launch_tiles(const Plan& plan, const std::vector<bool>& in_place,
+                         const std::map<std::string, ValuePlace>& places, size_t i,
+                         const std::string& kernel) {
+  const Graph& g = plan.graph;
+  const Node& n = g.nodes[i];
+  const NodePlan& np = plan.nodes[i];
+  if (plan.device != Device::CUDA || kernel == "folded" || kernel == "in place") return "";
+  if (kernel == "gemm pair") return conv_pair_tiles_str();
+  if (n.op == OpKind::FusedConv2d || n.op == OpKind::Conv2d) {
+    ConvShape cs = conv_shape(g, n);
+    const auto at = places.find(n.inputs[0]);
+    const ValuePlace x = at == places.end() ? ValuePlace{} : at->second;
+    cs.x_stride = x.item_stride;
+    const bool aligned = x.offset % 4 == 0;  // allocations are 256-byte aligned (kAlign)
+    switch (np.conv) {
+      case ConvKernel::Scalar:
+        return scalar_launch_str(conv_scalar_path(cs, aligned), cs);
+      case ConvKernel::Tiled:
+      case ConvKernel::Gemv:
+        return conv_tiles_str(np.tiles);
+      case ConvKernel::Gemm: {
+        // A conv chain's first conv has no residual and reads no upsampling (conv_chain_fits).
+        const bool chain = kernel == "gemm chain";
+        const bool residual = !chain && n.op == OpKind::FusedConv2d && n.inputs.size() > 4;
+        const bool up = !chain && reads_upsampled(plan, in_place, i);
+        return gemm_launch_str(conv_gemm_launch(cs, np.tiles, {aligned, residual, up}));
+      }
+    }
+  }
+  if (n.op == OpKind::MaxPool2d) {
+    const PoolShape p = pool_shape(n, g.value(n.inputs[0]).shape, g.value(n.outputs[0]).shape);
+    return maxpool_launch_str(maxpool_kernel(p), in_place.empty() ? 1 : int(np.chain.size()) + 1);
+  }
+  if (n.op == OpKind::Linear) {
+    const int64_t k = g.value(n.inputs[1]).shape[1];
+    return linear_launch_str(k == 0 ? 0 : shape_numel(g.value(n.inputs[0]).shape) / k);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::vector<NodeChoice> node_choices(const Plan& plan, const std::vector<bool>& in_place) {
+  // The executor lays the values out as plan_in_place says where copy avoidance is on.
+  const std::map<std::string, ValuePlace> places =
+      value_places(plan.graph, in_place.empty() ? InPlacePlan{} : plan_in_place(plan));
+  std::vector<NodeChoice> out;
+  for (size_t i = 0; i < plan.graph.nodes.size(); ++i) {
+    out.push_back(kernel_and_rule(plan, in_place, i));
+    out.back().tiles = launch_tiles(plan, in_place, places, i, out.back().kernel);
+  }
+  return out;
+}
+
 std::string explain(const Plan& plan, const std::vector<bool>& in_place) {
   const Graph& g = plan.graph;
+  const std::vector<NodeChoice> choices = node_choices(plan, in_place);
   // The rule last: it is free text, and the longest ones would push a column after it askew.
-  std::string out = fmt::format("{:<24} {:<17} {:<46} {:<17} {:<38} {}\n", "node", "op",
+  std::string out = fmt::format("{:<24} {:<17} {:<46} {:<17} {:<50} {}\n", "node", "op",
                                 "input -> output", "kernel", "tiles", "rule");
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    const NodePlan& np = plan.nodes[i];
     std::string io = fmt::format("{} -> {}", shape_str(g.value(n.inputs[0]).shape),
                                  shape_str(g.value(n.outputs[0]).shape));
     if (n.op == OpKind::FusedConv2d && n.inputs.size() > 4) io += " + residual";
-    const NodeChoice choice = node_choice(plan, in_place, i);
-    std::string tiles;
-    if (choice.kernel == "gemm pair") {
-      tiles = fmt::format("8x8 squares x {} channels wgmma", kPairMaxCout);
-    } else if (np.tiles.m && choice.kernel != "folded") {
-      tiles = fmt::format("m={} n={}", np.tiles.m, np.tiles.n);
-      if (np.tiles.k) tiles += fmt::format(" k={}", np.tiles.k);
-      // The persistent kernel stages a square's whole reduction: it has no pipeline depth.
-      if (np.tiles.stages && !np.tiles.persistent)
-        tiles += fmt::format(" stages={}", np.tiles.stages);
-      if (np.tiles.splits > 1) tiles += fmt::format(" splits={}", np.tiles.splits);
-      if (np.tiles.wgmma) tiles += " wgmma";
-      // A conv reading through an upsampling copies A by cp.async.
-      if (n.op == OpKind::FusedConv2d && !reads_upsampled(plan, in_place, i) &&
-          conv_gemm_direct_tma(conv_shape(g, n), np.tiles))
-        tiles += " tma";
-      if (np.tiles.persistent) tiles += " persistent";
-    }
-    out += fmt::format("{:<24} {:<17} {:<46} {:<17} {:<38} {}\n", n.name, op_name(n.op), io,
-                       choice.kernel, tiles, choice.rule);
+    const NodeChoice& choice = choices[i];
+    out += fmt::format("{:<24} {:<17} {:<46} {:<17} {:<50} {}\n", n.name, op_name(n.op), io,
+                       choice.kernel, choice.tiles, choice.rule);
   }
   return out;
 }

@@ -269,12 +269,10 @@ int cmd_dump(const Parsed& p) {
       text = dump(c.plan.graph, format);
     } else if (format == DumpFormat::Json) {
       nlohmann::ordered_json j = to_json(c.plan.graph);
-      const std::vector<bool> in_place = in_place_mask(c.plan);
-      for (size_t i = 0; i < c.plan.nodes.size(); ++i) {
-        const NodeChoice choice = node_choice(c.plan, in_place, i);
-        j["lowering"][c.plan.graph.nodes[i].name] = {{"kernel", choice.kernel},
-                                                     {"rule", choice.rule}};
-      }
+      const std::vector<NodeChoice> choices = node_choices(c.plan, in_place_mask(c.plan));
+      for (size_t i = 0; i < c.plan.nodes.size(); ++i)
+        j["lowering"][c.plan.graph.nodes[i].name] = {
+            {"kernel", choices[i].kernel}, {"tiles", choices[i].tiles}, {"rule", choices[i].rule}};
       text = j.dump(1) + "\n";
     } else if (format == DumpFormat::Text) {
       text = explain(c.plan, in_place_mask(c.plan));
@@ -404,13 +402,12 @@ int cmd_bench(const Parsed& p) {
   };
   std::vector<Row> rows;
   double total = 0;
-  const std::vector<bool> in_place = in_place_mask(c.plan);
+  const std::vector<NodeChoice> choices = node_choices(c.plan, in_place_mask(c.plan));
   for (size_t i = 0; i < c.plan.graph.nodes.size(); ++i) {
     const Node& n = c.plan.graph.nodes[i];
     auto& v = per_node[n.name];
     std::sort(v.begin(), v.end());
-    rows.push_back(
-        {n.name, op_name(n.op), node_choice(c.plan, in_place, i).kernel, v[v.size() / 2]});
+    rows.push_back({n.name, op_name(n.op), choices[i].kernel, v[v.size() / 2]});
     total += rows.back().ms;
   }
   std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.ms > b.ms; });

@@ -114,6 +114,10 @@
 // the row pad 76 on banks 12g + 9t. The epilogue stores straight from the accumulators: 8 lanes
 // store 8 consecutive floats of an output row (a full 32-byte sector).
 //
+// Which kernel runs, and with how many stages and splits, is conv_gemm_launch's answer
+// (kernels/launch.h), which explain prints: conv_gemm follows it and logs the launch
+// (runtime/launch_log.h), and the launchers below run what it says or throw.
+//
 // Restrictions: groups == 1; the tiles above; x, y and w must each span fewer than 2^31
 // elements; h, w, ho*stride_h, wo*stride_w, the (non-negative) padding and the dilated window
 // stay under 2^28.
@@ -135,6 +139,8 @@
 #include "conv_gemm_ptx.cuh"
 #include "conv_gemm_wgmma.cuh"
 #include "epilog/kernels/cuda.h"
+#include "epilog/kernels/launch.h"
+#include "epilog/runtime/launch_log.h"
 
 namespace epilog::cuda {
 namespace {
@@ -142,6 +148,7 @@ namespace {
 using namespace conv_gemm_detail;
 
 constexpr int kBK = 32;
+static_assert(kBK == kGemmK && kHaloK == kGemmHaloK, "launch.h names these tiles");
 constexpr int kPadA = 4;  // As row pad: k rows 2t land 8t banks apart, pixels 2g add 2g
 constexpr int kPadB = 8;  // Bs row pad: channel rows g land 8g banks apart
 constexpr int kPadC = 4;  // Cs row pad: as As, channel rows 2t land 8t banks apart
@@ -971,6 +978,10 @@ void launch(const GemmArgs& a, bool direct, Stream stream) {
                        stream, unsigned(a.splits), a);
   }
   check_launch("conv_gemm");
+  log_launch("gemm", [&] {
+    return std::string(direct ? "direct " : "gather ") +
+           conv_tiles_str({BM, BN, kBK, a.stages, direct ? 1 : a.splits});
+  });
 }
 
 // Up: the direct kernel reading channels through a folded upsampling (DirectUpA; unsplit).
@@ -999,68 +1010,88 @@ void launch_direct_wgmma(const GemmArgs& a, Stream stream) {
                                                                           none);
   }
   check_launch("conv_gemm");
+  log_launch("gemm", [&] {
+    const bool split = !Up && a.splits > 1, tma = !Up && !split && !Gather && a.tma;
+    return std::string(Gather ? "gather " : "direct ") +
+           conv_tiles_str({BM, BN, kBK, a.stages, split ? a.splits : 1, true}, tma, Up);
+  });
+}
+
+// Stages and splits as conv_gemm_launch sized them: a depth the tile cannot hold throws.
+[[noreturn]] void reject_stages(int stages, int m, int n, int max) {
+  reject(std::to_string(stages) + " stages for " + std::to_string(m) + "x" + std::to_string(n) +
+         " halo tiles (at most " + std::to_string(max) + ")");
 }
 
 template <int BM, int BN, int S>
-void launch_halo(HaloArgs a, Stream stream) {
+void launch_halo(const HaloArgs& a, Stream stream) {
   using T = HaloTile<BM, BN, S>;
+  static_assert(T::kMaxStages == halo_mma_max_stages(BM, BN, S), "launch.h sizes the same tiles");
   static std::atomic<uint64_t> opted_in{0};
   detail::opt_in(opted_in, T::smem_bytes(T::kMaxStages), conv_halo_kernel<BM, BN, S>);
-  if (a.stages > T::kMaxStages) a.stages = T::kMaxStages;
+  if (a.stages < 2 || a.stages > T::kMaxStages) reject_stages(a.stages, BM, BN, T::kMaxStages);
   const int64_t blocks = (int64_t(a.squares) + T::kSquares - 1) / T::kSquares * a.n_tiles;
   check_grid(blocks);
   auto kernel = conv_halo_kernel<BM, BN, S>;
   detail::launch_pdl(kernel, unsigned(blocks), T::kThreads, T::smem_bytes(a.stages), stream, 1, a);
   check_launch("conv_gemm");
+  log_launch("gemm", [&] { return "halo " + conv_tiles_str({BM, BN, kHaloK, a.stages}); });
 }
 
+// A reduction of fewer stages than 3 unsplit gets as many buffers (conv_gemm_launch), all filled
+// at once (the kernel's `ahead`), not idle ones that cost blocks (perf-history: "halo stage
+// buffers for the reduction only"). Split-K keeps 3 at least: it parks its sums in the
+// pipeline's space.
 template <int BM, int BN, int S, bool RegA, bool Split, bool ResAhead, bool Wide, bool Chain>
-void launch_halo_wgmma(HaloArgs a, Stream stream) {
+void launch_halo_wgmma(const HaloArgs& a, Stream stream) {
   using W = HaloWgTile<BM, BN, S, RegA, Wide>;
   auto kernel = conv_halo_wgmma_kernel<BM, BN, S, RegA, Split, ResAhead, Wide, Chain>;
   static std::atomic<uint64_t> opted_in{0};
   detail::opt_in(opted_in, W::smem_bytes(W::kMaxStages), kernel);
-  a.stages = a.stages < 3 ? 3 : a.stages > W::kMaxStages ? W::kMaxStages : a.stages;
-  // A reduction of fewer stages gets as many buffers, all filled at once (the kernel's `ahead`),
-  // not idle ones that cost blocks (perf-history: "halo stage buffers for the reduction only").
-  // Split-K keeps 3: it parks its sums in the pipeline's space.
-  if (!Split && a.ctiles < a.stages) a.stages = a.ctiles;
+  if (a.stages < (Split ? 3 : 1) || a.stages > W::kMaxStages || (!Split && a.stages > a.ctiles))
+    reject_stages(a.stages, BM, BN, W::kMaxStages);
   const int64_t blocks =
       (int64_t(a.squares) + W::kSquares - 1) / W::kSquares * a.n_tiles * a.splits;
   check_grid(blocks);
   detail::launch_pdl(kernel, unsigned(blocks), W::kThreads, W::smem_bytes(a.stages), stream,
                      unsigned(a.splits), a);
   check_launch("conv_gemm");
+  log_launch(Chain ? "gemm chain" : "gemm", [&] {
+    return "halo " + conv_tiles_str({BM, BN, kHaloK, a.stages, a.splits, true}, false, false, Wide);
+  });
 }
 
 // The kernel for layers with a residual or without (halo_wgmma_reg_a, halo_wgmma_res_ahead):
-// where both rules give the same, the same instance. Wide rows (halo_wgmma_wide) where the
-// input's rows are 16-byte aligned. Chain: the conv chain's kernel (conv_chain).
+// where both rules give the same, the same instance. Wide rows where conv_gemm_launch says
+// (halo_wgmma_wide, x's rows 16-byte aligned). Chain: the conv chain's kernel (conv_chain).
 template <int BM, int BN, int S, bool Split, bool Residual, bool Chain = false>
-void launch_halo_wgmma_for(HaloArgs a, Stream stream) {
+void launch_halo_wgmma_for(const HaloArgs& a, bool wide, Stream stream) {
   constexpr bool reg_a = halo_wgmma_reg_a(BN, Residual);
   constexpr bool res_ahead = halo_wgmma_res_ahead(BN, S, Split, reg_a, Residual);
-  if constexpr (halo_wgmma_wide(BM, BN, S, reg_a))
-    if (a.w % 4 == 0 && a.xs % 4 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0)
-      return launch_halo_wgmma<BM, BN, S, reg_a, Split, res_ahead, true, Chain>(a, stream);
+  if constexpr (halo_wgmma_wide(BM, BN, S, reg_a)) {
+    if (wide) return launch_halo_wgmma<BM, BN, S, reg_a, Split, res_ahead, true, Chain>(a, stream);
+  } else {
+    if (wide) reject("wide patch rows on tiles that have none (halo_wgmma_wide)");
+  }
   launch_halo_wgmma<BM, BN, S, reg_a, Split, res_ahead, false, Chain>(a, stream);
 }
 
 template <int BM, int BN, int S, bool Split>
-void launch_halo_wgmma_any(HaloArgs a, Stream stream) {
-  if (a.res) return launch_halo_wgmma_for<BM, BN, S, Split, true>(a, stream);
-  launch_halo_wgmma_for<BM, BN, S, Split, false>(a, stream);
+void launch_halo_wgmma_any(const HaloArgs& a, bool wide, Stream stream) {
+  if (a.res) return launch_halo_wgmma_for<BM, BN, S, Split, true>(a, wide, stream);
+  launch_halo_wgmma_for<BM, BN, S, Split, false>(a, wide, stream);
 }
 
 template <int BM, int BN, int S>
-void launch_halo_any(HaloArgs a, bool wgmma, Stream stream) {
+void launch_halo_any(const HaloArgs& a, const GemmLaunch& l, Stream stream) {
   // n = 16 is built for the wgmma kernel only (conv_gemm checks the tiles).
   if constexpr (BN != 16)
-    if (!wgmma) return launch_halo<BM, BN, S>(a, stream);
+    if (!l.tiles.wgmma) return launch_halo<BM, BN, S>(a, stream);
   // Split-K is built for the one-square tiles only (conv_built_tiles).
   if constexpr (BM == 64)
-    if (a.splits > 1) return launch_halo_wgmma_any<BM, BN, S, true>(a, stream);
-  return launch_halo_wgmma_any<BM, BN, S, false>(a, stream);
+    if (a.splits > 1) return launch_halo_wgmma_any<BM, BN, S, true>(a, l.wide, stream);
+  if (a.splits > 1) reject("split-K halo tiles of more than one square");
+  return launch_halo_wgmma_any<BM, BN, S, false>(a, l.wide, stream);
 }
 
 // The wgmma k = 32 tiles (conv_gemm checks them): the direct kernel's, or Gather, or Up.
@@ -1080,36 +1111,38 @@ void dispatch_direct_wgmma(const ConvTiles& t, const GemmArgs& a, Stream stream)
     case 128128:
       return launch_direct_wgmma<128, 128, Gather, Up>(a, stream);
   }
+  reject("no wgmma k = 32 kernel built for " + std::to_string(t.m) + "x" + std::to_string(t.n));
 }
 
 template <int S>
-void dispatch_halo(const ConvTiles& t, const HaloArgs& a, Stream stream) {
-  switch (t.m * 1000 + t.n) {
+void dispatch_halo(const GemmLaunch& l, const HaloArgs& a, Stream stream) {
+  switch (l.tiles.m * 1000 + l.tiles.n) {
     case 64016:
-      return launch_halo_any<64, 16, S>(a, t.wgmma, stream);
+      return launch_halo_any<64, 16, S>(a, l, stream);
     case 128016:
-      return launch_halo_any<128, 16, S>(a, t.wgmma, stream);
+      return launch_halo_any<128, 16, S>(a, l, stream);
     case 256016:
-      return launch_halo_any<256, 16, S>(a, t.wgmma, stream);
+      return launch_halo_any<256, 16, S>(a, l, stream);
     case 64032:
-      return launch_halo_any<64, 32, S>(a, t.wgmma, stream);
+      return launch_halo_any<64, 32, S>(a, l, stream);
     case 64064:
-      return launch_halo_any<64, 64, S>(a, t.wgmma, stream);
+      return launch_halo_any<64, 64, S>(a, l, stream);
     case 64128:
-      return launch_halo_any<64, 128, S>(a, t.wgmma, stream);
+      return launch_halo_any<64, 128, S>(a, l, stream);
     case 128032:
-      return launch_halo_any<128, 32, S>(a, t.wgmma, stream);
+      return launch_halo_any<128, 32, S>(a, l, stream);
     case 128064:
-      return launch_halo_any<128, 64, S>(a, t.wgmma, stream);
+      return launch_halo_any<128, 64, S>(a, l, stream);
     case 128128:
-      return launch_halo_any<128, 128, S>(a, t.wgmma, stream);
+      return launch_halo_any<128, 128, S>(a, l, stream);
     case 256032:
-      return launch_halo_any<256, 32, S>(a, t.wgmma, stream);
+      return launch_halo_any<256, 32, S>(a, l, stream);
     case 256064:
-      return launch_halo_any<256, 64, S>(a, t.wgmma, stream);
+      return launch_halo_any<256, 64, S>(a, l, stream);
     case 256128:
-      return launch_halo_any<256, 128, S>(a, t.wgmma, stream);
+      return launch_halo_any<256, 128, S>(a, l, stream);
   }
+  reject("no halo kernel built for " + std::to_string(l.tiles.m) + "x" + std::to_string(l.tiles.n));
 }
 
 }  // namespace
@@ -1144,7 +1177,8 @@ void check_ranges(const ConvShape& s) {
     reject("plane, padding or window out of range");
 }
 
-// The halo kernels' arguments for tiles on a shape conv_gemm_halo_fits takes.
+// The halo kernels' arguments for a launch conv_gemm_launch made on a shape
+// conv_gemm_halo_fits takes: its stages and splits as it sized them.
 HaloArgs halo_args(const ConvShape& s, const ConvTiles& tiles, const float* x, const float* w,
                    const float* scale, const float* shift, Act act, float* y,
                    const ConvResidual& residual, const float* packed) {
@@ -1156,14 +1190,11 @@ HaloArgs halo_args(const ConvShape& s, const ConvTiles& tiles, const float* x, c
   a.y = y;
   if (!set_halo_geometry(a, s, tiles.n)) reject("too many output squares");
   a.ctiles = int((s.c + kHaloC - 1) / kHaloC);
-  a.stages = a.ctiles + 1 < tiles.stages ? a.ctiles + 1 : tiles.stages;
-  a.splits = 1;
-  if (tiles.wgmma) {
-    a.wp = packed;
-    a.stages = tiles.stages;
-    a.splits = tiles.splits;
-    while (a.splits > a.ctiles) a.splits /= 2;  // every split keeps a stage
-  }
+  a.stages = tiles.stages;
+  a.splits = tiles.splits;
+  if (a.splits < 1 || (a.splits > 1 && a.splits > a.ctiles))
+    reject("splits=" + std::to_string(a.splits) + " over " + std::to_string(a.ctiles) + " stages");
+  if (tiles.wgmma) a.wp = packed;
   a.vec_b = s.c % 4 == 0 && aligned16(w);
   a.res = residual.x, a.r_img = int(s.r_image());
   a.act = act, a.res_act = residual.post;
@@ -1225,8 +1256,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
         "across, wo % 4 == 0 and ho a multiple of the scale down; got " +
         tiles_str(tiles) + " on " + std::to_string(s.ho) + "x" + std::to_string(s.wo) +
         ", scales " + std::to_string(up->scale_h) + "x" + std::to_string(up->scale_w));
-  const WgmmaKernel wg_kernel = conv_gemm_wgmma_kernel(tiles, s);
-  if (wg_kernel != WgmmaKernel::None) {
+  if (conv_gemm_wgmma_kernel(tiles, s) != WgmmaKernel::None) {
     if (!packed)
       reject("the wgmma kernels read the weights packed ahead (pack_wgmma_weights), got none");
     if (wgmma_packed_floats(s, tiles) >= INT32_MAX)
@@ -1237,28 +1267,26 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   if (m == 0 || s.k == 0) return;
   check_ranges(s);
 
-  if (stem_ok && conv_gemm_stem_fits(s))
-    return launch_stem_mma(s, tiles, x, w, scale, shift, act, y, residual, stream);
+  // What runs: conv_gemm_launch's answer, as explain prints it.
+  const GemmLaunch l =
+      conv_gemm_launch(s, tiles, {aligned16(x), residual.x != nullptr, up != nullptr});
+  const ConvTiles& t = l.tiles;
+  if (t.splits > 1 && !detail::device_sm90())
+    reject("splits=" + std::to_string(t.splits) +
+           " needs thread-block clusters (compute capability 9.0 or later)");
+  if (l.path == GemmPath::Stem)
+    return launch_stem_mma(s, t, x, w, scale, shift, act, y, residual, stream);
 
   // -- the 3x3 halo kernel --
-  if (halo_ok && conv_gemm_halo_fits(s)) {
-    const HaloArgs a = halo_args(s, tiles, x, w, scale, shift, act, y, residual, packed);
-    if (tiles.persistent && halo_persistent_fits(s) && s.k <= tiles.n && s.w % 4 == 0 &&
-        a.xs % 4 == 0 && aligned16(x))
-      return launch_halo_persistent(a, tiles.n, stream);
-    return s.stride_h == 1 ? dispatch_halo<1>(tiles, a, stream)
-                           : dispatch_halo<2>(tiles, a, stream);
+  if (l.path == GemmPath::Halo) {
+    const HaloArgs a = halo_args(s, t, x, w, scale, shift, act, y, residual, packed);
+    if (t.persistent) return launch_halo_persistent(a, t.n, stream);
+    return s.stride_h == 1 ? dispatch_halo<1>(l, a, stream) : dispatch_halo<2>(l, a, stream);
   }
-  // k = 72 (with wgmma or not) on a shape the halo kernel does not take runs the k = 32 kernels
-  // at the same n, k = 36 on a shape the stem kernel does not take the gather kernel at 128x32;
-  // wgmma tiles on a shape no wgmma kernel takes, the mma.sync ones.
-  ConvTiles t = stem_ok ? ConvTiles{128, 32, kBK, 2} : tiles;
-  t.wgmma = wg_kernel == WgmmaKernel::Direct || wg_kernel == WgmmaKernel::Gather;
-  if (t.k == kHaloK) {
-    t.k = kBK;
-    if (t.m > 128) t.m = 128;
-    if (t.n < 32) t.n = 32;
-  }
+  // -- the k = 32 kernels: direct or gather --
+  const bool direct = l.path == GemmPath::Direct;
+  if (up && !direct) reject("an upsampled input needs a 16-byte aligned x");
+  if (l.tma && !(direct && t.wgmma)) reject("tensor copies on another kernel than wgmma's direct");
 
   GemmArgs a{};
   a.x = x;
@@ -1276,20 +1304,16 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   a.m = int(m);
   a.kg = int(kg);
   a.n_tiles = int((s.k + t.n - 1) / t.n);
-  // The mma.sync direct kernel takes no splits; the wgmma one does.
-  const bool direct = (t.splits == 1 || t.wgmma) && conv_gemm_direct_fits(s) && aligned16(x);
   // Split j of a tile takes k tiles [j * ktiles / splits, (j + 1) * ktiles / splits): none is
-  // empty while splits <= ktiles.
+  // empty while splits <= ktiles (conv_gemm_launch halves them to that). The gather kernel runs
+  // at most its k tiles + 1 stages: more would only hold nothing, its prologue already loads
+  // them all. The persistent kernels' pipeline runs on into the next tile.
   a.ktiles = int((kg + kBK - 1) / kBK);
-  if (t.splits > 1 && !detail::device_sm90())
-    reject("splits=" + std::to_string(t.splits) +
-           " needs thread-block clusters (compute capability 9.0 or later)");
   a.splits = t.splits;
-  while (a.splits > a.ktiles) a.splits /= 2;
-  const int split_ktiles = (a.ktiles + a.splits - 1) / a.splits;
-  // More stages than k tiles + 1 would only hold nothing in the gather kernel: its prologue
-  // already loads them all. The persistent kernels' pipeline runs on into the next tile.
-  a.stages = !direct && !t.wgmma && split_ktiles + 1 < t.stages ? split_ktiles + 1 : t.stages;
+  a.stages = t.stages;
+  if (a.splits < 1 || a.splits > a.ktiles || a.stages < 2 || a.stages > 4)
+    reject("k = 32 tiles in " + std::to_string(a.stages) + " stages and " +
+           std::to_string(a.splits) + " splits over " + std::to_string(a.ktiles) + " k tiles");
   a.div_rs = make_fastdiv(uint32_t(s.r * s.s));
   a.div_s = make_fastdiv(uint32_t(s.s));
   a.vec_b = kg % 4 == 0 && aligned16(w);
@@ -1300,7 +1324,6 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   a.act = act, a.res_act = residual.post;
 
   if (up) {
-    if (!direct) reject("an upsampled input needs a 16-byte aligned x");
     const int64_t up_hw = (s.ho / up->scale_h) * (s.wo / up->scale_w);
     if (up->c0 < 0 || up->channels < 1 || up->c0 + up->channels > s.c ||
         up->image < up->channels * up_hw || s.n * up->image >= INT32_MAX)
@@ -1314,7 +1337,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   }
   if (t.wgmma) {
     a.wp = packed;
-    a.tma = direct && !up && conv_gemm_direct_tma(s, t);
+    a.tma = l.tma;
     if (a.tma) {
       // Tiles of one image each: m counts the padded planes.
       a.plane = int(direct_tma_plane(s, t));
@@ -1344,6 +1367,7 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
     case 128128:
       return launch<128, 128>(a, direct, stream);
   }
+  reject("no k = 32 kernel built for " + std::to_string(t.m) + "x" + std::to_string(t.n));
 }
 
 void conv_chain(const ConvShape& sa, const ConvTiles& t, const ConvShape& sb, const float* x,
@@ -1367,13 +1391,20 @@ void conv_chain(const ConvShape& sa, const ConvTiles& t, const ConvShape& sb, co
   ConvShape s = sa;
   s.y_stride = sb.y_image();  // A's tiles store B's outputs
   check_ranges(s);
-  HaloArgs a = halo_args(s, t, x, nullptr, scale_a, shift_a, act_a, y, nullptr, packed);
+  // A's launch as conv_gemm_launch sizes it (stages, wide rows), as explain prints it.
+  const GemmLaunch l = conv_gemm_launch(s, t, {aligned16(x), false, false});
+  if (l.path != GemmPath::Halo || !l.tiles.wgmma || l.tiles.persistent || l.tiles.splits != 1)
+    reject("a conv chain runs the wgmma halo kernel unsplit; got " + gemm_launch_str(l));
+  HaloArgs a = halo_args(s, l.tiles, x, nullptr, scale_a, shift_a, act_a, y, nullptr, packed);
   a.chain_act = act_b;
+  const bool wide = l.wide;
   if (t.m == 64)
-    return s.stride_h == 1 ? launch_halo_wgmma_for<64, kChainC, 1, false, false, true>(a, stream)
-                           : launch_halo_wgmma_for<64, kChainC, 2, false, false, true>(a, stream);
-  return s.stride_h == 1 ? launch_halo_wgmma_for<128, kChainC, 1, false, false, true>(a, stream)
-                         : launch_halo_wgmma_for<128, kChainC, 2, false, false, true>(a, stream);
+    return s.stride_h == 1
+               ? launch_halo_wgmma_for<64, kChainC, 1, false, false, true>(a, wide, stream)
+               : launch_halo_wgmma_for<64, kChainC, 2, false, false, true>(a, wide, stream);
+  return s.stride_h == 1
+             ? launch_halo_wgmma_for<128, kChainC, 1, false, false, true>(a, wide, stream)
+             : launch_halo_wgmma_for<128, kChainC, 2, false, false, true>(a, wide, stream);
 }
 
 }  // namespace epilog::cuda

@@ -43,6 +43,8 @@
 #include "conv_common.cuh"
 #include "conv_gemm_ptx.cuh"
 #include "epilog/kernels/cuda.h"
+#include "epilog/kernels/launch.h"
+#include "epilog/runtime/launch_log.h"
 
 namespace epilog::cuda::conv_gemm_detail {
 
@@ -320,6 +322,7 @@ void launch_stem_mma(const ConvShape& s, const ConvTiles& t, const float* x, con
   else
     pick(std::integral_constant<int, 2>{});
   check_launch("conv_gemm (stem)");
+  log_launch("gemm", [&] { return "stem " + conv_tiles_str({kCols * a.rows, t.n, kGemmStemK}); });
 }
 
 }  // namespace epilog::cuda::conv_gemm_detail

@@ -31,12 +31,15 @@
 // floats: conv_gemm runs the wgmma halo kernel otherwise); sm_90a.
 #include <atomic>
 #include <cstdint>
+#include <stdexcept>
 
 #include <cuda_runtime.h>
 
 #include "conv_common.cuh"
 #include "conv_gemm_wgmma.cuh"
 #include "epilog/kernels/cuda.h"
+#include "epilog/kernels/launch.h"
+#include "epilog/runtime/launch_log.h"
 
 namespace epilog::cuda::conv_gemm_detail {
 
@@ -181,11 +184,16 @@ void launch(const HaloArgs& a, Stream stream) {
 }  // namespace
 
 void launch_halo_persistent(const HaloArgs& a, int n, Stream stream) {
+  if (n != 16 && n != 32)
+    throw std::invalid_argument("[conv_gemm] persistent halo tiles of n = 16 or 32");
   if (n == 16)
     a.res ? launch<16, true>(a, stream) : launch<16, false>(a, stream);
   else
     a.res ? launch<32, true>(a, stream) : launch<32, false>(a, stream);
   check_launch("conv_gemm (persistent halo)");
+  log_launch("gemm", [&] {
+    return "halo " + conv_tiles_str({64, n, kHaloK, a.stages, 1, true, true});
+  });
 }
 
 }  // namespace epilog::cuda::conv_gemm_detail

@@ -42,6 +42,8 @@
 #include "conv_common.cuh"
 #include "conv_gemm_wgmma.cuh"
 #include "epilog/kernels/cuda.h"
+#include "epilog/kernels/launch.h"
+#include "epilog/runtime/launch_log.h"
 
 namespace epilog::cuda {
 namespace {
@@ -376,6 +378,7 @@ void conv_pair(const ConvShape& sa, const ConvShape& sb, const float* x, const f
   detail::launch_pdl(conv_pair_kernel, unsigned(b.squares < fit ? b.squares : fit), kThreads, kSmem,
                      stream, 1, a);
   check_launch("conv_pair");
+  log_launch("gemm pair", [] { return conv_pair_tiles_str(); });
 }
 
 }  // namespace epilog::cuda

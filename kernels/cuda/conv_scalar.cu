@@ -1,5 +1,6 @@
-// fused_conv2d on the SIMT cores, one of three paths chosen per shape inside conv_scalar: the
-// kernel that runs every shape (the only one for groups > 1), a depthwise path, and a stem path.
+// fused_conv2d on the SIMT cores, one of three paths chosen per shape by conv_scalar_path
+// (launch.h, which explain prints): the kernel that runs every shape (the only one for
+// groups > 1), a depthwise path, and a stem path.
 //
 // Math: y[n, k, oh, ow] = act(acc * scale[k] + shift[k]) (+ residual[n, k, oh, ow]) with
 //   acc = sum_{c < cg, i < r, j < s} x[n, g*cg + c, oh*sh - pad_t + i*dh, ow*sw - pad_l + j*dw]
@@ -56,7 +57,8 @@
 // other window, horizontal stride or horizontal dilation takes the generic instantiation: the
 // same tiles and staging, run-time loops over scalar shared-memory reads, weights read as
 // broadcasts. A shape whose window for a single output row exceeds kDwMaxSmem (huge
-// dilations or strides) takes the general path. Planes narrower than about 16 leave lanes idle
+// dilations or strides) takes the general path (conv_scalar_depthwise_fits, launch.h: explain
+// says so). Planes narrower than about 16 leave lanes idle
 // (a block is one plane): a multi-plane block would fill them.
 //
 // Stem path (conv_scalar_stem_fits: groups == 1, a dense 3x3 window, dilation 1, stride 1 or 2
@@ -80,6 +82,8 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -87,6 +91,8 @@
 #include "conv_common.cuh"
 #include "epilog/common.h"
 #include "epilog/kernels/cuda.h"
+#include "epilog/kernels/launch.h"
+#include "epilog/runtime/launch_log.h"
 
 namespace epilog::cuda {
 namespace {
@@ -235,14 +241,13 @@ __global__ void __launch_bounds__(kThreads, (scalar_min_blocks<R, S, kUnitDil>()
 
 // -- depthwise path (see the header comment) --
 
+// kDwV, kDwMaxGroups, kDwMaxSmem and the columns' geometry (dw_columns) are in launch.h: whether
+// the path takes a shape (conv_scalar_depthwise_fits) depends on them.
 constexpr int kDwMaxThreads = 256;
-constexpr int kDwV = 4;              // consecutive outputs along ow a thread item computes
-constexpr int kDwMaxGroups = 64;     // items across a tile row: tw <= 256 outputs
 constexpr int kDwTargetItems = 256;  // items a block aims at (th = kDwTargetItems / ncg)
 constexpr int kDwItemsPerThread = 4;
 // Blocks per SM below which th (and mb) shrink: fewer leaves SMs with too few bytes in flight.
 constexpr int kDwMinBlocksPerSm = 4;
-constexpr int kDwMaxSmem = 48 * 1024;  // the default dynamic shared-memory limit
 
 struct DwArgs {
   const float* x;
@@ -285,12 +290,6 @@ __device__ __forceinline__ void dw_copy16(float* dst, const float* src, bool val
 }
 __device__ __forceinline__ void dw_copy_wait() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-
-// float4 reads per window row of an item (templated windows): its 4 outputs read
-// (4 - 1) * SW + S consecutive columns, starting sh4 columns into a 16-byte aligned float4.
-__host__ __device__ constexpr int dw_row_vecs(int s, int sw, int sh4) {
-  return (sh4 + (kDwV - 1) * sw + s + 3) / 4;
 }
 
 // Stages rows x a.cols input elements of plane xp into sm (row stride wp): row 0 is input row
@@ -488,22 +487,12 @@ int64_t round_up(int64_t a, int64_t b) {
   return detail::ceil_div(a, b) * b;
 }
 
-// Where a row's first tap, input column ow0 * sw - pad_l with ow0 % 4 == 0, lies in its 16-byte
-// group: the same for every tile and item, (-pad_l) mod 4.
-int first_tap_phase(const ConvShape& s) {
-  return int(((-s.pad_l) % 4 + 4) % 4);
-}
-
-// Tiles, staging geometry and launch of the depthwise path; false when one tile row's staging
-// does not fit kDwMaxSmem or the grid reaches 2^31 blocks (the caller then runs the general path).
-bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const float* scale,
+// Tiles, staging geometry and launch of the depthwise path, on a shape
+// conv_scalar_depthwise_fits takes (one tile row's staging fits kDwMaxSmem); a grid of 2^31
+// blocks throws.
+void launch_depthwise(const ConvShape& s, const float* x, const float* w, const float* scale,
                       const float* shift, Act act, float* y, const ConvResidual& res,
                       Stream stream) {
-  // Unrolled instantiation, if any: its float4 window reads set the staged width.
-  const bool unit = s.dil_w == 1 && (s.stride_w == 1 || s.stride_w == 2) && s.r == s.s &&
-                    (s.r == 3 || s.r == 5 || s.r == 7);
-  const int64_t sw = s.stride_w;
-
   DwArgs a;
   a.x = x;
   a.wt = w;
@@ -524,26 +513,20 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   a.vec_in = s.w % 4 == 0 && detail::aligned16(x);
   // float4 stores, and residual loads: the residual's image stride is a multiple of the plane.
   a.vec_out = s.wo % 4 == 0 && detail::aligned16(y) && (!res.x || detail::aligned16(res.x));
-  a.sh4 = a.vec_in ? first_tap_phase(s) : 0;
 
-  // Columns: ncg items of 4 outputs across a tile row, column tiles balanced.
-  const int64_t ncg_all = detail::ceil_div(s.wo, kDwV);
-  a.ctiles = int(detail::ceil_div(ncg_all, kDwMaxGroups));
-  const int64_t ncg = detail::ceil_div(ncg_all, a.ctiles);
-  a.tw = int(ncg * kDwV);
-  // Staged columns: every tap of the tile's outputs, and every float4 the unrolled reads touch.
-  int64_t cols = a.sh4 + (a.tw - 1) * sw + (s.s - 1) * s.dil_w + 1;
-  if (unit) cols = std::max(cols, 4 * ((ncg - 1) * sw + dw_row_vecs(int(s.s), int(sw), a.sh4)));
-  cols = round_up(cols, 4);
-  int64_t wp = cols;
-  while ((wp / 4 - ncg * sw) % 8 != 0) wp += 4;  // conflict-free float4 reads (header)
-  a.cols = int(cols), a.wp = int(wp);
+  // Columns: ncg items of 4 outputs across a tile row, column tiles balanced; the staged columns
+  // (every tap of the tile's outputs, every float4 the unrolled reads touch), rows wp apart.
+  const DwColumns d = dw_columns(s, a.vec_in);
+  const bool unit = d.unit;  // an unrolled instantiation
+  const int64_t ncg = d.ncg, wp = d.wp;
+  a.sh4 = d.sh4;
+  a.ctiles = int(d.ctiles);
+  a.tw = int(d.tw);
+  a.cols = int(d.cols), a.wp = int(d.wp);
 
   // Rows: about kDwTargetItems items a block; then fill the GPU (channel groups first, since
   // splitting them adds no halo), then fit the shared memory.
-  const auto staged_rows = [&](int64_t th) {
-    return (th - 1) * s.stride_h + (s.r - 1) * s.dil_h + 1;
-  };
+  const auto staged_rows = [&](int64_t th) { return dw_staged_rows(s, th); };
   int64_t th = std::clamp<int64_t>(detail::ceil_div(kDwTargetItems, ncg), 1, s.ho);
   int64_t rtiles = 0, mb = a.m, mgroups = 0;
   const auto balance = [&] {
@@ -559,7 +542,10 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   while (blocks() < min_blocks && th > 1) th = detail::ceil_div(th, 2), balance();
   while (staged_rows(th) * wp * 4 > kDwMaxSmem && th > 1) th = detail::ceil_div(th, 2), balance();
   const int64_t smem = staged_rows(th) * wp * 4;
-  if (smem > kDwMaxSmem || blocks() > INT_MAX) return false;
+  if (smem > kDwMaxSmem || blocks() > INT_MAX)
+    throw std::invalid_argument("[conv_scalar] the depthwise path cannot stage " +
+                                std::to_string(smem) + " bytes in " + std::to_string(blocks()) +
+                                " blocks");
   a.th = int(th), a.rtiles = int(rtiles), a.mb = int(mb), a.mgroups = int(mgroups);
   a.blocks = int(blocks());
   a.div_rt = make_fastdiv(uint32_t(rtiles));
@@ -603,7 +589,7 @@ bool launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
   else
     launch(conv_dw_kernel<0, 0, 0, 0>);
   check_launch("conv_scalar (depthwise)");
-  return true;
+  log_launch("scalar", [&] { return scalar_launch_str(ScalarPath::Depthwise, s); });
 }
 
 // -- stem path (see the header comment) --
@@ -751,13 +737,14 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
   }
 }
 
-// The stem path where conv_scalar_stem_fits; false otherwise (or past its int32 item count).
-bool launch_stem(const ConvShape& s, const float* x, const float* w, const float* scale,
+// The stem path, on a shape conv_scalar_stem_fits takes; past its int32 item count it throws.
+void launch_stem(const ConvShape& s, const float* x, const float* w, const float* scale,
                  const float* shift, Act act, float* y, const ConvResidual& residual,
                  Stream stream) {
-  if (!conv_scalar_stem_fits(s)) return false;
   const int64_t cgroups = detail::ceil_div(s.wo, kStemV), items = conv_scalar_stem_items(s);
-  if (items > INT_MAX - int64_t(kThreads) * detail::max_blocks()) return false;
+  if (items > INT_MAX - int64_t(kThreads) * detail::max_blocks())
+    throw std::invalid_argument("[conv_scalar] the stem path's " + std::to_string(items) +
+                                " items exceed its 32-bit indices");
   StemArgs a;
   a.x = x;
   a.wt = w;
@@ -803,7 +790,7 @@ bool launch_stem(const ConvShape& s, const float* x, const float* w, const float
   else
     pick(std::integral_constant<int, 2>{});
   check_launch("conv_scalar (stem)");
-  return true;
+  log_launch("scalar", [&] { return scalar_launch_str(ScalarPath::Stem, s); });
 }
 
 }  // namespace
@@ -820,8 +807,15 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
                 "conv_scalar planes {}x{} -> {}x{} exceed int32", s.h, s.w, s.ho, s.wo);
   EPILOG_ASSERT(x && w && y);
   EPILOG_ASSERT(s.n <= INT_MAX && s.k <= INT_MAX, "conv_scalar n {} k {}", s.n, s.k);
-  if (launch_stem(s, x, w, scale, shift, act, y, residual, stream)) return;
-  if (s.c == s.groups && launch_depthwise(s, x, w, scale, shift, act, y, residual, stream)) return;
+  // The path conv_scalar_path picks (explain prints it).
+  switch (conv_scalar_path(s, detail::aligned16(x))) {
+    case ScalarPath::Stem:
+      return launch_stem(s, x, w, scale, shift, act, y, residual, stream);
+    case ScalarPath::Depthwise:
+      return launch_depthwise(s, x, w, scale, shift, act, y, residual, stream);
+    case ScalarPath::General:
+      break;
+  }
   const int64_t pix_blocks = detail::ceil_div(s.ho * s.wo, kThreads);
 
   ScalarArgs a;
@@ -862,6 +856,7 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
   else
     launch(conv_scalar_kernel<0, 0, false>);
   check_launch("conv_scalar");
+  log_launch("scalar", [&] { return scalar_launch_str(ScalarPath::General, s); });
 }
 
 }  // namespace epilog::cuda

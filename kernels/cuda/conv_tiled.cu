@@ -36,6 +36,8 @@
 #include "conv_common.cuh"
 #include "epilog/common.h"
 #include "epilog/kernels/cuda.h"
+#include "epilog/kernels/launch.h"
+#include "epilog/runtime/launch_log.h"
 
 namespace epilog::cuda {
 namespace {
@@ -356,6 +358,7 @@ void conv_tiled(const ConvShape& s, const ConvTiles& t, const float* x, const fl
     if (v.m == t.m && v.n == t.n) {
       v.launch(a, stream);
       check_launch("conv_tiled");
+      log_launch("tiled", [&] { return conv_tiles_str({v.m, v.n, kTK}); });
       return;
     }
   }

@@ -26,8 +26,10 @@
 #include <cstdint>
 #include <stdexcept>
 
-#include "epilog/kernels/cuda.h"
 #include "conv_common.cuh"
+#include "epilog/kernels/cuda.h"
+#include "epilog/kernels/launch.h"
+#include "epilog/runtime/launch_log.h"
 #include "launch.cuh"
 
 namespace epilog::cuda {
@@ -92,8 +94,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-constexpr int kGemvRows = 8;     // rows of x a warp sums at once
-constexpr int kGemvWarps = 8;    // warps (output columns) per block
+// kGemvRows (launch.h): rows of x a warp sums at once.
+constexpr int kGemvWarps = kGemvCols;  // warps (output columns) per block
 
 // The GEMV's operands: rows of x, y and the residual lie x_row, y_row and r_row floats apart (a
 // 1x1 conv's images), y = post(act(acc * scale + shift) + residual) per column, as the convs do.
@@ -172,10 +174,11 @@ void launch_gemv(const GemvArgs& a, Stream stream) {
 void linear(int64_t m, int64_t n, int64_t k, const float* x, const float* w, const float* b,
             float* y, Stream stream) {
   if (m == 0 || n == 0) return;
-  if (m <= kGemvRows) {
+  if (linear_runs_gemv(m)) {
     EPILOG_CUDA_REQUIRE(m < (int64_t(1) << 31));
-    return launch_gemv(GemvArgs{int(m), n, k, k, n, 0, x, w, nullptr, b, nullptr, y, {}, {}},
-                       stream);
+    launch_gemv(GemvArgs{int(m), n, k, k, n, 0, x, w, nullptr, b, nullptr, y, {}, {}}, stream);
+    log_launch("linear", [] { return "gemv"; });
+    return;
   }
   const int64_t tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + kBN - 1) / kBN;
   EPILOG_CUDA_REQUIRE(tiles_n <= 65535 && tiles_m < (int64_t(1) << 31) && k >= 0);
@@ -183,6 +186,7 @@ void linear(int64_t m, int64_t n, int64_t k, const float* x, const float* w, con
   linear_kernel<<<dim3(unsigned(tiles_m), unsigned(tiles_n)), kThreads, 0, stream>>>(m, n, k, x, w,
                                                                                      b, y);
   check_launch("linear");
+  log_launch("linear", [] { return "tiled"; });
 }
 
 void conv_gemv(const ConvShape& s, const float* x, const float* w, const float* scale,
@@ -195,6 +199,7 @@ void conv_gemv(const ConvShape& s, const float* x, const float* w, const float* 
   launch_gemv(GemvArgs{int(s.n), s.k, s.c, s.x_image(), s.y_image(), s.r_image(), x, w, scale,
                        shift, residual.x, y, act, residual.post},
               stream);
+  log_launch("gemv", [] { return conv_tiles_str({kGemvRows, kGemvCols}); });
 }
 
 }  // namespace epilog::cuda

@@ -33,6 +33,8 @@
 #include <type_traits>
 
 #include "epilog/kernels/cuda.h"
+#include "epilog/kernels/launch.h"
+#include "epilog/runtime/launch_log.h"
 #include "launch.cuh"
 
 namespace epilog::cuda {
@@ -285,13 +287,17 @@ void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream
     else
       launch(int64_t{});
   };
-  const MaxPoolKernel kernel = maxpool_kernel(p);
-  if (Max && kernel == MaxPoolKernel::Same) {
-    launch_same(p, x, &y, &ys, 1, stream);
+  // maxpool_kernel picks max-pooling's kernel (explain prints it); average pooling has one.
+  const MaxPoolKernel kernel = Max ? maxpool_kernel(p) : MaxPoolKernel::Window;
+  const auto launched = [&](MaxPoolKernel k) {
     check_launch(name);
-    return;
+    if (Max) log_launch("maxpool2d", [&] { return maxpool_launch_str(k); });
+  };
+  if (kernel == MaxPoolKernel::Same) {
+    launch_same(p, x, &y, &ys, 1, stream);
+    return launched(MaxPoolKernel::Same);
   }
-  if (Max && kernel == MaxPoolKernel::Plane) {
+  if (kernel == MaxPoolKernel::Plane) {
     const int64_t planes = p.n * p.c;
     const size_t smem = sizeof(float) * size_t(maxpool_plane_floats(p));
     const auto launch = [&](auto i) {
@@ -300,8 +306,7 @@ void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream
                  make_fastdiv(uint32_t(p.wo)), I(planes), Divisor<I>(I(p.c)), I(xs), I(ys), x, y);
     };
     with_index(launch);
-    check_launch(name);
-    return;
+    return launched(MaxPoolKernel::Plane);
   }
   const int grid = grid_for(items, kThreads);
   const bool narrow = p.kw <= kNarrow;
@@ -318,7 +323,7 @@ void pool(const char* name, const PoolShape& p, const float* x, float* y, Stream
       launch(std::false_type{}, i);
   };
   with_index(by_width);
-  check_launch(name);
+  launched(MaxPoolKernel::Window);
 }
 
 // -- global_avgpool --
@@ -389,6 +394,7 @@ void maxpool2d_chain(const PoolShape& p, const float* x, float* const* y, const 
   EPILOG_CUDA_REQUIRE(p.h < (int64_t(1) << 30) && p.w < (int64_t(1) << 30));
   launch_same(p, x, y, y_image, count, stream);
   check_launch("maxpool2d_chain");
+  log_launch("maxpool2d", [&] { return maxpool_launch_str(MaxPoolKernel::Same, count); });
 }
 
 void avgpool2d(const PoolShape& p, const float* x, float* y, Stream stream) {

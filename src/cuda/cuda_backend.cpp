@@ -6,10 +6,12 @@
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
+#include <stdexcept>
 #include <unordered_map>
 
 #include "epilog/kernels/cuda.h"
 #include "epilog/runtime/executor.h"
+#include "epilog/runtime/launch_log.h"
 #include "epilog/runtime/params.h"
 
 namespace epilog {
@@ -600,7 +602,14 @@ class CudaBackend final : public Backend {
     };
     for (size_t i = 0; i < inputs.size(); ++i) check(inputs[i], "input", i);
     for (size_t i = 0; i < outputs.size(); ++i) check(outputs[i], "output", i);
-    k(Ctx{node, plan, stream_}, inputs, outputs);
+    // The launches the kernel logs are this node's.
+    if (LaunchLog* log = LaunchLog::current()) log->set_node(node.name);
+    try {
+      k(Ctx{node, plan, stream_}, inputs, outputs);
+    } catch (const std::invalid_argument& e) {
+      // A launcher that cannot run what the plan and launch.h say refuses: name the node.
+      fail("[{}] node '{}': {}", op_name(node.op), node.name, e.what());
+    }
   }
 
   void synchronize() override { EPILOG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }

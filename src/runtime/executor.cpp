@@ -235,6 +235,42 @@ InPlacePlan plan_in_place(const Plan& plan) {
   return ip;
 }
 
+std::map<std::string, ValuePlace> value_places(const Graph& g, const InPlacePlan& ip) {
+  std::map<std::string, ValuePlace> at;
+  const auto place = [&](const std::string& v) {
+    auto it = at.find(v);
+    return it == at.end() ? ValuePlace{} : it->second;
+  };
+  // `v` as a part of `whole` at `offset` elements into each item (Tensor::part).
+  const auto part = [&](const std::string& whole, int64_t offset, const std::string& v) {
+    const ValuePlace w = place(whole);
+    const Shape& shape = g.value(whole).shape;
+    const int64_t items = shape.empty() ? 1 : shape[0];
+    const int64_t stride = w.item_stride ? w.item_stride : item_count(shape);
+    const int64_t count = item_count(g.value(v).shape);
+    at[v] = {w.offset + offset, items > 1 && count != stride ? stride : 0};
+  };
+  // Node order: a value's whole is placed before its parts.
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& node = g.nodes[i];
+    if (node.op == OpKind::Flatten || node.op == OpKind::Reshape) {
+      at[node.outputs[0]] = {place(node.inputs[0]).offset, 0};  // a view of a contiguous input
+    } else if (i < ip.view.size() && ip.view[i]) {
+      int64_t offset = 0;
+      for (const std::string& out : node.outputs) {
+        part(node.inputs[0], offset, out);
+        offset += item_count(g.value(out).shape);
+      }
+    } else {
+      for (const std::string& out : node.outputs) {
+        auto slot = ip.slots.find(out);
+        if (slot != ip.slots.end()) part(slot->second.buffer, slot->second.offset, out);
+      }
+    }
+  }
+  return at;
+}
+
 std::vector<bool> in_place_mask(const Plan& plan) {
   if (!plan.in_place) return {};
   const InPlacePlan ip = plan_in_place(plan);

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -155,6 +157,22 @@ inline Closeness check_close(const Tensor& gpu, const Tensor& cpu, const Toleran
 inline void require_close(const Tensor& gpu, const Tensor& cpu, const std::string& what,
                           const Tolerance& tol = kFloat32Op, const Tensor* mag = nullptr) {
   REQUIRE(check_close(gpu, cpu, tol, what + " " + shape_str(cpu.shape()), mag).failed == 0);
+}
+
+// models/*.json, sorted. Binaries built on one machine run on another (tools/gpu-check.sh
+// --prebuilt), where the sources sit elsewhere: EPILOG_SOURCE_DIR in the environment may say where.
+inline std::vector<std::filesystem::path> model_files() {
+  namespace fs = std::filesystem;
+  const char* env = std::getenv("EPILOG_SOURCE_DIR");
+  const fs::path dir = fs::path(env && *env ? env : EPILOG_SOURCE_DIR) / "models";
+  std::vector<fs::path> files;
+  if (fs::is_directory(dir))
+    for (const auto& entry : fs::directory_iterator(dir))
+      if (entry.path().extension() == ".json") files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  INFO("models/*.json in " << dir.string());
+  REQUIRE(!files.empty());
+  return files;
 }
 
 inline Backend& cuda_backend() {

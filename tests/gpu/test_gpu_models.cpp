@@ -155,19 +155,7 @@ TEST_CASE("gpu models: yolo_like unfused (conv2d, batchnorm, silu on the GPU)", 
 }
 
 TEST_CASE("gpu models: every models/*.json with each conv kernel", "[gpu][models]") {
-  namespace fs = std::filesystem;
-  // Binaries built on one machine run on another (tools/gpu-check.sh --prebuilt), where the
-  // sources sit elsewhere: the environment may say where.
-  const char* env = std::getenv("EPILOG_SOURCE_DIR");
-  const fs::path dir = fs::path(env && *env ? env : EPILOG_SOURCE_DIR) / "models";
-  std::vector<fs::path> files;
-  if (fs::is_directory(dir))
-    for (const auto& entry : fs::directory_iterator(dir))
-      if (entry.path().extension() == ".json") files.push_back(entry.path());
-  std::sort(files.begin(), files.end());
-  INFO("models/*.json in " << dir.string());
-  REQUIRE(!files.empty());
-  for (const fs::path& file : files) {
+  for (const std::filesystem::path& file : test::model_files()) {
     const Graph g = load_model(file.string());
     for (std::optional<ConvKernel> force : kEachKernel) {
       INFO(file.filename().string() << " with " << kernel_label(force));

@@ -49,13 +49,18 @@ Plan lower(Graph graph, const LowerOptions& options);
 // The kernel and the rule that chose it for node i; none where `in_place[i]`: the splits that
 // return views, the concats whose inputs are made in their buffer and the upsamplings folded
 // into a conv's loads (plan_in_place, which the executor follows unless in-place is off). A
-// conv's rule names the upsampling it reads through while that one is folded.
+// conv's rule names the upsampling it reads through while that one is folded. `tiles`: for the
+// kernels with a choice among kernels to make at launch (the convs, max-pooling, linear), the
+// launch it makes, in the words the CUDA launchers log it (launch.h, runtime/launch_log.h): on
+// the operands as the executor lays them out (value_places; an empty `in_place` is copy
+// avoidance off), a graph input assumed 16-byte aligned. What runs is what this says.
 struct NodeChoice {
   std::string kernel, rule;
+  std::string tiles = {};
 };
-NodeChoice node_choice(const Plan& plan, const std::vector<bool>& in_place, size_t i);
+std::vector<NodeChoice> node_choices(const Plan& plan, const std::vector<bool>& in_place);
 
-// A table: node, op, shapes, kernel, the rule that chose it, tiles.
+// A table: node, op, shapes, kernel, tiles, the rule that chose it (node_choices).
 std::string explain(const Plan& plan, const std::vector<bool>& in_place = {});
 
 }  // namespace epilog

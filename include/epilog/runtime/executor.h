@@ -82,6 +82,16 @@ InPlacePlan plan_in_place(const Plan& plan);
 // upsampling; none when plan.in_place is off): what explain marks.
 std::vector<bool> in_place_mask(const Plan& plan);
 
+// Where the executor puts a value: `offset` elements into a 256-byte aligned allocation (its own,
+// the arena's, or the buffer it is a view or a concat slot of), its items `item_stride` elements
+// apart (0: contiguous), as Tensor::part makes them. Values not listed sit at {0, 0}. `ip` empty
+// (InPlacePlan{}): copy avoidance off. What explain tells the launchers' choices from (launch.h:
+// x's alignment and image stride).
+struct ValuePlace {
+  int64_t offset = 0, item_stride = 0;
+};
+std::map<std::string, ValuePlace> value_places(const Graph& g, const InPlacePlan& ip);
+
 // Where the executor keeps the activations while sharing memory (Executor::set_memory_plan):
 // every value that owns storage (a kernel's output, an in-place concat's buffer) is live from the
 // first node that makes it or a value stored in it to the last node that reads one, and takes
