@@ -37,6 +37,7 @@ const ActivationInfo kActivations[] = {
     {Activation::Reciprocal, "reciprocal", OpKind::Reciprocal, "", ""},
     {Activation::Neg, "neg", OpKind::Neg, "", ""},
     {Activation::Abs, "abs", OpKind::Abs, "", ""},
+    {Activation::Log, "log", OpKind::Log, "", ""},
     {Activation::Pow, "pow", OpKind::Pow, "exponent", ""},
 };
 static_assert(sizeof(kActivations) / sizeof(kActivations[0]) == kNumActivations,

@@ -610,7 +610,7 @@ const std::string& OpInfo::input_name(size_t i) const {
 }
 
 const OpInfo& op_info(OpKind kind) {
-  static_assert(kNumOps == 52, "a new op needs a CPU kernel, a CUDA kernel and a test");
+  static_assert(kNumOps == 56, "a new op needs a CPU kernel, a CUDA kernel and a test");
   const auto& ops = table();
   EPILOG_ASSERT(ops.size() == size_t(kNumOps));
   return ops[static_cast<size_t>(kind)];

@@ -47,11 +47,8 @@ constexpr double kU = 6e-8;  // float32 unit roundoff 2^-24, rounded up
 const Shape kThreaded{2, 8, 128, 128};
 const std::vector<Act>& kActs = epilog::test::epilogue_acts();
 // And the rest of the pointwise functions, for the elementwise tests.
-const Act kMathActs[] = {Activation::Exp,
-                         Activation::Erf,
-                         Activation::Sqrt,
-                         Activation::Reciprocal,
-                         Act(Activation::Pow, 3.0f),
+const Act kMathActs[] = {Activation::Exp,           Activation::Erf, Activation::Sqrt,
+                         Activation::Reciprocal,    Activation::Log, Act(Activation::Pow, 3.0f),
                          Act(Activation::Pow, 2.0f)};
 
 double act_ref(const Act& a, double v) {
@@ -97,6 +94,8 @@ double act_ref(const Act& a, double v) {
       return -v;
     case Activation::Abs:
       return std::fabs(v);
+    case Activation::Log:
+      return std::log(v);
     case Activation::Pow:
       return std::pow(v, double(a.a));
   }
@@ -511,7 +510,7 @@ TEST_CASE("cpu kernels: activation random against float64", "[cpu][activation]")
     for (const Act& act : acts) {
       INFO("shape " << epilog::shape_str(s) << " " << activation_name(act.kind) << " " << act.a);
       Tensor x = Tensor::randn(s, ++seed, 4.0f);
-      if (act.kind == Activation::Sqrt)
+      if (act.kind == Activation::Sqrt || act.kind == Activation::Log)
         for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = std::fabs(x.f32()[i]);
       std::vector<double> ref(x.numel()), tol(x.numel());
       for (int64_t i = 0; i < x.numel(); ++i) {

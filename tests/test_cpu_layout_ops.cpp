@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "epilog/io/builder.h"
@@ -265,7 +266,8 @@ TEST_CASE("cpu ops: pad constant, reflect and edge", "[cpu][pad]") {
 
 // -- reductions and softmax --
 
-TEST_CASE("cpu ops: reduce_mean, reduce_sum, reduce_max over axes", "[cpu][reduce]") {
+TEST_CASE("cpu ops: reduce_mean, reduce_sum, reduce_max, reduce_min, reduce_prod over axes",
+          "[cpu][reduce]") {
   const Tensor x = Tensor::from_vector({2, 3}, {1, 2, 3, 4, 5, 9});
   expect_values(run1(x, [](Builder& b, Val v) { return b.reduce(OpKind::ReduceMean, v, {1}); }),
                 {2, 6});
@@ -278,32 +280,44 @@ TEST_CASE("cpu ops: reduce_mean, reduce_sum, reduce_max over axes", "[cpu][reduc
 
   const Shape shape{3, 4, 5, 6};
   const Tensor xr = Tensor::randn(shape, 5);
+  // Products of values near 1, so that even the product of all 360 stays of order 1.
+  Tensor near_one = Tensor::randn(shape, 6, 0.05f);
+  for (int64_t i = 0; i < near_one.numel(); ++i) near_one.f32()[i] += 1.0f;
   const std::vector<std::vector<int64_t>> axes_cases = {{2, 3}, {1},          {-1},
                                                         {0, 2}, {0, 1, 2, 3}, {1, 3}};
-  for (OpKind op : {OpKind::ReduceMean, OpKind::ReduceSum, OpKind::ReduceMax})
+  for (OpKind op : {OpKind::ReduceMean, OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMin,
+                    OpKind::ReduceProd})
     for (const auto& axes : axes_cases)
       for (bool keep : {true, false}) {
         INFO(op_name(op) << " axes " << fmt::format("{}", fmt::join(axes, ",")) << " keep "
                          << keep);
-        const Tensor y = run1(xr, [&](Builder& b, Val v) { return b.reduce(op, v, axes, keep); });
+        const bool prod = op == OpKind::ReduceProd;
+        const Tensor& x = prod ? near_one : xr;
+        const Tensor y = run1(x, [&](Builder& b, Val v) { return b.reduce(op, v, axes, keep); });
         std::vector<bool> red(4, false);
         for (int64_t a : axes) red[size_t(a < 0 ? a + 4 : a)] = true;
         Shape kept;
         for (size_t d = 0; d < 4; ++d)
           if (!red[d]) kept.push_back(shape[d]);
-        std::vector<double> ref(size_t(shape_numel(kept)),
-                                op == OpKind::ReduceMax ? -INFINITY : 0.0);
-        std::vector<double> mag(ref.size(), 0.0);
-        int64_t count = xr.numel() / int64_t(ref.size());
-        for (int64_t i = 0; i < xr.numel(); ++i) {
+        std::vector<double> ref(size_t(shape_numel(kept)), op == OpKind::ReduceMax   ? -INFINITY
+                                                           : op == OpKind::ReduceMin ? INFINITY
+                                                           : prod                    ? 1.0
+                                                                                     : 0.0);
+        // What the rounding scales with: the sum of |x|, or for a product the product of |x|.
+        std::vector<double> mag(ref.size(), prod ? 1.0 : 0.0);
+        int64_t count = x.numel() / int64_t(ref.size());
+        for (int64_t i = 0; i < x.numel(); ++i) {
           const std::vector<int64_t> idx = unravel(i, shape);
           int64_t o = 0;
           for (size_t d = 0; d < 4; ++d)
             if (!red[d]) o = o * shape[d] + idx[d];
-          const double v = xr.f32()[i];
-          ref[size_t(o)] =
-              op == OpKind::ReduceMax ? std::max(ref[size_t(o)], v) : ref[size_t(o)] + v;
-          mag[size_t(o)] += std::fabs(v);
+          const double v = x.f32()[i];
+          double& r = ref[size_t(o)];
+          r = op == OpKind::ReduceMax   ? std::max(r, v)
+              : op == OpKind::ReduceMin ? std::min(r, v)
+              : prod                    ? r * v
+                                        : r + v;
+          mag[size_t(o)] = prod ? mag[size_t(o)] * std::fabs(v) : mag[size_t(o)] + std::fabs(v);
         }
         for (size_t o = 0; o < ref.size(); ++o)
           if (op == OpKind::ReduceMean) ref[o] /= double(count), mag[o] /= double(count);
@@ -314,25 +328,69 @@ TEST_CASE("cpu ops: reduce_mean, reduce_sum, reduce_max over axes", "[cpu][reduc
       }
 }
 
-TEST_CASE("cpu ops: softmax over any axis against float64", "[cpu][softmax]") {
-  const Tensor x = Tensor::from_vector({1, 3}, {0, std::log(2.0f), std::log(5.0f)});
-  expect_values(run1(x, [](Builder& b, Val v) { return b.softmax(v, -1); }), {0.125, 0.25, 0.625},
-                1e-7);
+TEST_CASE("cpu ops: reduce_min and reduce_prod worked examples, NaN and infinities",
+          "[cpu][reduce]") {
+  const Tensor x = Tensor::from_vector({2, 3}, {1, -2, 3, 4, 0.5f, -9});
+  expect_values(run1(x, [](Builder& b, Val v) { return b.reduce(OpKind::ReduceMin, v, {1}); }),
+                {-2, -9});
+  expect_values(
+      run1(x, [](Builder& b, Val v) { return b.reduce(OpKind::ReduceMin, v, {0}, false); }),
+      {1, -2, -9});
+  expect_values(run1(x, [](Builder& b, Val v) { return b.reduce(OpKind::ReduceProd, v, {1}); }),
+                {-6, -18});
+  const Tensor all = run1(x, [](Builder& b, Val v) { return b.reduce(OpKind::ReduceProd, v, {}); });
+  REQUIRE(all.shape() == Shape{1, 1});
+  expect_values(all, {108});
+  // A NaN anywhere in a run is its min (as reduce_max's max), wherever it comes; -inf is a
+  // min like any other; a product with inf is inf, with inf and 0 NaN.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = INFINITY;
+  const Tensor special =
+      Tensor::from_vector({4, 3}, {nan, 1, 2, 1, nan, -3, -inf, 5, 1, 2, inf, 0});
+  const Tensor mins =
+      run1(special, [](Builder& b, Val v) { return b.reduce(OpKind::ReduceMin, v, {1}, false); });
+  CHECK(std::isnan(mins.f32()[0]));
+  CHECK(std::isnan(mins.f32()[1]));
+  CHECK(mins.f32()[2] == -inf);
+  CHECK(mins.f32()[3] == 0);
+  const Tensor prods =
+      run1(special, [](Builder& b, Val v) { return b.reduce(OpKind::ReduceProd, v, {1}, false); });
+  CHECK(std::isnan(prods.f32()[0]));
+  CHECK(prods.f32()[2] == -inf);
+  CHECK(std::isnan(prods.f32()[3]));
+}
+
+TEST_CASE("cpu ops: softmax and log_softmax over any axis against float64", "[cpu][softmax]") {
+  // Worked examples: 1/8, 1/4, 5/8 and their logs; shifted by 1000 the same (the max comes out
+  // before any e^x), within the inputs' rounding near 1000.
+  for (float shift : {0.0f, 1000.0f}) {
+    INFO("shift " << shift);
+    const Tensor x =
+        Tensor::from_vector({1, 3}, {shift, shift + std::log(2.0f), shift + std::log(5.0f)});
+    expect_values(run1(x, [](Builder& b, Val v) { return b.softmax(v, -1); }), {0.125, 0.25, 0.625},
+                  shift > 0 ? 1e-4 : 1e-7);
+    expect_values(run1(x, [](Builder& b, Val v) { return b.log_softmax(v, -1); }),
+                  {std::log(0.125), std::log(0.25), std::log(0.625)}, shift > 0 ? 1e-4 : 1e-7);
+  }
   const Shape shape{2, 3, 4, 5};
   const Tensor xr = Tensor::randn(shape, 9, 3.0f);
-  for (int64_t axis : {-1, 1, 0, 2}) {
-    INFO("axis " << axis);
-    const Tensor y = run1(xr, [&](Builder& b, Val v) { return b.softmax(v, axis); });
-    const size_t a = size_t(axis < 0 ? axis + 4 : axis);
-    const std::vector<double> ref = per_element(shape, [&](std::vector<int64_t> i) {
-      const double xi = at(xr, i);
-      double top = -INFINITY, sum = 0;
-      for (i[a] = 0; i[a] < shape[a]; ++i[a]) top = std::max(top, at(xr, i));
-      for (i[a] = 0; i[a] < shape[a]; ++i[a]) sum += std::exp(at(xr, i) - top);
-      return std::exp(xi - top) / sum;
-    });
-    expect_close(y.f32(), ref, std::vector<double>(ref.size(), 1e-6));
-  }
+  for (bool log : {false, true})
+    for (int64_t axis : {-1, 1, 0, 2}) {
+      INFO((log ? "log_softmax" : "softmax") << " axis " << axis);
+      const Tensor y = run1(
+          xr, [&](Builder& b, Val v) { return log ? b.log_softmax(v, axis) : b.softmax(v, axis); });
+      const size_t a = size_t(axis < 0 ? axis + 4 : axis);
+      std::vector<double> tol;  // log_softmax: the rounding of x - max and of the result
+      const std::vector<double> ref = per_element(shape, [&](std::vector<int64_t> i) {
+        const double xi = at(xr, i);
+        double top = -INFINITY, sum = 0;
+        for (i[a] = 0; i[a] < shape[a]; ++i[a]) top = std::max(top, at(xr, i));
+        for (i[a] = 0; i[a] < shape[a]; ++i[a]) sum += std::exp(at(xr, i) - top);
+        const double want = log ? xi - top - std::log(sum) : std::exp(xi - top) / sum;
+        tol.push_back(log ? 4 * kU * (std::fabs(want) + std::fabs(xi) + std::fabs(top)) : 1e-6);
+        return want;
+      });
+      expect_close(y.f32(), ref, tol);
+    }
 }
 
 // -- normalization --

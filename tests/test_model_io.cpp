@@ -222,6 +222,9 @@ TEST_CASE("io: the layout, reduction, norm, resize and matmul ops survive the JS
   b.output(b.resize(p, {2, 8, 9, 12}, "linear", "align_corners"));
   b.output(b.transpose(b.binary(OpKind::Min, x, x), {}));
   b.output(b.layer_norm(b.channel_shuffle(x, 4, "cs"), "ln2", 1, 1e-5, 1));
+  b.output(b.log_softmax(b.reduce(OpKind::ReduceMin, x, {1, 2}, false, "min"), 0, "lsm"));
+  b.output(b.activation(b.activation(b.reduce(OpKind::ReduceProd, x, {-1}), Activation::Abs),
+                        Activation::Log, "log"));
   const Graph graph = b.build();
   const Graph back = parse_json_model(dump_json(graph), "ops.json", "");
   require_same(graph, back);
@@ -230,8 +233,7 @@ TEST_CASE("io: the layout, reduction, norm, resize and matmul ops survive the JS
   for (const auto& [name, t] : want) CHECK(test::bit_equal(got.at(name), t));
 }
 
-TEST_CASE("io: an elementwise chain survives the JSON round trip, its program as text",
-          "[io]") {
+TEST_CASE("io: an elementwise chain survives the JSON round trip, its program as text", "[io]") {
   Builder b(13);
   Val x = b.input("x", {2, 8, 6, 6});
   Val g = b.sigmoid(b.batchnorm(b.input("g", {2, 8, 1, 1}), "bn"), "gate");

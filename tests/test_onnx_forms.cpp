@@ -697,7 +697,7 @@ TEST_CASE("onnx forms: channel shuffle (Reshape to 5-D, Transpose, Reshape back)
   CHECK(values(run1(g, x)) == std::vector<float>{0, 0.5f, 2, 2.5f, 1, 1.5f, 3, 3.5f});
 }
 
-TEST_CASE("onnx forms: Slice with steps, Softmax of opset 11 and 13", "[onnx]") {
+TEST_CASE("onnx forms: Slice with steps, Softmax and LogSoftmax of opset 11 and 13", "[onnx]") {
   const Tensor x = Tensor::from_vector({2, 4}, {1, 2, 3, 4, 5, 6, 7, 8});
   Model m(17);
   m.input("x", {2, 4});
@@ -710,20 +710,25 @@ TEST_CASE("onnx forms: Slice with steps, Softmax of opset 11 and 13", "[onnx]") 
   Graph g = m.load();
   CHECK(count(g, OpKind::Slice) == 1);
   CHECK(values(run1(g, x)) == std::vector<float>{4, 2, 8, 6});
-  // Softmax-11 over the dims from axis 0 as one; Softmax-13 over axis 0 alone.
-  for (int64_t opset : {11, 13}) {
-    INFO("opset " << opset);
-    Model s(opset);
-    s.input("x", {2, 4});
-    set_i(s.node("Softmax", {"x"}, {"y"}, "sm"), "axis", 0);
-    s.output("y");
-    const Tensor y = run1(s.load(), x);
-    double total = 0;
-    for (int64_t i = 0; i < 8; ++i) total += std::exp(double(x.f32()[i]));
-    const double want =
-        opset == 11 ? std::exp(1.0) / total : std::exp(1.0) / (std::exp(1.0) + std::exp(5.0));
-    CHECK(y.f32()[0] == Approx(want).epsilon(1e-6));
-  }
+  // Softmax-11 over the dims from axis 0 as one (a reshape either side); Softmax-13 over axis 0
+  // alone. LogSoftmax alike, its log.
+  for (bool log : {false, true})
+    for (int64_t opset : {11, 13}) {
+      INFO((log ? "LogSoftmax" : "Softmax") << " opset " << opset);
+      Model s(opset);
+      s.input("x", {2, 4});
+      set_i(s.node(log ? "LogSoftmax" : "Softmax", {"x"}, {"y"}, "sm"), "axis", 0);
+      s.output("y");
+      const Graph sg = s.load();
+      CHECK(count(sg, log ? OpKind::LogSoftmax : OpKind::Softmax) == 1);
+      CHECK(count(sg, OpKind::Reshape) == (opset == 11 ? 2 : 0));
+      const Tensor y = run1(sg, x);
+      double total = 0;
+      for (int64_t i = 0; i < 8; ++i) total += std::exp(double(x.f32()[i]));
+      const double want =
+          opset == 11 ? std::exp(1.0) / total : std::exp(1.0) / (std::exp(1.0) + std::exp(5.0));
+      CHECK(y.f32()[0] == Approx(log ? std::log(want) : want).epsilon(1e-6));
+    }
 }
 
 TEST_CASE("onnx forms: LayerNormalization, GroupNormalization, InstanceNormalization", "[onnx]") {
@@ -815,6 +820,138 @@ TEST_CASE("onnx forms: bilinear Resize to sizes, batched MatMul, ReduceSum and R
     CHECK(values(y) ==
           (std::string(op) == "ReduceSum" ? std::vector<float>{6, 18} : std::vector<float>{3, 9}));
   }
+}
+
+// x [2, 3] -> `op` over axis 1 (an attribute before opset 18, an input from then on; none with
+// `noop`, which sets noop_with_empty_axes), keepdims as given.
+Model reduce_model(const char* op, int64_t opset, int64_t keepdims, bool noop = false) {
+  Model m(opset);
+  m.input("x", {2, 3});
+  onnx::NodeProto* n;
+  if (noop) {
+    n = &m.node(op, {"x"}, {"y"}, "r");
+    set_i(*n, "noop_with_empty_axes", 1);
+  } else if (opset < 18) {
+    n = &m.node(op, {"x"}, {"y"}, "r");
+    set_ints(*n, "axes", {-1});
+  } else {
+    m.ints("axes", {1});
+    n = &m.node(op, {"x", "axes"}, {"y"}, "r");
+  }
+  set_i(*n, "keepdims", keepdims);
+  m.output("y");
+  return m;
+}
+
+TEST_CASE("onnx forms: ReduceMin, ReduceProd and the reductions composed around reduce_sum",
+          "[onnx]") {
+  const Tensor x = Tensor::from_vector({2, 3}, {1, -2, 3, -4, 5, -9});
+  const double e = std::exp(1.0);
+  struct Case {
+    const char* op;
+    std::vector<double> want;   // over axis 1
+    std::vector<OpKind> kinds;  // the nodes it imports as
+  };
+  const std::vector<Case> cases = {
+      {"ReduceMin", {-2, -9}, {OpKind::ReduceMin}},
+      {"ReduceProd", {-6, 180}, {OpKind::ReduceProd}},
+      {"ReduceSumSquare", {14, 122}, {OpKind::Pow, OpKind::ReduceSum}},
+      {"ReduceL1", {6, 18}, {OpKind::Abs, OpKind::ReduceSum}},
+      {"ReduceL2",
+       {std::sqrt(14.0), std::sqrt(122.0)},
+       {OpKind::Pow, OpKind::ReduceSum, OpKind::Sqrt}},
+      {"ReduceLogSumExp",
+       {std::log(e + std::exp(-2.0) + std::exp(3.0)),
+        std::log(std::exp(-4.0) + std::exp(5.0) + std::exp(-9.0))},
+       {OpKind::ReduceMax, OpKind::Clip, OpKind::Sub, OpKind::Exp, OpKind::ReduceSum, OpKind::Log,
+        OpKind::Add}},
+  };
+  for (const Case& c : cases)
+    for (int64_t opset : {13, 17, 18})
+      for (int64_t keepdims : {0, 1}) {
+        INFO(c.op << " opset " << opset << " keepdims " << keepdims);
+        const Graph g = reduce_model(c.op, opset, keepdims).load();
+        for (OpKind k : c.kinds) CHECK(count(g, k) == 1);
+        const Tensor y = run1(g, x);
+        CHECK(y.shape() == (keepdims ? Shape{2, 1} : Shape{2}));
+        REQUIRE(y.numel() == 2);
+        for (int64_t i = 0; i < 2; ++i)
+          CHECK(y.f32()[i] == Approx(c.want[size_t(i)]).epsilon(1e-6));
+      }
+  // ReduceLogSum of positive values.
+  {
+    const Graph g = reduce_model("ReduceLogSum", 17, 0).load();
+    CHECK(count(g, OpKind::ReduceSum) == 1);
+    CHECK(count(g, OpKind::Log) == 1);
+    const Tensor y = run1(g, Tensor::from_vector({2, 3}, {1, 2, 3, 4, 5, 9}));
+    CHECK(y.f32()[0] == Approx(std::log(6.0)).epsilon(1e-6));
+    CHECK(y.f32()[1] == Approx(std::log(18.0)).epsilon(1e-6));
+  }
+  // ReduceLogSumExp stays finite where e^x overflows, and gives -inf for a run of -inf and +inf
+  // where one is +inf (as ONNX's reference, which shifts an infinite max by 0), NaN for a NaN.
+  {
+    const float inf = INFINITY;
+    const Graph g = reduce_model("ReduceLogSumExp", 17, 1).load();
+    const Tensor y = run1(g, Tensor::from_vector({2, 3}, {1000, 1000, -inf, -inf, -inf, -inf}));
+    CHECK(y.f32()[0] == Approx(1000 + std::log(2.0)).epsilon(1e-6));
+    CHECK(y.f32()[1] == -inf);
+    const Tensor z = run1(g, Tensor::from_vector({2, 3}, {1, inf, -inf, 1, NAN, 2}));
+    CHECK(z.f32()[0] == inf);
+    CHECK(std::isnan(z.f32()[1]));
+    // Over every axis without keepdims: a scalar.
+    Model all(17);
+    all.input("x", {2, 3});
+    set_i(all.node("ReduceLogSumExp", {"x"}, {"y"}, "r"), "keepdims", 0);
+    all.output("y");
+    const Tensor s = run1(all.load(), x);
+    CHECK(s.shape() == Shape{});
+    double sum = 0;
+    for (int64_t i = 0; i < 6; ++i) sum += std::exp(double(x.f32()[i]));
+    CHECK(s.f32()[0] == Approx(std::log(sum)).epsilon(1e-6));
+  }
+  // noop_with_empty_axes (opset 18) and no axes: no reduction; the pointwise part stays, as in
+  // ONNX's reference (the squares for ReduceSumSquare, |x| for ReduceL1 and ReduceL2).
+  const std::vector<std::pair<const char*, std::vector<float>>> noops = {
+      {"ReduceMin", {1, -2, 3, -4, 5, -9}},       {"ReduceProd", {1, -2, 3, -4, 5, -9}},
+      {"ReduceSumSquare", {1, 4, 9, 16, 25, 81}}, {"ReduceL1", {1, 2, 3, 4, 5, 9}},
+      {"ReduceL2", {1, 2, 3, 4, 5, 9}},           {"ReduceLogSumExp", {1, -2, 3, -4, 5, -9}}};
+  for (const auto& [op, want] : noops) {
+    INFO(op << " noop");
+    const Graph g = reduce_model(op, 18, 1, true).load();
+    CHECK(count(g, OpKind::ReduceSum) + count(g, OpKind::ReduceMin) + count(g, OpKind::ReduceProd) +
+              count(g, OpKind::ReduceMax) ==
+          0);
+    const Tensor y = run1(g, x);
+    CHECK(y.shape() == x.shape());
+    CHECK(values(y) == want);
+  }
+}
+
+TEST_CASE("onnx forms: Log; Size folds at import", "[onnx]") {
+  {
+    Model m(13);
+    m.input("x", {1, 4});
+    m.node("Log", {"x"}, {"y"}, "log");
+    m.output("y");
+    const Graph g = m.load();
+    REQUIRE(g.nodes.size() == 1);
+    CHECK(g.nodes[0].op == OpKind::Log);
+    const Tensor y = run1(g, Tensor::from_vector({1, 4}, {1, float(std::exp(2.0)), 0, -1}));
+    CHECK(y.f32()[0] == 0);
+    CHECK(y.f32()[1] == Approx(2).epsilon(1e-6));
+    CHECK(y.f32()[2] == -INFINITY);
+    CHECK(std::isnan(y.f32()[3]));
+  }
+  // Size folds: x [2, 3, 4] reshaped to [Size(x)] is a flatten to [24].
+  Model m(13);
+  m.input("x", {2, 3, 4});
+  m.node("Size", {"x"}, {"n"}, "size");
+  m.ints("zero", {0});
+  m.node("Unsqueeze", {"n", "zero"}, {"shape"}, "unsq");
+  m.node("Reshape", {"x", "shape"}, {"y"}, "flat");
+  m.output("y");
+  const Graph g = m.load();
+  CHECK(g.value("y").shape == Shape{24});
 }
 
 TEST_CASE("onnx forms: ConvTranspose with pads, output_padding and output_shape", "[onnx]") {

@@ -1,4 +1,5 @@
-// Reductions and normalizations, each summed in double: the plain loops of the definitions.
+// Reductions and normalizations, each summed (or multiplied) in double: the plain loops of the
+// definitions.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -42,7 +43,11 @@ void reduce(Reduce op, const Tensor& x, const std::vector<bool>& reduced, Tensor
     }
   }
   EPILOG_ASSERT(kept == y.numel(), "reduce {} into {}", shape_str(xs), shape_str(y.shape()));
-  const double init = op == Reduce::Max ? -std::numeric_limits<double>::infinity() : 0.0;
+  const double inf = std::numeric_limits<double>::infinity();
+  const double init = op == Reduce::Max    ? -inf
+                      : op == Reduce::Min  ? inf
+                      : op == Reduce::Prod ? 1.0
+                                           : 0.0;
   std::vector<double> acc(size_t(kept), init);
   std::vector<int64_t> idx(xs.size(), 0);
   const float* xp = x.f32();
@@ -50,10 +55,22 @@ void reduce(Reduce op, const Tensor& x, const std::vector<bool>& reduced, Tensor
     int64_t o = 0;
     for (size_t d = 0; d < xs.size(); ++d) o += idx[d] * ystride[d];
     double& a = acc[size_t(o)];
-    if (op != Reduce::Max)
-      a += xp[i];
-    else if (std::isnan(xp[i]) || xp[i] > a)
-      a = std::isnan(a) ? a : xp[i];
+    const double v = xp[i];
+    switch (op) {
+      case Reduce::Max:  // NaN wins, and stays
+        if (std::isnan(v) || v > a) a = std::isnan(a) ? a : v;
+        break;
+      case Reduce::Min:
+        if (std::isnan(v) || v < a) a = std::isnan(a) ? a : v;
+        break;
+      case Reduce::Prod:
+        a *= v;
+        break;
+      case Reduce::Mean:
+      case Reduce::Sum:
+        a += v;
+        break;
+    }
     for (size_t d = xs.size(); d-- > 0;) {
       if (++idx[d] < xs[d]) break;
       idx[d] = 0;
@@ -64,7 +81,7 @@ void reduce(Reduce op, const Tensor& x, const std::vector<bool>& reduced, Tensor
     yp[o] = float(op == Reduce::Mean ? acc[size_t(o)] / double(count) : acc[size_t(o)]);
 }
 
-void softmax(const Tensor& x, int64_t axis, Tensor& y) {
+void softmax(const Tensor& x, int64_t axis, Tensor& y, bool log) {
   EPILOG_ASSERT(axis >= 0 && axis < x.rank() && y.shape() == x.shape(), "softmax {} on axis {}",
                 shape_str(x.shape()), axis);
   const AxisView v = axis_view(x.shape(), axis);
@@ -77,8 +94,11 @@ void softmax(const Tensor& x, int64_t axis, Tensor& y) {
     double top = -std::numeric_limits<double>::infinity(), sum = 0;
     for (int64_t j = 0; j < n; ++j) top = std::max(top, double(xp[base + j * v.inner]));
     for (int64_t j = 0; j < n; ++j) sum += std::exp(xp[base + j * v.inner] - top);
-    for (int64_t j = 0; j < n; ++j)
-      yp[base + j * v.inner] = float(std::exp(xp[base + j * v.inner] - top) / sum);
+    const double log_sum = std::log(sum);
+    for (int64_t j = 0; j < n; ++j) {
+      const double shifted = xp[base + j * v.inner] - top;
+      yp[base + j * v.inner] = float(log ? shifted - log_sum : std::exp(shifted) / sum);
+    }
   }
 }
 

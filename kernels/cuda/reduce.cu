@@ -1,5 +1,5 @@
-// Reduction and normalization CUDA kernels: reduce_{mean,sum,max}, softmax, and the row
-// normalization behind layer_norm, group_norm and instance_norm.
+// Reduction and normalization CUDA kernels: reduce_{mean,sum,max,min,prod}, softmax and
+// log_softmax, and the row normalization behind layer_norm, group_norm and instance_norm.
 //
 // Rows: a row (the reduced elements of one output, contiguous) takes one warp when it has at most
 //   kWarpRowMax floats (8 rows a block of 256), else a whole block; lanes stride through it
@@ -11,8 +11,9 @@
 //   threads read consecutive elements of the kept inner dims, so the reads stay coalesced.
 // Columns (layer_norm over dims that have inner dims after them): a block takes 8 to 32
 //   neighbouring columns and splits each column's elements among its threads.
-// Math: float32 sums (the CPU reference sums in double; the tests bound the difference). Max
-//   propagates NaN. softmax: y = e^(x - max) / sum e^(x - max), three passes over the row.
+// Math: float32 sums and products (the CPU reference works in double; the tests bound the
+//   difference). Max and min propagate NaN. softmax: y = e^(x - max) / sum e^(x - max), three
+//   passes over the row; log_softmax the same passes, y = x - max - log(sum e^(x - max)).
 //   Normalization: mean, then the biased variance of x - mean (two passes), then
 //   (x - mean) * rsqrt(var + eps) * scale + bias (a third).
 // Layout: float32, contiguous, device pointers; x and y must not overlap. 64-bit indices.
@@ -33,11 +34,28 @@ constexpr int64_t kWarpRowMax = 1024;
 using namespace detail;
 
 __device__ __forceinline__ float combine(Reduce op, float a, float b) {
-  return op == Reduce::Max ? (a != a || a > b ? a : b) : a + b;
+  switch (op) {
+    case Reduce::Max:
+      return a != a || a > b ? a : b;
+    case Reduce::Min:
+      return a != a || a < b ? a : b;
+    case Reduce::Prod:
+      return a * b;
+    default:
+      return a + b;
+  }
 }
 
 __device__ __forceinline__ float identity(Reduce op) {
-  return op == Reduce::Max ? -INFINITY : 0.0f;
+  return op == Reduce::Max    ? -INFINITY
+         : op == Reduce::Min  ? INFINITY
+         : op == Reduce::Prod ? 1.0f
+                              : 0.0f;
+}
+
+// softmax's output from x - max and the row's sum of e^(x - max) (log_sum its log).
+__device__ __forceinline__ float softmax_out(bool log, float shifted, float inv, float log_sum) {
+  return log ? shifted - log_sum : expf(shifted) * inv;
 }
 
 // The combination of v over a warp (kBlock false) or the block (true); every thread gets it.
@@ -115,7 +133,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <bool kBlock>
 __global__ void __launch_bounds__(kThreads)
-    softmax_rows_kernel(int64_t rows, int64_t len, const float* __restrict__ x,
+    softmax_rows_kernel(int64_t rows, int64_t len, bool log, const float* __restrict__ x,
                         float* __restrict__ y) {
   pdl_begin();
   __shared__ float scratch[kWarps];
@@ -127,14 +145,15 @@ __global__ void __launch_bounds__(kThreads)
     float sum = 0.0f;
     for (int64_t j = lane; j < len; j += lanes) sum += expf(__ldg(row + j) - top);
     sum = row_all<kBlock>(Reduce::Sum, sum, scratch);
-    const float inv = 1.0f / sum;
-    for (int64_t j = lane; j < len; j += lanes) y[r * len + j] = expf(__ldg(row + j) - top) * inv;
+    const float inv = 1.0f / sum, log_sum = logf(sum);
+    for (int64_t j = lane; j < len; j += lanes)
+      y[r * len + j] = softmax_out(log, __ldg(row + j) - top, inv, log_sum);
   });
 }
 
 __global__ void __launch_bounds__(kThreads)
-    softmax_strided_kernel(int64_t outer, int64_t n, int64_t inner, const float* __restrict__ x,
-                           float* __restrict__ y) {
+    softmax_strided_kernel(int64_t outer, int64_t n, int64_t inner, bool log,
+                           const float* __restrict__ x, float* __restrict__ y) {
   pdl_begin();
   for (int64_t c = int64_t(blockIdx.x) * kThreads + threadIdx.x; c < outer * inner;
        c += int64_t(gridDim.x) * kThreads) {
@@ -142,9 +161,9 @@ __global__ void __launch_bounds__(kThreads)
     float top = -INFINITY, sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) top = combine(Reduce::Max, top, __ldg(x + base + j * inner));
     for (int64_t j = 0; j < n; ++j) sum += expf(__ldg(x + base + j * inner) - top);
-    const float inv = 1.0f / sum;
+    const float inv = 1.0f / sum, log_sum = logf(sum);
     for (int64_t j = 0; j < n; ++j)
-      y[base + j * inner] = expf(__ldg(x + base + j * inner) - top) * inv;
+      y[base + j * inner] = softmax_out(log, __ldg(x + base + j * inner) - top, inv, log_sum);
   }
 }
 
@@ -278,15 +297,16 @@ void reduce(Reduce op, const ReduceShape& shape, const float* x, float* y, Strea
   check_launch("reduce");
 }
 
-void softmax(int64_t outer, int64_t n, int64_t inner, const float* x, float* y, Stream stream) {
+void softmax(int64_t outer, int64_t n, int64_t inner, const float* x, float* y, Stream stream,
+             bool log) {
   const int64_t rows = outer * inner;
   if (rows == 0 || n == 0) return;
   if (inner == 1)
-    EPILOG_LAUNCH_ROWS(softmax_rows_kernel, rows, n, stream, rows, n, x, y);
+    EPILOG_LAUNCH_ROWS(softmax_rows_kernel, rows, n, stream, rows, n, log, x, y);
   else
-    softmax_strided_kernel<<<grid_for(rows, kThreads), kThreads, 0, stream>>>(outer, n, inner, x,
-                                                                              y);
-  check_launch("softmax");
+    softmax_strided_kernel<<<grid_for(rows, kThreads), kThreads, 0, stream>>>(outer, n, inner, log,
+                                                                              x, y);
+  check_launch(log ? "log_softmax" : "softmax");
 }
 
 void row_norm(const RowNorm& s, const float* x, const float* scale, const float* bias, float* y,

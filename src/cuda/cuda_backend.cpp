@@ -437,10 +437,7 @@ void reduce(const Ctx& c, In in, Out out) {
     s.kept[i] = kept[i].first, s.kept_stride[i] = kept[i].second;
   for (size_t i = 0; i < red.size(); ++i)
     s.reduced[i] = red[i].first, s.reduced_stride[i] = red[i].second;
-  const Reduce op = c.node.op == OpKind::ReduceMean  ? Reduce::Mean
-                    : c.node.op == OpKind::ReduceSum ? Reduce::Sum
-                                                     : Reduce::Max;
-  cuda::reduce(op, s, dev(in[0]), dev(out[0]), c.stream);
+  cuda::reduce(*reduce_kind(c.node.op), s, dev(in[0]), dev(out[0]), c.stream);
 }
 
 void norm(const Ctx& c, In in, Out out) {
@@ -551,12 +548,16 @@ const std::array<CudaKernel, kNumOps>& kernels() {
     at(OpKind::ReduceMean) = reduce;
     at(OpKind::ReduceSum) = reduce;
     at(OpKind::ReduceMax) = reduce;
+    at(OpKind::ReduceMin) = reduce;
+    at(OpKind::ReduceProd) = reduce;
     at(OpKind::Softmax) = [](const Ctx& c, In in, Out out) {
       const Tensor& x = in[0];
       const int64_t axis = axis_attr(c.node, x.rank());
       const AxisView v = axis_view(x.shape(), axis);
-      cuda::softmax(v.outer, x.dim(int(axis)), v.inner, dev(x), dev(out[0]), c.stream);
+      cuda::softmax(v.outer, x.dim(int(axis)), v.inner, dev(x), dev(out[0]), c.stream,
+                    c.node.op == OpKind::LogSoftmax);
     };
+    at(OpKind::LogSoftmax) = at(OpKind::Softmax);
     at(OpKind::LayerNorm) = norm;
     at(OpKind::GroupNorm) = norm;
     at(OpKind::InstanceNorm) = norm;

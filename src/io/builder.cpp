@@ -330,6 +330,12 @@ Val Builder::softmax(Val x, int64_t axis, const std::string& name) {
   return single(OpKind::Softmax, {x}, a, name);
 }
 
+Val Builder::log_softmax(Val x, int64_t axis, const std::string& name) {
+  Attrs a;
+  a.set("axis", axis);
+  return single(OpKind::LogSoftmax, {x}, a, name);
+}
+
 Val Builder::resize(Val x, const std::vector<int64_t>& sizes, const std::string& mode,
                     const std::string& coordinate_mode, const std::string& nearest_mode,
                     const std::string& name) {

@@ -20,11 +20,16 @@
 // Pad                      -> pad (constant, reflect, edge; pads of the listed axes from 18)
 // MaxPool, AveragePool     -> maxpool2d, avgpool2d (2-D, dilations 1); GlobalAveragePool ->
 //                             global_avgpool
-// ReduceMean, ReduceSum, ReduceMax -> reduce_mean, reduce_sum, reduce_max (axes: an attribute
-//                             before opset 18, 13 for ReduceSum, the input from then on; the
-//                             mean over H and W becomes global_avgpool in canonicalization)
-// Softmax                  -> softmax (before opset 13, over the dims from axis as one: reshapes
-//                             around it)
+// ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd -> reduce_mean, reduce_sum,
+//                             reduce_max, reduce_min, reduce_prod (axes: an attribute before
+//                             opset 18, 13 for ReduceSum, the input from then on; the mean over
+//                             H and W becomes global_avgpool in canonicalization)
+// ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum -> reduce_sum after pow(2) or abs, or before
+//                             sqrt or log (the axes as for ReduceMean)
+// ReduceLogSumExp          -> log(reduce_sum(exp(x - m))) + m, m the max (reduce_max, clipped
+//                             to finite values)
+// Softmax, LogSoftmax      -> softmax, log_softmax (before opset 13, over the dims from axis as
+//                             one: reshapes around it)
 // Resize, Upsample         -> upsample_nearest (nearest, integer scales of H and W, the
 //                             coordinate modes that read input floor(x / scale)); otherwise
 //                             resize (nearest or linear, half_pixel, pytorch_half_pixel,
@@ -40,11 +45,11 @@
 // Clip                     -> clip; relu for min 0 and no max; nothing without bounds (min and
 //                             max: attributes before opset 11, inputs from 11)
 // LeakyRelu, HardSigmoid, HardSwish, Tanh, Gelu, Mish, Softplus, Elu, Exp, Erf, Sqrt,
-// Reciprocal, Neg, Abs     -> the op of the same name (activations: a conv's epilogue takes them)
+// Reciprocal, Neg, Abs, Log -> the op of the same name (activations: a conv's epilogue takes them)
 // Pow                      -> pow, for a constant exponent of one value
 // Identity, Dropout (at inference, no mask), Cast and CastLike to float, Pad by zeros -> nothing
 //                             (the output names the input's value)
-// Constant, Shape, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
+// Constant, Shape, Size, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
 // Add, Sub, Mul, Div, Sum, Mean, Pow, Transpose, Flatten, ConstantOfShape on constants -> folded
 // at import
 //
@@ -57,6 +62,7 @@
 #include <limits>
 #include <set>
 
+#include "epilog/graph/activation.h"
 #include "onnx_import.h"
 
 namespace epilog::onnx_import {
@@ -622,8 +628,9 @@ void op_instance_norm(Importer& im) {
           im.attrs({{"eps", epsilon_attr(im)}}), {im.out(0)});
 }
 
-// Softmax: over one axis from opset 13 (default -1); before, over the dims from `axis` on
-// (default 1) as one, which is a reshape around a softmax over the last dim.
+// Softmax and LogSoftmax: over one axis from opset 13 (default -1); before, over the dims from
+// `axis` on (default 1) as one, which is a reshape around a softmax over the last dim.
+template <OpKind Kind>
 void op_softmax(Importer& im) {
   im.allow({"axis"});
   im.arity(1, 1);
@@ -631,13 +638,13 @@ void op_softmax(Importer& im) {
   const Shape& s = im.value_shape(x);
   const int64_t axis = axis_of(im.attr_int("axis", im.opset() < 13 ? 1 : -1), s.size());
   if (im.opset() >= 13 || axis == int64_t(s.size()) - 1)
-    return im.emit(OpKind::Softmax, {x}, im.attrs({{"axis", axis}}), {im.out(0)});
+    return im.emit(Kind, {x}, im.attrs({{"axis", axis}}), {im.out(0)});
   Shape flat{1, 1};
   for (size_t d = 0; d < s.size(); ++d) flat[int64_t(d) < axis ? 0 : 1] *= s[d];
   const std::string f = im.fresh_value(im.node().output(0) + ".flat");
-  const std::string y = im.fresh_value(im.node().output(0) + ".softmax");
+  const std::string y = im.fresh_value(im.node().output(0) + "." + op_name(Kind));
   im.emit(OpKind::Reshape, {x}, im.attrs({{"shape", std::vector<int64_t>(flat)}}), {f}, "flat");
-  im.emit(OpKind::Softmax, {f}, im.attrs({{"axis", int64_t(-1)}}), {y});
+  im.emit(Kind, {f}, im.attrs({{"axis", int64_t(-1)}}), {y});
   im.emit(OpKind::Reshape, {y}, im.attrs({{"shape", std::vector<int64_t>(s)}}), {im.out(0)},
           "unflat");
 }
@@ -939,6 +946,81 @@ void op_reduce(Importer& im) {
   if (r.noop) return pass_through(im);
   im.emit(Kind, {im.dyn(0)}, im.attrs({{"axes", r.axes}, {"keepdims", int64_t(r.keepdims)}}),
           {im.out(0)});
+}
+
+// An activation's op on `x` into `y`, as a helper node "<name>.<its activation>".
+void emit_activation(Importer& im, const Act& act, const std::string& x, const std::string& y) {
+  const auto [kind, attrs] = activation_op(act);
+  im.emit(kind, {x}, attrs, {y}, activation_name(act.kind));
+}
+
+// ReduceSumSquare, ReduceL1, ReduceL2 and ReduceLogSum: y = post(reduce_sum(pre(x))), pre and
+// post activations (None: left out). With noop_with_empty_axes and no axes, post(pre(x)), as
+// ONNX's reference computes it (the square of x for ReduceSumSquare).
+void reduce_sum_between(Importer& im, const Act& pre, const Act& post) {
+  const ReduceArgs r = reduce_args(im, 18);
+  const std::string base = im.node().output(0);
+  const bool has_pre = pre.kind != Activation::None, has_post = post.kind != Activation::None;
+  if (r.noop && !has_pre && !has_post) return pass_through(im);
+  std::string v = im.dyn(0);
+  if (has_pre) {
+    const std::string to =
+        r.noop && !has_post ? im.out(0) : im.fresh_value(base + "." + activation_name(pre.kind));
+    emit_activation(im, pre, v, to);
+    v = to;
+  }
+  if (!r.noop) {
+    const std::string to = has_post ? im.fresh_value(base + ".sum") : im.out(0);
+    im.emit(OpKind::ReduceSum, {v}, im.attrs({{"axes", r.axes}, {"keepdims", int64_t(r.keepdims)}}),
+            {to});
+    v = to;
+  }
+  if (has_post) emit_activation(im, post, v, im.out(0));
+}
+
+void op_reduce_sum_square(Importer& im) {
+  reduce_sum_between(im, Act(Activation::Pow, 2.0f), Activation::None);
+}
+
+void op_reduce_l1(Importer& im) {
+  reduce_sum_between(im, Activation::Abs, Activation::None);
+}
+
+void op_reduce_l2(Importer& im) {
+  reduce_sum_between(im, Act(Activation::Pow, 2.0f), Activation::Sqrt);
+}
+
+void op_reduce_log_sum(Importer& im) {
+  reduce_sum_between(im, Activation::None, Activation::Log);
+}
+
+// ReduceLogSumExp without overflow: m = the max over the axes (dims kept), clipped to the finite
+// floats, and y = log(reduce_sum(exp(x - m))) + m (m reshaped to y's dims without keepdims). The
+// clip stands in for ONNX's shift by 0 where the max is infinite: a run of -inf gives -inf, one
+// with +inf gives +inf, not NaN. With noop_with_empty_axes and no axes, x itself.
+void op_reduce_log_sum_exp(Importer& im) {
+  const ReduceArgs r = reduce_args(im, 18);
+  if (r.noop) return pass_through(im);
+  const std::string base = im.node().output(0), x = im.dyn(0);
+  auto value = [&](const char* what) { return im.fresh_value(base + "." + what); };
+  const std::string top = value("max"), shift = value("shift"), d = value("shifted"),
+                    e = value("exp"), sum = value("sum"), log_sum = value("log");
+  const float big = std::numeric_limits<float>::max();
+  im.emit(OpKind::ReduceMax, {x}, im.attrs({{"axes", r.axes}, {"keepdims", int64_t(1)}}), {top},
+          "max");
+  emit_activation(im, Act(Activation::Clip, -big, big), top, shift);
+  im.emit(OpKind::Sub, {x, shift}, {}, {d}, "sub");
+  emit_activation(im, Activation::Exp, d, e);
+  im.emit(OpKind::ReduceSum, {e}, im.attrs({{"axes", r.axes}, {"keepdims", int64_t(r.keepdims)}}),
+          {sum});
+  emit_activation(im, Activation::Log, sum, log_sum);
+  std::string add = shift;
+  if (!r.keepdims) {
+    add = value("shift_dims");
+    im.emit(OpKind::Reshape, {shift},
+            im.attrs({{"shape", std::vector<int64_t>(im.value_shape(sum))}}), {add}, "reshape");
+  }
+  im.emit(OpKind::Add, {log_sum, add}, {}, {im.out(0)}, "add");
 }
 
 // -- handlers: linear layers --
@@ -1451,6 +1533,16 @@ void op_shape(Importer& im) {
   im.set_const(0, int_const({int64_t(dims.size())}, dims));
 }
 
+// Size: the element count of a shape known at import, an int64 scalar.
+void op_size(Importer& im) {
+  im.allow({});
+  im.arity(1, 1);
+  const Shape s = im.shape_in(0);
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  im.set_const(0, int_const({}, {n}));
+}
+
 void op_gather(Importer& im) {
   im.allow({"axis"});
   im.arity(2, 2);
@@ -1518,6 +1610,8 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"HardSigmoid", op_hardsigmoid},
       {"HardSwish", op_activation<OpKind::HardSwish>},
       {"LeakyRelu", op_leaky_relu},
+      {"Log", op_activation<OpKind::Log>},
+      {"LogSoftmax", op_softmax<OpKind::LogSoftmax>},
       {"Mish", op_activation<OpKind::Mish>},
       {"Neg", op_activation<OpKind::Neg>},
       {"Pow", op_pow},
@@ -1541,16 +1635,24 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"Min", op_min},
       {"Mul", op_mul},
       {"Pad", op_pad},
+      {"ReduceL1", op_reduce_l1},
+      {"ReduceL2", op_reduce_l2},
+      {"ReduceLogSum", op_reduce_log_sum},
+      {"ReduceLogSumExp", op_reduce_log_sum_exp},
       {"ReduceMax", op_reduce<OpKind::ReduceMax, 18>},
       {"ReduceMean", op_reduce<OpKind::ReduceMean, 18>},
+      {"ReduceMin", op_reduce<OpKind::ReduceMin, 18>},
+      {"ReduceProd", op_reduce<OpKind::ReduceProd, 18>},
       {"ReduceSum", op_reduce<OpKind::ReduceSum, 13>},
+      {"ReduceSumSquare", op_reduce_sum_square},
       {"Relu", op_relu},
       {"Reshape", op_reshape},
       {"Resize", op_resize},
       {"Shape", op_shape},
       {"Sigmoid", op_sigmoid},
       {"Slice", op_slice},
-      {"Softmax", op_softmax},
+      {"Size", op_size},
+      {"Softmax", op_softmax<OpKind::Softmax>},
       {"Split", op_split},
       {"Squeeze", op_squeeze},
       {"Sub", op_sub},

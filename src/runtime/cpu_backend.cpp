@@ -97,16 +97,15 @@ const std::array<CpuKernel, kNumOps>& kernels() {
                                    : cpu::PadMode::Edge,
                float(n.attrs.f("value")), out[0]);
     };
-    for (OpKind op : {OpKind::ReduceMean, OpKind::ReduceSum, OpKind::ReduceMax})
+    for (OpKind op : {OpKind::ReduceMean, OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMin,
+                      OpKind::ReduceProd})
       at(op) = [](const Node& n, In in, Out out) {
-        const cpu::Reduce r = n.op == OpKind::ReduceMean  ? cpu::Reduce::Mean
-                              : n.op == OpKind::ReduceSum ? cpu::Reduce::Sum
-                                                          : cpu::Reduce::Max;
-        cpu::reduce(r, in[0], reduced_dims(n, in[0].shape()), out[0]);
+        cpu::reduce(*reduce_kind(n.op), in[0], reduced_dims(n, in[0].shape()), out[0]);
       };
-    at(OpKind::Softmax) = [](const Node& n, In in, Out out) {
-      cpu::softmax(in[0], axis_attr(n, in[0].rank()), out[0]);
-    };
+    for (OpKind op : {OpKind::Softmax, OpKind::LogSoftmax})
+      at(op) = [](const Node& n, In in, Out out) {
+        cpu::softmax(in[0], axis_attr(n, in[0].rank()), out[0], n.op == OpKind::LogSoftmax);
+      };
     at(OpKind::LayerNorm) = [](const Node& n, In in, Out out) {
       cpu::layer_norm(in[0], axis_attr(n, in[0].rank()), axis_attr(n, in[0].rank(), "last_axis"),
                       in[1], in.size() > 2 ? in[2] : Tensor{}, n.attrs.f("eps"), out[0]);

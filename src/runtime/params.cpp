@@ -152,6 +152,23 @@ std::vector<bool> reduced_dims(const Node& node, const Shape& x) {
   return reduce_axes(InferContext{node.op, node.name, node.attrs, shapes});
 }
 
+std::optional<Reduce> reduce_kind(OpKind op) {
+  switch (op) {
+    case OpKind::ReduceMean:
+      return Reduce::Mean;
+    case OpKind::ReduceSum:
+      return Reduce::Sum;
+    case OpKind::ReduceMax:
+      return Reduce::Max;
+    case OpKind::ReduceMin:
+      return Reduce::Min;
+    case OpKind::ReduceProd:
+      return Reduce::Prod;
+    default:
+      return std::nullopt;
+  }
+}
+
 int64_t axis_attr(const Node& node, int64_t rank, const char* attr) {
   const int64_t axis = node.attrs.i(attr);
   return axis < 0 ? axis + rank : axis;

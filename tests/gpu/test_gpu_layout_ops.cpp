@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "epilog/io/builder.h"
@@ -136,20 +137,78 @@ TEST_CASE("gpu layout ops: reductions over rows and strided axes", "[gpu][ops]")
       {{4, 96, 28, 28}, {1}},                       // over channels: strided
       {{3, 5, 7}, {0, 2}},                          // two reduced runs apart
       {{6, 1000}, {-1}},         {{3, 4, 5}, {}}};  // everything
-  for (OpKind op : {OpKind::ReduceMean, OpKind::ReduceSum, OpKind::ReduceMax})
+  for (OpKind op : {OpKind::ReduceMean, OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMin})
     for (const auto& [shape, axes] : cases)
       check_op(
           {shape}, [&](Builder& b, std::vector<Val> v) { return b.reduce(op, v[0], axes); },
           kFloat32Sum, true);
 }
 
-TEST_CASE("gpu layout ops: softmax over the last and inner axes", "[gpu][ops]") {
+TEST_CASE("gpu layout ops: reduce_min and reduce_max propagate NaN", "[gpu][ops]") {
+  // A NaN in a row run by a warp, in one run by a block and in a strided column.
+  for (const auto& [shape, axes] : std::vector<std::pair<Shape, std::vector<int64_t>>>{
+           {{4, 96}, {1}}, {{2, 4096}, {1}}, {{96, 4}, {0}}})
+    for (OpKind op : {OpKind::ReduceMin, OpKind::ReduceMax}) {
+      Builder b(5);
+      b.output(b.reduce(op, b.input("x", shape), axes));
+      const Graph g = b.build();
+      INFO(op_name(op) << " of " << shape_str(shape));
+      Tensor x = Tensor::randn(shape, 3);
+      x.f32()[37] = std::numeric_limits<float>::quiet_NaN();
+      const test::Outputs o = test::run_node(g, {{"x", x}});
+      test::require_close(o.gpu[0], o.cpu[0], g.nodes[0].name, kExact);
+      const Tensor got = o.gpu[0].to(Device::CPU);
+      int64_t nans = 0;
+      for (int64_t i = 0; i < got.numel(); ++i) nans += std::isnan(got.f32()[i]) ? 1 : 0;
+      CHECK(nans == 1);
+    }
+}
+
+TEST_CASE("gpu layout ops: reduce_prod over rows and strided axes", "[gpu][ops]") {
+  // Values near 1, so that products of thousands of them stay of order 1; a float32 product of n
+  // terms is off by at most about n u of itself (2.5e-4 for the 4096 of a block row).
+  constexpr test::Tolerance kFloat32Prod{0, 3e-4, "float32 product"};
+  const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {{{4, 96, 28, 28}, {2, 3}},
+                                                                     {{2, 8, 64, 64}, {2, 3}},
+                                                                     {{4, 96, 7, 7}, {1}},
+                                                                     {{3, 5, 7}, {0, 2}},
+                                                                     {{3, 4, 5}, {}}};
+  for (const auto& [shape, axes] : cases) {
+    Builder b(5);
+    b.output(b.reduce(OpKind::ReduceProd, b.input("x", shape), axes));
+    const Graph g = b.build();
+    INFO("reduce_prod of " << shape_str(shape));
+    Tensor x = Tensor::randn(shape, 4, 0.02f);
+    for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] += 1.0f;
+    const test::Outputs o = test::run_node(g, {{"x", x}});
+    test::require_close(o.gpu[0], o.cpu[0], g.nodes[0].name, kFloat32Prod);
+  }
+}
+
+TEST_CASE("gpu layout ops: softmax and log_softmax over the last and inner axes", "[gpu][ops]") {
+  // Rows by a warp, rows by a block (4100), strided columns.
   const std::vector<std::pair<Shape, int64_t>> cases = {
       {{8, 1000}, -1}, {{2, 3, 4100}, -1}, {{4, 16, 49}, 1}, {{2, 5, 7, 3}, 0}};
-  for (const auto& [shape, axis] : cases)
-    check_op(
-        {shape}, [&](Builder& b, std::vector<Val> v) { return b.softmax(v[0], axis); },
-        kFloat32Norm);
+  for (bool log : {false, true}) {
+    const auto make = [log](Builder& b, Val x, int64_t axis) {
+      return log ? b.log_softmax(x, axis) : b.softmax(x, axis);
+    };
+    for (const auto& [shape, axis] : cases)
+      check_op(
+          {shape}, [&](Builder& b, std::vector<Val> v) { return make(b, v[0], axis); },
+          kFloat32Norm);
+    // Large inputs, a row and a column: the max comes out before any e^x.
+    for (int64_t axis : {-1, 0}) {
+      Builder b(5);
+      b.output(make(b, b.input("x", {4, 300}), axis));
+      const Graph g = b.build();
+      Tensor x = Tensor::randn({4, 300}, 8);
+      for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] += 10000.0f;
+      const test::Outputs o = test::run_node(g, {{"x", x}});
+      test::require_close(o.gpu[0], o.cpu[0], std::string(op_name(g.nodes[0].op)) + " of x + 1e4",
+                          kFloat32Norm);
+    }
+  }
 }
 
 TEST_CASE("gpu layout ops: layer_norm, group_norm and instance_norm", "[gpu][ops]") {

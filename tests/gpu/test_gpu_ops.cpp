@@ -66,6 +66,22 @@ TEST_CASE("gpu ops: silu, relu and sigmoid match the CPU", "[gpu][ops]") {
     }
 }
 
+TEST_CASE("gpu ops: log matches the CPU, NaN below 0", "[gpu][ops]") {
+  // |x| for most elements, a few negative ones (NaN on both sides); odd sizes and float4 ones.
+  for (const Shape& s : std::vector<Shape>{{2, 3, 5, 7}, {4, 16, 8, 8}, {1}}) {
+    Builder b(1);
+    Val x = b.input("x", s);
+    b.output(b.activation(x, Activation::Log, "log"));
+    const Graph g = b.build();
+    INFO("log " << shape_str(s));
+    Tensor in = Tensor::randn(s, 7, 3.0f);
+    for (int64_t i = 0; i < in.numel(); ++i)
+      if (i % 11 != 5) in.f32()[i] = std::abs(in.f32()[i]) + 1e-3f;
+    const Outputs o = run_node(g, {{"x", in}});
+    require_close(o.gpu[0], o.cpu[0], "log");
+  }
+}
+
 TEST_CASE("gpu ops: activations of views at unaligned offsets", "[gpu][ops]") {
   // Rows of 6 floats: row 1 starts 24 bytes in, so the float4 path must not be taken even
   // though the element count is a multiple of 4.
@@ -170,7 +186,8 @@ TEST_CASE("gpu ops: fused_elementwise chains match the CPU", "[gpu][ops]") {
        "leaky_relu(0.1), hardsigmoid(0.2, 0.5), hardswish, elu(0.5), softplus, mish, gelu_tanh, "
        "erf"},
       {{{2, 3, 5, 7}, {2, 3, 5, 7}}, "abs, sqrt, reciprocal, mul(x1), pow(2)"},
-      {{{4, 16, 8, 8}}, "tanh, mul(x0), sub(x0, v)"},  // x0 read again by a step
+      {{{2, 3, 5, 7}, {1, 3, 1, 1}}, "abs, add(x1), log, exp"},  // log: its own step too
+      {{{4, 16, 8, 8}}, "tanh, mul(x0), sub(x0, v)"},            // x0 read again by a step
   };
   for (const Case& c : cases) {
     std::string shapes;

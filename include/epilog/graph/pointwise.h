@@ -38,6 +38,7 @@ enum class Activation : uint8_t {
   Reciprocal,
   Neg,
   Abs,
+  Log,  // natural logarithm
   Pow,  // x^a, a constant exponent
 };
 constexpr int kNumActivations = int(Activation::Pow) + 1;

@@ -129,10 +129,11 @@ class Builder {
   // pads: begins of every dim, then ends; mode "constant", "reflect" or "edge".
   Val pad(Val x, const std::vector<int64_t>& pads, const std::string& mode = "constant",
           double value = 0, const std::string& name = "");
-  // reduce_mean, reduce_sum or reduce_max over `axes` (all when empty).
+  // reduce_mean, reduce_sum, reduce_max, reduce_min or reduce_prod over `axes` (all when empty).
   Val reduce(OpKind op, Val x, const std::vector<int64_t>& axes, bool keepdims = true,
              const std::string& name = "");
   Val softmax(Val x, int64_t axis = -1, const std::string& name = "");
+  Val log_softmax(Val x, int64_t axis = -1, const std::string& name = "");
   // ONNX Resize to `sizes` (only the last two dims may change).
   Val resize(Val x, const std::vector<int64_t>& sizes, const std::string& mode = "nearest",
              const std::string& coordinate_mode = "half_pixel",

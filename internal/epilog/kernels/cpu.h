@@ -74,7 +74,8 @@ void resize(const Tensor& x, const ResizeMode& mode, Tensor& y);
 using epilog::Reduce;
 // Over the dims where `reduced` is set; y holds the kept dims in order (any 1s, keepdims's, too).
 void reduce(Reduce op, const Tensor& x, const std::vector<bool>& reduced, Tensor& y);
-void softmax(const Tensor& x, int64_t axis, Tensor& y);
+// log: log_softmax, x - max - log(sum e^(x - max)).
+void softmax(const Tensor& x, int64_t axis, Tensor& y, bool log = false);
 // x's values over the dims from `axis` to `last_axis` (both included) normalized at each index
 // of the other dims, * scale + bias (bias may be undefined).
 void layer_norm(const Tensor& x, int64_t axis, int64_t last_axis, const Tensor& scale,

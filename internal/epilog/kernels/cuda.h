@@ -146,8 +146,9 @@ struct ReduceShape {
   int64_t reduced[kMaxRank], reduced_stride[kMaxRank];
 };
 void reduce(Reduce op, const ReduceShape& s, const float* x, float* y, Stream stream);
-// Softmax over the middle dim of x viewed as [outer, n, inner].
-void softmax(int64_t outer, int64_t n, int64_t inner, const float* x, float* y, Stream stream);
+// Softmax over the middle dim of x viewed as [outer, n, inner]; log: log_softmax.
+void softmax(int64_t outer, int64_t n, int64_t inner, const float* x, float* y, Stream stream,
+             bool log = false);
 // Rows of x [rows, len] normalized (mean 0, biased variance + eps to 1), then * scale + bias:
 // per element of a row (layer_norm: groups == 0), or per channel c = (row % groups) *
 // (len / inner) + j / inner for element j of a row (group_norm, instance_norm: rows are

@@ -37,7 +37,7 @@ EPILOG_HD inline float binary_apply(Binary op, float a, float b) {
 
 // pad's modes and the reductions, as the CPU and CUDA kernels take them.
 enum class PadMode : uint8_t { Constant, Reflect, Edge };
-enum class Reduce : uint8_t { Mean, Sum, Max };
+enum class Reduce : uint8_t { Mean, Sum, Max, Min, Prod };  // Min propagates NaN, as Max
 
 // Resize (ONNX): where output index o of a dim resized from `in` to `out` samples its input, in
 // input coordinates, and which input element nearest mode takes. Shared by the CPU and CUDA
@@ -188,6 +188,8 @@ EPILOG_HD inline float activate_rare(const Act& act, float v) {
       return -v;
     case Activation::Abs:
       return fabsf(v);
+    case Activation::Log:
+      return logf(v);
     case Activation::Pow:
       return act.a == 2.0f ? v * v : powf(v, act.a);
     default:

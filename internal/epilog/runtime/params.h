@@ -41,8 +41,10 @@ struct GatherView {
 GatherView gather_view(const Node& node, const Shape& x);
 // resize's mode, coordinate mode and nearest rounding.
 ResizeMode resize_mode(const Node& node);
-// reduce_mean, reduce_sum, reduce_max: the dims of x (shape) they reduce.
+// reduce_mean, reduce_sum, reduce_max, reduce_min, reduce_prod: the dims of x (shape) they
+// reduce, and the reduction each is (none for other ops).
 std::vector<bool> reduced_dims(const Node& node, const Shape& x);
+std::optional<Reduce> reduce_kind(OpKind op);
 // An axis attribute made non-negative for rank `rank`.
 int64_t axis_attr(const Node& node, int64_t rank, const char* attr = "axis");
 
