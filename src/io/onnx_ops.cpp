@@ -193,6 +193,22 @@ void op_sigmoid(Importer& im) {
   unary(im, OpKind::Sigmoid);
 }
 
+// Neg of a constant folds (shape arithmetic: LayerNormalization's expanded form negates its
+// axis); of a run-time tensor it is the pointwise op.
+void op_neg(Importer& im) {
+  const Const* c = im.const_in(0);
+  if (!c) return unary(im, OpKind::Neg);
+  im.allow({});
+  im.arity(1, 1);
+  Const r = *c;
+  for (float& v : r.f) v = -v;
+  for (int64_t& v : r.i) {
+    if (v == std::numeric_limits<int64_t>::min()) im.bad("integer overflow folding Neg of {}", v);
+    v = -v;
+  }
+  im.set_const(0, std::move(r));
+}
+
 // The pointwise activations (graph/activation.h): each ONNX op is one epilog op, its
 // parameters attributes of the same meaning.
 template <OpKind Kind>
@@ -1613,7 +1629,7 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"Log", op_activation<OpKind::Log>},
       {"LogSoftmax", op_softmax<OpKind::LogSoftmax>},
       {"Mish", op_activation<OpKind::Mish>},
-      {"Neg", op_activation<OpKind::Neg>},
+      {"Neg", op_neg},
       {"Pow", op_pow},
       {"Reciprocal", op_activation<OpKind::Reciprocal>},
       {"Softplus", op_activation<OpKind::Softplus>},
