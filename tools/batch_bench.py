@@ -51,15 +51,15 @@ def parse_single(text):
 
 
 def torch_model(name):
-    """name -> (PyTorch model on the GPU in eval mode, input (C, H, W))."""
-    import torch
+    """name -> (PyTorch model on the CPU in eval mode, input (C, H, W)). Anything else than
+    yolo_like is a tools/zoo.py model spec (torchvision name or timm:NAME)."""
     if name == "yolo_like":
         sys.path.insert(0, os.path.join(HERE, "torch"))
         from torch_yolo_like import YoloLike
-        return YoloLike().cuda().eval(), (3, 640, 640)
-    import torchvision
-    torch.manual_seed(0)
-    return torchvision.models.get_model(name, weights=None).cuda().eval(), (3, 224, 224)
+        return YoloLike().eval(), (3, 640, 640)
+    import zoo
+    model, size = zoo.build_model(name, 0)
+    return model, (3, *size)
 
 
 def torch_peak_mib(model, chw, batch):
@@ -81,17 +81,15 @@ def torch_peak_mib(model, chw, batch):
     return peak / MIB
 
 
-def epilog_file(name, work):
+def epilog_file(name, model, chw, work):
     """The model file epilog loads: the YOLO-like JSON, or a legacy ONNX export (made once)."""
     if name == "yolo_like":
         return os.path.join(ROOT, "models", "yolo_like.json")
-    path = os.path.join(work, name + ".onnx")
+    path = os.path.join(work, name.replace(":", "_") + ".onnx")
     if not os.path.exists(path):
         import torch
-        model, chw = torch_model(name)
-        with torch.no_grad():
-            torch.onnx.export(model.cpu(), (torch.randn(1, *chw),), path, opset_version=17,
-                              dynamo=False)
+        import zoo
+        zoo.export(model, torch.randn(1, *chw), "legacy", path)
     return path
 
 
@@ -108,7 +106,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog="See the header of this file for what is measured.")
     p.add_argument("models", nargs="*", default=["resnet50", "yolo_like"],
-                   help="torchvision names or yolo_like (default: resnet50 yolo_like)")
+                   help="yolo_like, or torchvision / timm:NAME as tools/zoo.py takes them "
+                   "(default: resnet50 yolo_like)")
     p.add_argument("--epilog", default="build/bin/epilog", help="the epilog CLI")
     p.add_argument("--batches", default="1,16,64", help="sweep (default: %(default)s)")
     p.add_argument("--big", default="", help="extra sweep batch sizes for epilog only, e.g. 256")
@@ -131,11 +130,12 @@ def main():
     for name in a.models:
         print(f"== {name}", flush=True)
         model, chw = torch_model(name)
+        path = epilog_file(name, model, chw, a.work)
+        model = model.cuda()
         weights_mib = sum(t.numel() * t.element_size() for t in model.state_dict().values()) / MIB
         torch_peaks = {b: torch_peak_mib(model, chw, b) for b in batches + big}
         del model
         torch.cuda.empty_cache()
-        path = epilog_file(name, a.work)
         sizes = ",".join(str(b) for b in batches + big)
         sweep = run([a.epilog, "bench", path, "--device", "cuda", "--batch", sizes, "--iters",
                      str(a.iters)], a.timeout)
