@@ -134,8 +134,8 @@ std::map<std::string, Tensor> Model::run(const std::map<std::string, Tensor>& in
   const int64_t batch = inputs.begin()->second.dim(0);
   std::unique_ptr<Runner> r = take(batch);
   // A runner whose run failed (out of memory, say) is dropped with what it holds.
-  std::map<std::string, Tensor> outputs = r->executor->run(inputs);
-  for (auto& [name, t] : outputs) t = t.clone();  // the executor's buffers serve its next run
+  // Owned: the executor's buffers serve its next run.
+  std::map<std::string, Tensor> outputs = r->executor->run(inputs, Executor::Outputs::Owned);
   std::lock_guard<std::mutex> lock(mu_);
   idle_[batch].push_back(std::move(r));
   return outputs;

@@ -615,6 +615,17 @@ class CudaBackend final : public Backend {
 
   void synchronize() override { EPILOG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+  void copy(const Tensor& src, Tensor& dst) override {
+    if (src.device() != Device::CUDA || dst.device() != Device::CUDA || !src.contiguous() ||
+        !dst.contiguous())
+      return dst.copy_from(src);
+    if (src.shape() != dst.shape() || src.dtype() != dst.dtype())
+      fail("copy: a {} {} tensor into a {} {} one", dtype_name(src.dtype()),
+           shape_str(src.shape()), dtype_name(dst.dtype()), shape_str(dst.shape()));
+    EPILOG_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(),
+                                      cudaMemcpyDeviceToDevice, stream_));
+  }
+
   // A CUDA graph of everything `body` launches on the stream: one launch replays a model.
   class GraphRecording final : public Recording {
    public:

@@ -287,7 +287,8 @@ std::vector<std::string> Executor::in_place_nodes() const {
   return out;
 }
 
-std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>& inputs) {
+std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>& inputs,
+                                            Outputs outputs) {
   for (const auto& [name, t] : inputs) {
     if (!graph().is_input(name))
       fail("run: '{}' is not an input of the graph (inputs: {})", name,
@@ -320,7 +321,7 @@ std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>&
     for (const auto& [name, t] : inputs) {
       Tensor& buffer = buffers_[name];
       if (!buffer.defined()) buffer = allocate(t.shape(), fmt::format("input '{}'", name));
-      buffer.copy_from(t);
+      backend_.copy(t, buffer);
     }
     if (recording_) {
       recording_->replay();
@@ -332,12 +333,21 @@ std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>&
     }
     env = buffers_;
   }
-  backend_.synchronize();
   std::map<std::string, Tensor> result;
   for (const std::string& out : graph().outputs) {
     auto w = weights_->find(out);
     result[out] = w != weights_->end() ? w->second : env.at(out);
   }
+  if (outputs == Outputs::Owned)
+    for (auto& [name, t] : result) {
+      // Without recording, a kernel's output owns its memory already (the arena never holds
+      // it); the recording's buffers, weights and inputs are shared.
+      if (!record && !weights_->count(name) && !graph().is_input(name)) continue;
+      Tensor own = allocate(t.shape(), fmt::format("output '{}'", name));
+      backend_.copy(t, own);
+      t = own;
+    }
+  backend_.synchronize();
   return result;
 }
 

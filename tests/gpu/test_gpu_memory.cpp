@@ -124,3 +124,30 @@ TEST_CASE("gpu model: 4 threads at mixed batch sizes get the outputs of serial r
         CHECK(test::bit_equal(got[t][i].at(name), x));
     }
 }
+
+TEST_CASE("gpu model: outputs own their memory, later runs leave them as they were",
+          "[gpu][model]") {
+  // Model::run copies the recording's outputs on the executor's stream (Outputs::Owned): the
+  // outputs of a run on device inputs keep their values through later runs on other inputs.
+  Builder b(3);
+  const Graph g = yolo::yolo_like(b, /*batch=*/2, /*size=*/128);
+  CompileOptions o;
+  o.device = Device::CUDA;
+  Model model(g, o);
+  std::vector<std::map<std::string, Tensor>> inputs;
+  for (uint64_t seed : {1, 2, 3})
+    inputs.push_back({{g.inputs[0], Tensor::randn(g.value(g.inputs[0]).shape, seed)
+                                        .to(Device::CUDA)}});
+  const auto first = model.run(inputs[0]);
+  const auto want = on_host(first);
+  for (size_t i = 1; i < inputs.size(); ++i) model.run(inputs[i]);
+  REQUIRE(first.size() == g.outputs.size());
+  for (const auto& [name, t] : first) {
+    INFO(name);
+    CHECK(t.device() == Device::CUDA);
+    CHECK(test::bit_equal(t.to(Device::CPU, true), want.at(name)));
+    // and they are the first input's outputs, not the last's
+    CHECK(test::bit_equal(t.to(Device::CPU, true), on_host(model.run(inputs[0])).at(name)));
+    CHECK_FALSE(test::bit_equal(want.at(name), on_host(model.run(inputs[2])).at(name)));
+  }
+}

@@ -24,6 +24,10 @@ class Backend {
                    std::vector<Tensor>& outputs) = 0;
   // Waits for queued work (a no-op on the CPU).
   virtual void synchronize() {}
+  // Copies src into dst (same shape and dtype) after the work queued so far: on CUDA a copy
+  // between contiguous device tensors is queued on the backend's stream (done by the next
+  // synchronize()); any other copy is Tensor::copy_from, a full barrier.
+  virtual void copy(const Tensor& src, Tensor& dst) { dst.copy_from(src); }
 
   // A replayable recording of the launches some code made (a CUDA graph): one launch replays a
   // whole model, without the host cost of each kernel.
@@ -148,7 +152,11 @@ class Executor {
   // until the next run(). Without recording, the outputs own their memory. Either way the
   // intermediates share the memory plan's arena (set_memory_plan); with it off, each has a
   // buffer of its own, kept while recording, else freed after its last reader.
-  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
+  // Outputs::Owned copies outputs that would share the executor's buffers into memory of their
+  // own, queued with the run (no barrier per output): what a caller that keeps them needs.
+  enum class Outputs { Views, Owned };
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs,
+                                    Outputs outputs = Outputs::Views);
   void set_recording(bool on) { recording_on_ = on; }
   bool replaying() const { return recording_ != nullptr; }
   // Replays the recording on the inputs of the last run and waits for it: the device time of
