@@ -1,5 +1,27 @@
 // The 3x3 "halo" kernel of conv_gemm.cu (tiles.k == 72): stride 1 or 2, dilation 1, any padding.
-// conv_gemm.cu's header comment describes it; this file holds its tile geometry and its kernel.
+// This file holds its tile geometry and its kernel (conv_gemm_halo_launch.cuh launches it).
+//
+// A warp owns an 8x8 square of output pixels of one image and WN channels (64, or 32 when
+// n = 32); a block m/64 squares (consecutive in (image, square row, square column) order) by n
+// channels, warps (m/64) x (n/WN). Grid: one block per tile, n tiles fastest as in the k = 32
+// kernels (conv_gemm_k32.cuh), a tile being m/64 squares (past the last square a warp computes
+// on zeros and stores nothing).
+// The reduction runs over stages of 8 input channels; a stage holds, per square, the input patch
+// under it, P[8 channels][kCS] with (8-1)*S + 3 rows and columns (100 or 289 slots; zero outside
+// the image; for S = 2 the even columns first, then the odd ones), and Bs[n][76]: the 72 weights
+// of the 8 channels in the weight's own order (c*9 + 3i + j). Each tap (i, j) is one k step of the
+// 8 channels. Copies: 4-byte cp.async for the patch (a lane owns slots lane + 32q of every
+// channel plane, their input offsets decoded once per block), 16-byte (4-byte) for the weights;
+// then one __syncthreads per stage. A patch is read by 9 taps: the loads per output
+// pixel fall from 9 per channel (gather) to about 1.6 (S = 1) or 4.5 (S = 2).
+// MMA tile mi (0..3) of a square: rows g and g + 8 are its pixels (mi, g) and (mi + 4, g) (row,
+// column); k step (i, j), column t is channel t. So a0 = P[t][(mi*S + i)*kPW + slot(g*S + j)],
+// a1 = the same 4S rows lower, a2, a3 = the same for channel t + 4; b0 = Bs[g][9t + 3i + j],
+// b1 = channel t + 4. The A fragment of (mi, i) depends on mi*S + i only: a column of taps j
+// reads 3S + 3 distinct fragments (6 or 9), each loaded and rounded once instead of 12 times.
+// Shared loads are 4 bytes, conflict-free: kCS = 8 (mod 32) puts lanes (g, t) on banks 8t + g,
+// the row pad 76 on banks 12g + 9t. The epilogue stores straight from the accumulators: 8 lanes
+// store 8 consecutive floats of an output row (a full 32-byte sector).
 #pragma once
 
 #include <cstdint>

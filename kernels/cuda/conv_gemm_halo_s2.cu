@@ -1,0 +1,9 @@
+// conv_gemm's halo kernels at stride 2 (conv_gemm_halo_launch.cuh says why a file a stride).
+#include "conv_gemm_halo_launch.cuh"
+
+namespace epilog::cuda::conv_gemm_detail {
+
+template void dispatch_halo<2>(const GemmLaunch& l, const HaloArgs& a, Stream stream);
+template void launch_chain<2>(const HaloArgs& a, int m, bool wide, Stream stream);
+
+}  // namespace epilog::cuda::conv_gemm_detail
