@@ -128,17 +128,51 @@ std::unique_ptr<Model::Runner> Model::take(int64_t batch) {
   return r;
 }
 
-std::map<std::string, Tensor> Model::run(const std::map<std::string, Tensor>& inputs) {
+void Model::give_back(int64_t batch, std::unique_ptr<Runner> runner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_[batch].push_back(std::move(runner));
+}
+
+namespace {
+int64_t batch_of(const std::map<std::string, Tensor>& inputs) {
   if (inputs.empty() || inputs.begin()->second.rank() == 0)
     fail("model: run needs the inputs, each with a batch dim");
-  const int64_t batch = inputs.begin()->second.dim(0);
+  return inputs.begin()->second.dim(0);
+}
+}  // namespace
+
+std::map<std::string, Tensor> Model::run(const std::map<std::string, Tensor>& inputs) {
+  const int64_t batch = batch_of(inputs);
   std::unique_ptr<Runner> r = take(batch);
   // A runner whose run failed (out of memory, say) is dropped with what it holds.
   // Owned: the executor's buffers serve its next run.
   std::map<std::string, Tensor> outputs = r->executor->run(inputs, Executor::Outputs::Owned);
-  std::lock_guard<std::mutex> lock(mu_);
-  idle_[batch].push_back(std::move(r));
+  give_back(batch, std::move(r));
   return outputs;
+}
+
+Model::Session Model::session(int64_t batch) { return Session(*this, batch, take(batch)); }
+
+Model::Session::Session(Model& model, int64_t batch, std::unique_ptr<Runner> runner)
+    : model_(&model), batch_(batch), runner_(std::move(runner)) {}
+
+Model::Session::Session(Session&& o) noexcept
+    : model_(o.model_), batch_(o.batch_), runner_(std::move(o.runner_)) {}
+
+Model::Session::~Session() {
+  if (runner_) model_->give_back(batch_, std::move(runner_));
+}
+
+std::map<std::string, Tensor> Model::Session::run(const std::map<std::string, Tensor>& inputs) {
+  if (!runner_) fail("model session: none held (moved from, or an earlier run on it failed)");
+  if (const int64_t batch = batch_of(inputs); batch != batch_)
+    fail("model session: inputs at batch {}, the session runs batch {}", batch, batch_);
+  try {
+    return runner_->executor->run(inputs);
+  } catch (...) {
+    runner_.reset();  // what it holds may be half made (out of memory, say): not handed back
+    throw;
+  }
 }
 
 Device resolve_device(const std::string& name) {

@@ -69,3 +69,45 @@ TEST_CASE("model: 4 threads at mixed batch sizes get the outputs of serial runs"
       for (const auto& [name, x] : want[batch]) CHECK(test::bit_equal(got[t][i].at(name), x));
     }
 }
+
+TEST_CASE("model: a cached CUDA plan is the plan a fresh compile at that batch makes",
+          "[model]") {
+  // What the passes decide must not depend on the batch the model was loaded at: the plan a
+  // Model lowers at batch 16 from a batch-1 graph is the one `compile` makes at batch 16, kernel
+  // for kernel (explain), so a cached plan runs as fast as a fresh executor's.
+  for (const int64_t size : {640, 128}) {
+    INFO("yolo_like at " << size);
+    Builder b(3), fresh(3);
+    CompileOptions o;
+    o.device = Device::CUDA;
+    o.sm_count = 132;  // an H100's, with or without a GPU here
+    Model model(yolo::yolo_like(b, /*batch=*/1, size), o);
+    const Compiled want = compile(yolo::yolo_like(fresh, /*batch=*/16, size), o);
+    const Plan& got = *model.plan(16);
+    CHECK(explain(got, in_place_mask(got)) == explain(want.plan, in_place_mask(want.plan)));
+  }
+}
+
+TEST_CASE("model: a session runs its batch with views, and hands its executor back",
+          "[model]") {
+  Builder b(3);
+  const Graph g = yolo::yolo_like(b, /*batch=*/1, /*size=*/64);
+  Model model(g, {});
+  const auto in2 = inputs_at(g, 2, 7), other = inputs_at(g, 2, 8);
+  const auto want = model.run(in2);
+  {
+    Model::Session s = model.session(2);
+    CHECK(s.batch() == 2);
+    const auto got = s.run(in2);
+    for (const auto& [name, t] : want) CHECK(test::bit_equal(got.at(name), t));
+    Model::Session moved = std::move(s);
+    CHECK_THROWS_WITH(s.run(in2), Catch::Contains("none held"));
+    CHECK_THROWS_WITH(moved.run(inputs_at(g, 3, 7)),
+                      Catch::Contains("inputs at batch 3, the session runs batch 2"));
+    const auto again = moved.run(other);  // a wrong batch leaves the session usable
+    CHECK_FALSE(test::bit_equal(again.begin()->second, want.begin()->second));
+  }
+  // The session's executor went back to the model: its next run at batch 2 takes it.
+  const auto after = model.run(in2);
+  for (const auto& [name, t] : want) CHECK(test::bit_equal(after.at(name), t));
+}

@@ -49,8 +49,32 @@ Compiled compile(Graph graph, const CompileOptions& options);
 //   Executor  the execution state of one run in flight (its backend, so on CUDA a stream of its
 //             own, its activation arena, its CUDA-graph recording): a Model keeps one per batch
 //             size and thread that ran at once, each reused by the next run at that batch;
-//   outputs   run() returns tensors that own their memory, on the model's device.
+//   outputs   run() returns tensors that own their memory, on the model's device (copied out of
+//             the executor's buffers on its stream); a Session's run() returns views of them.
 class Model {
+  struct Runner;
+
+ public:
+  // An executor held by one caller (a serving thread) until the session ends, at one batch size.
+  // Its run() returns outputs that are views of the executor's buffers, valid until the
+  // session's next run or its end: no copy, so a run costs what a fresh executor's does. A
+  // session is used by one thread at a time and must end before its model.
+  class Session {
+   public:
+    Session(Session&&) noexcept;
+    Session& operator=(Session&&) = delete;
+    ~Session();  // hands the executor back to the model
+    std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
+    int64_t batch() const { return batch_; }
+
+   private:
+    friend class Model;
+    Session(Model& model, int64_t batch, std::unique_ptr<Runner> runner);
+    Model* model_;
+    int64_t batch_;
+    std::unique_ptr<Runner> runner_;
+  };
+
  public:
   // Optimizes `graph` (at whatever batch it has) for options.device.
   Model(Graph graph, const CompileOptions& options);
@@ -61,6 +85,8 @@ class Model {
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
   // The plan for a batch size (lowered on first use). Thread-safe.
   std::shared_ptr<const Plan> plan(int64_t batch);
+  // A session at `batch` (its plan lowered on first use). Thread-safe.
+  Session session(int64_t batch);
   const PassReport& report() const { return report_; }
   Device device() const { return options_.device; }
 
@@ -70,6 +96,7 @@ class Model {
     std::unique_ptr<Executor> executor;
   };
   std::unique_ptr<Runner> take(int64_t batch);
+  void give_back(int64_t batch, std::unique_ptr<Runner> runner);
 
   CompileOptions options_;
   Graph graph_;  // optimized
