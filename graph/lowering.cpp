@@ -843,6 +843,13 @@ std::string launch_tiles(const Plan& plan, const std::vector<bool>& in_place,
     const int64_t k = g.value(n.inputs[1]).shape[1];
     return linear_launch_str(k == 0 ? 0 : shape_numel(g.value(n.inputs[0]).shape) / k);
   }
+  if (n.op == OpKind::MatMul) {
+    const Shape& b = g.value(n.inputs[1]).shape;
+    const Shape& y = g.value(n.outputs[0]).shape;
+    // No launch where the product is empty (cuda::matmul returns at once).
+    if (shape_numel(y) == 0) return "";
+    return matmul_launch_str(b.back(), b[b.size() - 2]);
+  }
   return "";
 }
 

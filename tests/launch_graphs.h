@@ -1,5 +1,5 @@
 // Graphs whose lowerings for CUDA, together, pick every kernel the launchers choose among (the
-// conv kernels and gemm's variants, max-pooling's kernels, linear's), for the tests that check
+// conv kernels and gemm's variants, max-pooling's kernels, linear's, matmul's), for the tests that check
 // that what runs is what explain says: test_launch.cpp checks that explain names them all (no
 // GPU needed), gpu/test_gpu_launch.cpp that each node launches what explain names.
 #pragma once
@@ -126,6 +126,15 @@ inline std::vector<LaunchCase> launch_cases() {
     b.output(b.linear(b.input("many", {40, 32}), "fc_many", 16));
     cases.push_back({"linear", b.build(), std::nullopt, /*fuse=*/false});
   }
+  // matmul: TF32 tiles for a product an mma deep and wide (attention's q @ k^T, batched, a
+  // partial tile), the SIMT tiles for a GEMV-like one (n = 1) and a shallow one (k = 3).
+  {
+    Builder b(9);
+    b.output(b.matmul(b.input("q", {2, 3, 50, 16}), b.input("kt", {2, 3, 16, 50}), "qk"));
+    b.output(b.matmul(b.input("m", {2, 40, 24}), b.input("v", {24, 1}), "mv"));
+    b.output(b.matmul(b.input("s", {40, 3}), b.input("w", {3, 20}), "shallow"));
+    cases.push_back({"matmul", b.build(), std::nullopt});
+  }
   // x a view 2 floats into its input (a split along the width of a 1-row plane): not 16-byte
   // aligned, gemm forced runs its 1x1 on the gather kernel, not the direct one; copied, direct.
   {
@@ -189,7 +198,9 @@ inline std::set<std::string> launch_families(bool wgmma, bool clusters) {
                              "maxpool2d plane",
                              "maxpool2d window",
                              "linear gemv",
-                             "linear tiled"};
+                             "linear tiled",
+                             "matmul tf32",
+                             "matmul simt"};
   if (clusters) f.insert("gemm gather split");
   if (wgmma) {
     f.insert({"gemm halo wgmma", "gemm halo wgmma wide", "gemm halo wgmma persistent",
@@ -203,9 +214,11 @@ inline std::set<std::string> launch_families(bool wgmma, bool clusters) {
 }
 
 // Whether explain must name a launch for node i (node_choices' tiles): a conv, a max-pool or a
-// linear layer that runs a kernel of its own.
+// linear layer that runs a kernel of its own, a matmul with outputs.
 inline bool has_launch_choice(const Plan& plan, const NodeChoice& choice, size_t i) {
   const OpKind op = plan.graph.nodes[i].op;
+  if (op == OpKind::MatMul)  // an empty product launches nothing
+    return shape_numel(plan.graph.value(plan.graph.nodes[i].outputs[0]).shape) > 0;
   return (op == OpKind::FusedConv2d || op == OpKind::Conv2d || op == OpKind::MaxPool2d ||
           op == OpKind::Linear) &&
          choice.kernel != "folded" && choice.kernel != "in place";

@@ -95,7 +95,7 @@ TEST_CASE("launch: the gemm kernel, stages and splits that conv_gemm runs for ti
   CHECK(gemm(conv(1, 64, 20, 32, 1, 1, 0), {64, 32, 32, 3}) == "direct m=64 n=32 k=32 stages=3");
 }
 
-TEST_CASE("launch: scalar's paths, linear's and max-pooling's kernels", "[launch]") {
+TEST_CASE("launch: scalar's paths, linear's, matmul's and max-pooling's kernels", "[launch]") {
   const ConvShape stem = conv(1, 3, 64, 16, 3, 2, 1);
   CHECK(conv_scalar_path(stem, true) == ScalarPath::Stem);
   CHECK(scalar_launch_str(ScalarPath::Stem, stem) == "stem m=1024 n=16");
@@ -110,6 +110,14 @@ TEST_CASE("launch: scalar's paths, linear's and max-pooling's kernels", "[launch
 
   CHECK(std::string(linear_launch_str(kGemvRows)) == "gemv");
   CHECK(std::string(linear_launch_str(kGemvRows + 1)) == "tiled");
+  // matmul: TF32 from an mma's depth and width (k, n >= 8) on, whatever m.
+  CHECK(matmul_runs_tf32(8, 8));
+  CHECK(matmul_runs_tf32(196, 64));
+  CHECK_FALSE(matmul_runs_tf32(7, 196));
+  CHECK_FALSE(matmul_runs_tf32(196, 7));
+  CHECK_FALSE(matmul_runs_tf32(1, 1000));
+  CHECK(matmul_launch_str(196, 64) == "tf32 m=64 n=64 k=32 stages=2");
+  CHECK(matmul_launch_str(1, 64) == "simt m=64 n=64 k=16");
   CHECK(maxpool_launch_str(MaxPoolKernel::Same, 3) == "same chain=3");
   CHECK(maxpool_launch_str(MaxPoolKernel::Window) == "window");
 }

@@ -5,22 +5,37 @@
 //   kWarpRowMax floats (8 rows a block of 256), else a whole block; lanes stride through it
 //   (coalesced), then a shuffle reduction, and one through shared memory across a block's warps.
 //   Grid-stride over rows, at most one full wave. Used for reductions over the innermost dims
-//   (a last axis, H x W per (n, c)), softmax over the last axis, and every normalization.
-// Strided (reduce and softmax when the reduced dims are not innermost): one output (reduce) or
-//   one (outer, inner) column (softmax) per thread, looping over the reduced elements; consecutive
-//   threads read consecutive elements of the kept inner dims, so the reads stay coalesced.
-// Columns (layer_norm over dims that have inner dims after them): a block takes 8 to 32
-//   neighbouring columns and splits each column's elements among its threads.
+//   (a last axis, H x W per (n, c)), and the normalizations of rows up to kWarpRowMax.
+// Register rows (softmax over the last axis up to kWarpRowMax): kWidth lanes a row (several rows
+//   a warp for rows of up to 16), each lane holding its kPer elements in registers from the one
+//   read to the one write; max and sum by shuffles within the row's lanes. Longer rows: a block.
+// Cluster rows (normalizations of rows over kWarpRowMax, up to kClusterRowMax): a row split over
+//   a thread-block cluster of up to 8 blocks (Hopper; one block elsewhere, rows up to
+//   kThreads * kClusterPer), each thread holding up to kClusterPer of its elements in registers;
+//   the blocks' sums meet through distributed shared memory (the mean, then the sum of squared
+//   deviations from it: two exact passes over registers). x read once, y written once, and
+//   group_norm's few long groups (512 of 25088 floats at [16, 256, 56, 56]) fill the GPU.
+// Columns (reductions whose kept dims end with x's innermost, e.g. over the channels of NCHW; and
+//   layer_norm over dims that have inner dims after them): a block takes 8 to 32 neighbouring
+//   columns of one outer index (a warp reads 8 to 32 consecutive floats an element, coalesced)
+//   and splits each column's elements among kThreads / kCols threads; the parts meet in shared
+//   memory (column_all).
+// Strided (reduce when the reduced dims are not innermost and the columns do not apply; softmax
+//   over an inner axis): one output (reduce) or one (outer, inner) column (softmax) per thread,
+//   looping over the reduced elements; consecutive threads read consecutive elements of the kept
+//   inner dims, so the reads stay coalesced.
 // Math: float32 sums and products (the CPU reference works in double; the tests bound the
-//   difference). Max and min propagate NaN. softmax: y = e^(x - max) / sum e^(x - max), three
-//   passes over the row; log_softmax the same passes, y = x - max - log(sum e^(x - max)).
-//   Normalization: mean, then the biased variance of x - mean (two passes), then
-//   (x - mean) * rsqrt(var + eps) * scale + bias (a third).
+//   difference). Max and min propagate NaN. softmax: y = e^(x - max) / sum e^(x - max);
+//   log_softmax y = x - max - log(sum e^(x - max)). Normalization: mean, then the biased variance
+//   of x - mean (two passes), then (x - mean) * rsqrt(var + eps) * scale + bias.
 // Layout: float32, contiguous, device pointers; x and y must not overlap. 64-bit indices.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+
+#include <cooperative_groups.h>
 
 #include "epilog/kernels/cuda.h"
 #include "launch.cuh"
@@ -88,6 +103,47 @@ __device__ __forceinline__ void for_rows(int64_t rows, F&& f) {
   }
 }
 
+// The combination over a column tile's parts: thread (part, col) = (threadIdx.x / kCols,
+// threadIdx.x % kCols) brings v, and every thread of column col gets op over its kThreads / kCols
+// parts, in part order. Every thread of the block must call it (it holds three barriers).
+template <int kCols>
+__device__ __forceinline__ float column_all(Reduce op, float v,
+                                            float (&partial)[kThreads / kCols][kCols],
+                                            float (&column)[kCols]) {
+  const int col = threadIdx.x % kCols, part = threadIdx.x / kCols;
+  partial[part][col] = v;
+  __syncthreads();
+  if (part == 0) {
+    float t = identity(op);
+#pragma unroll 8
+    for (int p = 0; p < kThreads / kCols; ++p) t = combine(op, t, partial[p][col]);
+    column[col] = t;
+  }
+  __syncthreads();
+  const float t = column[col];
+  __syncthreads();  // partial and column are rewritten by the next combination
+  return t;
+}
+
+// The widest column tile (32, 16 or 8 columns) that still gives every SM two blocks: `tiles(c)`
+// is the number of tiles of c columns.
+template <class Tiles>
+int column_tile(Tiles&& tiles) {
+  const int64_t enough = max_blocks() / 4;
+  return tiles(32) >= enough ? 32 : tiles(16) >= enough ? 16 : 8;
+}
+
+// kernel<32>, <16> or <8> as `cols` says, on a grid of `tiles` blocks (at most a wave).
+#define EPILOG_LAUNCH_COLUMNS(kernel, cols, tiles, stream, ...)             \
+  do {                                                                      \
+    if ((cols) == 32)                                                       \
+      kernel<32><<<grid_for(tiles, 1), kThreads, 0, stream>>>(__VA_ARGS__); \
+    else if ((cols) == 16)                                                  \
+      kernel<16><<<grid_for(tiles, 1), kThreads, 0, stream>>>(__VA_ARGS__); \
+    else                                                                    \
+      kernel<8><<<grid_for(tiles, 1), kThreads, 0, stream>>>(__VA_ARGS__);  \
+  } while (0)
+
 // -- reduce --
 
 template <bool kBlock>
@@ -129,7 +185,112 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Columns: the last kept dim (inner outputs) is x's innermost, stride 1; the other kept dims
+// (decoded from the tile's outer index) and the reduced dims (one stride where they merged into
+// one, else decoded an element) lie further apart. Output (o, i) of y as [outer, inner].
+template <int kCols>
+__global__ void __launch_bounds__(kThreads)
+    reduce_columns_kernel(Reduce op, ReduceShape s, int64_t outputs, int64_t count,
+                          const float* __restrict__ x, float* __restrict__ y) {
+  constexpr int kParts = kThreads / kCols;
+  pdl_begin();
+  __shared__ float partial[kParts][kCols];
+  __shared__ float column[kCols];
+  const int col = threadIdx.x % kCols, part = threadIdx.x / kCols;
+  const int last = s.kept_rank - 1;
+  const int64_t inner = s.kept[last], outer = outputs / inner;
+  const int64_t tiles_per_outer = ceil_div(inner, kCols);
+  for (int64_t tile = blockIdx.x; tile < outer * tiles_per_outer; tile += gridDim.x) {
+    const int64_t o = tile / tiles_per_outer, i = tile % tiles_per_outer * kCols + col;
+    const bool live = i < inner;  // dead threads still join the block's barriers
+    int64_t base = i, rest = o;
+    for (int d = last - 1; d >= 0; --d) {
+      base += rest % s.kept[d] * s.kept_stride[d];
+      rest /= s.kept[d];
+    }
+    float v = identity(op);
+    if (live && s.reduced_rank == 1) {
+      // Four loads in flight a thread, combined in the order j ascending.
+      const float* __restrict__ p = x + base;
+      const int64_t st = s.reduced_stride[0];
+      int64_t j = part;
+      for (; j + 3 * kParts < count; j += 4 * kParts) {
+        const float v0 = __ldg(p + j * st), v1 = __ldg(p + (j + kParts) * st);
+        const float v2 = __ldg(p + (j + 2 * kParts) * st), v3 = __ldg(p + (j + 3 * kParts) * st);
+        v = combine(op, combine(op, combine(op, combine(op, v, v0), v1), v2), v3);
+      }
+      for (; j < count; j += kParts) v = combine(op, v, __ldg(p + j * st));
+    } else if (live) {
+      for (int64_t j = part; j < count; j += kParts) {
+        int64_t r = j, at = base;
+        for (int d = s.reduced_rank - 1; d >= 0; --d) {
+          at += r % s.reduced[d] * s.reduced_stride[d];
+          r /= s.reduced[d];
+        }
+        v = combine(op, v, __ldg(x + at));
+      }
+    }
+    v = column_all<kCols>(op, v, partial, column);
+    if (live && part == 0) y[o * inner + i] = op == Reduce::Mean ? v / float(count) : v;
+  }
+}
+
 // -- softmax --
+
+// The combination of v over the kWidth lanes of its row (aligned groups of a warp); every lane of
+// the group gets it.
+template <int kWidth>
+__device__ __forceinline__ float lanes_all(Reduce op, float v) {
+#pragma unroll
+  for (int offset = kWidth / 2; offset > 0; offset >>= 1)
+    v = combine(op, v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Register rows: rows of len <= kPer * kWidth, kWidth lanes a row (32 / kWidth rows a warp), lane
+// `sub` of a row holding its elements sub + kWidth * i. Lanes past the last row still shuffle.
+template <int kPer, int kWidth>
+__global__ void __launch_bounds__(kThreads)
+    softmax_regs_kernel(int64_t rows, int len, bool log, const float* __restrict__ x,
+                        float* __restrict__ y) {
+  constexpr int kRowsPerWarp = 32 / kWidth;
+  pdl_begin();
+  const int lane = threadIdx.x % 32, sub = lane % kWidth;
+  const int64_t warps = int64_t(gridDim.x) * kWarps;
+  for (int64_t w = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; w * kRowsPerWarp < rows;
+       w += warps) {
+    const int64_t r = w * kRowsPerWarp + lane / kWidth;
+    const bool live = r < rows;
+    const float* __restrict__ row = x + r * len;
+    float v[kPer];
+    float top = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int j = sub + kWidth * i;
+      v[i] = live && j < len ? __ldg(row + j) : -INFINITY;
+      top = combine(Reduce::Max, top, v[i]);
+    }
+    top = lanes_all<kWidth>(Reduce::Max, top);
+    // v becomes e^(x - max) (softmax) or x - max (log_softmax).
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (sub + kWidth * i >= len) continue;
+      const float shifted = v[i] - top, e = expf(shifted);
+      sum += e;
+      v[i] = log ? shifted : e;
+    }
+    sum = lanes_all<kWidth>(Reduce::Sum, sum);
+    if (!live) continue;
+    const float inv = 1.0f / sum, log_sum = logf(sum);
+    float* __restrict__ out = y + r * len;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int j = sub + kWidth * i;
+      if (j < len) out[j] = log ? v[i] - log_sum : v[i] * inv;
+    }
+  }
+}
 
 template <bool kBlock>
 __global__ void __launch_bounds__(kThreads)
@@ -211,21 +372,6 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float column[kCols];
   const int col = threadIdx.x % kCols, part = threadIdx.x / kCols;
   const int64_t outer = s.rows / s.inner, tiles_per_outer = (s.inner + kCols - 1) / kCols;
-  // The sum over a column of each thread's v; every thread of the column gets it.
-  auto column_sum = [&](float v) {
-    partial[part][col] = v;
-    __syncthreads();
-    if (part == 0) {
-      float t = 0.0f;
-#pragma unroll 8
-      for (int p = 0; p < kParts; ++p) t += partial[p][col];
-      column[col] = t;
-    }
-    __syncthreads();
-    const float t = column[col];
-    __syncthreads();  // partial and column are rewritten by the next sum
-    return t;
-  };
   for (int64_t tile = blockIdx.x; tile < outer * tiles_per_outer; tile += gridDim.x) {
     const int64_t i = tile % tiles_per_outer * kCols + col;
     const bool live = i < s.inner;  // dead threads still join the block's barriers
@@ -233,14 +379,15 @@ __global__ void __launch_bounds__(kThreads)
     float sum = 0.0f;
     if (live)
       for (int64_t j = part; j < s.len; j += kParts) sum += __ldg(x + base + j * s.inner);
-    const float mean = column_sum(sum) / float(s.len);
+    const float mean = column_all<kCols>(Reduce::Sum, sum, partial, column) / float(s.len);
     float var = 0.0f;
     if (live)
       for (int64_t j = part; j < s.len; j += kParts) {
         const float d = __ldg(x + base + j * s.inner) - mean;
         var += d * d;
       }
-    const float rstd = rsqrtf(column_sum(var) / float(s.len) + s.eps);
+    const float rstd =
+        rsqrtf(column_all<kCols>(Reduce::Sum, var, partial, column) / float(s.len) + s.eps);
     if (live)
       for (int64_t j = part; j < s.len; j += kParts) {
         const float b = bias ? __ldg(bias + j) : 0.0f;
@@ -248,6 +395,75 @@ __global__ void __launch_bounds__(kThreads)
             (__ldg(x + base + j * s.inner) - mean) * rstd * __ldg(scale + j) + b;
       }
   }
+}
+
+// Cluster rows: row r = blockIdx.x / splits, block rank = blockIdx.x % splits (its rank in the
+// cluster of `splits` consecutive blocks) owning elements [rank * chunk, min(len, + chunk)), chunk
+// <= kThreads * kClusterPer, len < 2^31. Thread t holds elements rank * chunk + t + kThreads * i.
+// Each block's sums go to its shared memory; every block adds all `splits` of them in rank order
+// (the same total in each), through distributed shared memory on a cluster (splits > 1).
+constexpr int kClusterPer = 16;
+constexpr int kClusterMax = 8;  // blocks a cluster (the portable limit)
+constexpr int64_t kClusterRowMax = int64_t(kClusterMax) * kThreads * kClusterPer;
+
+__global__ void __launch_bounds__(kThreads)
+    row_norm_cluster_kernel(RowNorm s, int splits, int chunk, const float* __restrict__ x,
+                            const float* __restrict__ scale, const float* __restrict__ bias,
+                            float* __restrict__ y) {
+  pdl_begin();
+  __shared__ float scratch[kWarps];
+  __shared__ float part[2];  // this block's sum, then its sum of squared deviations
+  const int64_t r = blockIdx.x / splits;
+  const int rank = int(blockIdx.x % splits);
+  const int len = int(s.len), lo = rank * chunk, hi = min(len, lo + chunk);
+  const float* __restrict__ row = x + r * s.len;
+  // The total of each block's `which` sum, in rank order.
+  const auto cluster_total = [&](float v, int which) {
+    v = row_all<true>(Reduce::Sum, v, scratch);
+    if (splits == 1) return v;
+    float t = 0.0f;
+#if __CUDA_ARCH__ >= 900  // clusters; the launcher splits rows on Hopper only
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) part[which] = v;
+    cluster.sync();
+    for (int q = 0; q < splits; ++q) t += cluster.map_shared_rank(part, q)[which];
+#endif
+    return t;
+  };
+  float v[kClusterPer];
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kClusterPer; ++i) {
+    const int j = lo + int(threadIdx.x) + kThreads * i;
+    v[i] = j < hi ? __ldg(row + j) : 0.0f;
+    sum += v[i];
+  }
+  const float mean = cluster_total(sum, 0) / float(len);
+  float var = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kClusterPer; ++i) {
+    const int j = lo + int(threadIdx.x) + kThreads * i;
+    const float d = j < hi ? v[i] - mean : 0.0f;
+    var += d * d;
+  }
+  const float rstd = rsqrtf(cluster_total(var, 1) / float(len) + s.eps);
+  // -- normalize: channel c0 + j / inner (group_norm, instance_norm) or j (layer_norm) --
+  const int per_group = s.groups ? int(s.len / s.inner) : 0, inner = int(s.inner);
+  const int c0 = s.groups ? int(r % s.groups) * per_group : 0;
+  float* __restrict__ out = y + r * s.len;
+#pragma unroll
+  for (int i = 0; i < kClusterPer; ++i) {
+    const int j = lo + int(threadIdx.x) + kThreads * i;
+    if (j >= hi) continue;
+    const int p = s.groups ? c0 + j / inner : j;
+    const float b = bias ? __ldg(bias + p) : 0.0f;
+    out[j] = (v[i] - mean) * rstd * __ldg(scale + p) + b;
+  }
+#if __CUDA_ARCH__ >= 900
+  // No block may leave while the others still read its shared memory.
+  if (splits > 1) cooperative_groups::this_cluster().sync();
+#endif
 }
 
 // Launches kernel<false> (a warp a row) or kernel<true> (a block a row) over `rows` rows of `len`.
@@ -258,6 +474,22 @@ __global__ void __launch_bounds__(kThreads)
     else                                                                           \
       kernel<true><<<grid_for(rows, 1), kThreads, 0, stream>>>(__VA_ARGS__);       \
   } while (0)
+
+// softmax_regs_kernel for rows of len <= kWarpRowMax: the first of <1, 1>, <1, 2>, ..., <1, 32>,
+// <2, 32>, ..., <32, 32> (lanes a row doubling to a warp, then elements a lane) that holds len.
+template <int kPer = 1, int kWidth = 1>
+void launch_softmax_regs(int64_t rows, int len, bool log, const float* x, float* y, Stream stream) {
+  static_assert(kPer * kWidth <= kWarpRowMax, "the widest register row");
+  if constexpr (kPer * kWidth < kWarpRowMax) {
+    constexpr bool kWarp = kWidth == 32;
+    constexpr int kNextPer = kWarp ? 2 * kPer : kPer, kNextWidth = kWarp ? 32 : 2 * kWidth;
+    if (len > kPer * kWidth)
+      return launch_softmax_regs<kNextPer, kNextWidth>(rows, len, log, x, y, stream);
+  }
+  const int64_t warps = ceil_div(rows, 32 / kWidth);
+  softmax_regs_kernel<kPer, kWidth>
+      <<<grid_for(warps, kWarps), kThreads, 0, stream>>>(rows, len, log, x, y);
+}
 
 }  // namespace
 
@@ -289,11 +521,20 @@ void reduce(Reduce op, const ReduceShape& shape, const float* x, float* y, Strea
   // Rows: the reduced elements of an output are one contiguous run, and outputs follow runs.
   const bool rows = (s.reduced_rank == 0 || (s.reduced_rank == 1 && s.reduced_stride[0] == 1)) &&
                     (s.kept_rank == 0 || (s.kept_rank == 1 && s.kept_stride[0] == count));
-  if (rows)
+  // Columns: the last kept dim is x's innermost and at least a column tile's 8 wide.
+  const int64_t inner =
+      s.kept_rank > 0 && s.kept_stride[s.kept_rank - 1] == 1 ? s.kept[s.kept_rank - 1] : 0;
+  if (rows) {
     EPILOG_LAUNCH_ROWS(reduce_rows_kernel, outputs, count, stream, op, outputs, count, x, y);
-  else
+  } else if (inner >= 8) {
+    const int64_t outer = outputs / inner;
+    const int cols = column_tile([&](int64_t c) { return outer * ceil_div(inner, c); });
+    EPILOG_LAUNCH_COLUMNS(reduce_columns_kernel, cols, outer * ceil_div(inner, cols), stream, op, s,
+                          outputs, count, x, y);
+  } else {
     reduce_strided_kernel<<<grid_for(outputs, kThreads), kThreads, 0, stream>>>(op, s, outputs,
                                                                                 count, x, y);
+  }
   check_launch("reduce");
 }
 
@@ -301,8 +542,10 @@ void softmax(int64_t outer, int64_t n, int64_t inner, const float* x, float* y, 
              bool log) {
   const int64_t rows = outer * inner;
   if (rows == 0 || n == 0) return;
-  if (inner == 1)
-    EPILOG_LAUNCH_ROWS(softmax_rows_kernel, rows, n, stream, rows, n, log, x, y);
+  if (inner == 1 && n <= kWarpRowMax)
+    launch_softmax_regs(rows, int(n), log, x, y, stream);
+  else if (inner == 1)
+    softmax_rows_kernel<true><<<grid_for(rows, 1), kThreads, 0, stream>>>(rows, n, log, x, y);
   else
     softmax_strided_kernel<<<grid_for(rows, kThreads), kThreads, 0, stream>>>(outer, n, inner, log,
                                                                               x, y);
@@ -314,21 +557,24 @@ void row_norm(const RowNorm& s, const float* x, const float* scale, const float*
   if (s.rows == 0 || s.len == 0) return;
   EPILOG_CUDA_REQUIRE(s.inner > 0 && (s.groups == 0 || s.len % s.inner == 0));
   if (s.groups == 0 && s.inner > 1) {
-    // The widest column tile that still gives every SM two blocks; 8 columns at least (32-byte
-    // reads).
-    const int64_t outer = s.rows / s.inner, enough = max_blocks() / 4;
-    auto tiles = [&](int64_t cols) { return outer * ceil_div(s.inner, cols); };
-    if (tiles(32) >= enough)
-      row_norm_columns_kernel<32>
-          <<<grid_for(tiles(32), 1), kThreads, 0, stream>>>(s, x, scale, bias, y);
-    else if (tiles(16) >= enough)
-      row_norm_columns_kernel<16>
-          <<<grid_for(tiles(16), 1), kThreads, 0, stream>>>(s, x, scale, bias, y);
-    else
-      row_norm_columns_kernel<8>
-          <<<grid_for(tiles(8), 1), kThreads, 0, stream>>>(s, x, scale, bias, y);
-  } else
+    const int64_t outer = s.rows / s.inner;
+    const int cols = column_tile([&](int64_t c) { return outer * ceil_div(s.inner, c); });
+    EPILOG_LAUNCH_COLUMNS(row_norm_columns_kernel, cols, outer * ceil_div(s.inner, cols), stream, s,
+                          x, scale, bias, y);
+  } else if (s.len > kWarpRowMax &&
+             s.len <= (device_sm90() ? kClusterRowMax : int64_t(kThreads) * kClusterPer)) {
+    // Blocks a row: as few as hold it in registers, more (up to a cluster's 8) while the grid
+    // gives an SM fewer than two blocks.
+    constexpr int64_t kHeld = int64_t(kThreads) * kClusterPer;
+    const int64_t least = ceil_div(s.len, kHeld), enough = ceil_div(max_blocks() / 4, s.rows);
+    const int splits = device_sm90() ? int(std::clamp<int64_t>(enough, least, kClusterMax)) : 1;
+    const int chunk = int(ceil_div(s.len, splits));
+    EPILOG_CUDA_REQUIRE(s.rows * splits < (int64_t(1) << 31));
+    launch_pdl(row_norm_cluster_kernel, dim3(unsigned(s.rows * splits)), dim3(kThreads), 0, stream,
+               unsigned(splits), s, splits, chunk, x, scale, bias, y);
+  } else {
     EPILOG_LAUNCH_ROWS(row_norm_kernel, s.rows, s.len, stream, s, x, scale, bias, y);
+  }
   check_launch("row_norm");
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "epilog/io/builder.h"
+#include "epilog/kernels/launch.h"
 #include "gpu_util.h"
 
 using namespace epilog;
@@ -20,6 +21,9 @@ namespace {
 // the terms' sizes; a float32 sum of K terms in any order is off by at most (K + 1) u of it, and
 // the kernels' sums are at most 130 terms deep in a chain (lanes, then shuffles).
 constexpr test::Tolerance kFloat32Sum{1e-5, 1e-5, "float32 sum"};
+// matmul's TF32 kernel against the same magnitude: each operand rounded to 10 mantissa bits, as
+// gemm's convs (gpu_util.h kTf32Conv says why 2.5e-3 of it bounds a reduction up to 4096 deep).
+constexpr test::Tolerance kTf32Sum{2.5e-3, 2e-3, "TF32 sum"};
 // Softmax and the normalizations: results of order 1 after float32 sums of up to 4100 terms.
 constexpr test::Tolerance kFloat32Norm{2e-5, 2e-5, "float32 normalization"};
 constexpr test::Tolerance kExact{0, 0, "copy"};
@@ -144,10 +148,30 @@ TEST_CASE("gpu layout ops: reductions over rows and strided axes", "[gpu][ops]")
           kFloat32Sum, true);
 }
 
+TEST_CASE("gpu layout ops: reductions over columns (the channels of NCHW) and odd axes",
+          "[gpu][ops][reduce]") {
+  // The columns kernel where the last kept dim is x's innermost and at least 8 wide: reduced axes
+  // of 1 (no reduction: rows), 3 and 257 elements, the op_bench shape (mean over C of
+  // [16, 256, 56, 56], kept dims), no outer dim, two reduced dims apart (decoded an element),
+  // and a 4-wide inner dim (the strided kernel).
+  const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {
+      {{16, 256, 56, 56}, {1}}, {{2, 1, 40}, {1}},    {{4, 3, 50}, {1}},
+      {{2, 257, 9, 9}, {1}},    {{257, 33}, {0}},     {{3, 5, 7, 8}, {0, 2}},
+      {{3, 257, 4}, {1}},       {{2, 3, 70, 5}, {1}}, {{5, 300, 17}, {0, 1}}};
+  for (OpKind op : {OpKind::ReduceMean, OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMin})
+    for (const auto& [shape, axes] : cases)
+      for (const bool keep : {true, false})
+        check_op(
+            {shape},
+            [&](Builder& b, std::vector<Val> v) { return b.reduce(op, v[0], axes, keep); },
+            kFloat32Sum, true);
+}
+
 TEST_CASE("gpu layout ops: reduce_min and reduce_max propagate NaN", "[gpu][ops]") {
-  // A NaN in a row run by a warp, in one run by a block and in a strided column.
+  // A NaN in a row run by a warp, in one run by a block, in a strided column and in a column
+  // tile's column.
   for (const auto& [shape, axes] : std::vector<std::pair<Shape, std::vector<int64_t>>>{
-           {{4, 96}, {1}}, {{2, 4096}, {1}}, {{96, 4}, {0}}})
+           {{4, 96}, {1}}, {{2, 4096}, {1}}, {{96, 4}, {0}}, {{96, 40}, {0}}})
     for (OpKind op : {OpKind::ReduceMin, OpKind::ReduceMax}) {
       Builder b(5);
       b.output(b.reduce(op, b.input("x", shape), axes));
@@ -171,6 +195,7 @@ TEST_CASE("gpu layout ops: reduce_prod over rows and strided axes", "[gpu][ops]"
   const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {{{4, 96, 28, 28}, {2, 3}},
                                                                      {{2, 8, 64, 64}, {2, 3}},
                                                                      {{4, 96, 7, 7}, {1}},
+                                                                     {{2, 257, 9, 9}, {1}},
                                                                      {{3, 5, 7}, {0, 2}},
                                                                      {{3, 4, 5}, {}}};
   for (const auto& [shape, axes] : cases) {
@@ -185,10 +210,17 @@ TEST_CASE("gpu layout ops: reduce_prod over rows and strided axes", "[gpu][ops]"
   }
 }
 
-TEST_CASE("gpu layout ops: softmax and log_softmax over the last and inner axes", "[gpu][ops]") {
+TEST_CASE("gpu layout ops: softmax and log_softmax over the last and inner axes",
+          "[gpu][ops][softmax]") {
   // Rows by a warp, rows by a block (4100), strided columns.
   const std::vector<std::pair<Shape, int64_t>> cases = {
       {{8, 1000}, -1}, {{2, 3, 4100}, -1}, {{4, 16, 49}, 1}, {{2, 5, 7, 3}, 0}};
+  // Rows in registers (up to 1024: several rows a warp up to 16, then a warp a row) and longer
+  // rows by a block: lengths 1, 2, 7 (5 rows: a warp's second group of 4 half empty), 16, 32, 33,
+  // 196 (ViT's attention, the op_bench shape), 1000, 1024, 1025 and 4097.
+  const std::vector<Shape> rows = {{3, 1},    {9, 2},   {5, 7},    {7, 16},   {3, 32},
+                                   {5, 33},   {16, 12, 196, 196},  {6, 1000}, {3, 1024},
+                                   {2, 1025}, {3, 4097}};
   for (bool log : {false, true}) {
     const auto make = [log](Builder& b, Val x, int64_t axis) {
       return log ? b.log_softmax(x, axis) : b.softmax(x, axis);
@@ -196,6 +228,10 @@ TEST_CASE("gpu layout ops: softmax and log_softmax over the last and inner axes"
     for (const auto& [shape, axis] : cases)
       check_op(
           {shape}, [&](Builder& b, std::vector<Val> v) { return make(b, v[0], axis); },
+          kFloat32Norm);
+    for (const Shape& shape : rows)
+      check_op(
+          {shape}, [&](Builder& b, std::vector<Val> v) { return make(b, v[0], -1); },
           kFloat32Norm);
     // Large inputs, a row and a column: the max comes out before any e^x.
     for (int64_t axis : {-1, 0}) {
@@ -244,16 +280,57 @@ TEST_CASE("gpu layout ops: layer_norm, group_norm and instance_norm", "[gpu][ops
       kFloat32Norm);
 }
 
-TEST_CASE("gpu layout ops: batched matmul with broadcasting", "[gpu][ops]") {
-  const std::vector<std::pair<Shape, Shape>> cases = {
-      {{2, 56, 56, 96}, {96, 384}},      // convnext's linear: folded into one matrix
-      {{3, 1, 37, 70}, {1, 4, 70, 65}},  // both broadcast, partial tiles
-      {{4, 65, 130}, {4, 130, 33}},
-      {{50, 7}, {2, 3, 7, 9}}};
-  for (const auto& [sa, sb] : cases)
+TEST_CASE("gpu layout ops: long normalized rows split over a cluster", "[gpu][ops][norm]") {
+  // Rows over kWarpRowMax: held in registers by a cluster of up to 8 blocks (one block off
+  // Hopper, up to 4096), past 32768 a block a row re-reading it. group_norm at the op_bench shape
+  // (512 groups of 25088), groups of one channel (4096 each) and of all channels (25600, and
+  // 40000: a block), instance_norm's planes (1600), layer_norm just past a warp's row (1025) and
+  // a cluster's 8 x 4096 exactly.
+  const std::vector<std::pair<Shape, int64_t>> groups = {{{16, 256, 56, 56}, 32},
+                                                         {{2, 8, 64, 64}, 8},
+                                                         {{2, 16, 40, 40}, 1},
+                                                         {{1, 4, 100, 100}, 1},
+                                                         {{3, 6, 33, 31}, 3}};
+  for (const auto& [shape, g] : groups)
     check_op(
-        {sa, sb}, [](Builder& b, std::vector<Val> v) { return b.matmul(v[0], v[1]); }, kFloat32Sum,
-        true);
+        {shape}, [&](Builder& b, std::vector<Val> v) { return b.group_norm(v[0], "gn", g); },
+        kFloat32Norm);
+  check_op(
+      {{2, 4, 40, 40}}, [](Builder& b, std::vector<Val> v) { return b.instance_norm(v[0], "in"); },
+      kFloat32Norm);
+  for (const Shape& shape : std::vector<Shape>{{3, 1025}, {2, 32768}, {5, 4096}, {2, 2, 9000}})
+    check_op(
+        {shape}, [](Builder& b, std::vector<Val> v) { return b.layer_norm(v[0], "ln"); },
+        kFloat32Norm);
+}
+
+TEST_CASE("gpu layout ops: batched matmul with broadcasting", "[gpu][ops][matmul]") {
+  // TF32 where matmul_runs_tf32 says (k and n at least 8), within kTf32Sum of the magnitude; the
+  // SIMT kernel's fp32 within kFloat32Sum. ViT's attention products (the op_bench shapes), edges
+  // of every size, 16-byte copies and 4-byte ones (k or n not a multiple of 4), batches that fold
+  // into m and ones that broadcast either operand.
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{192, 196, 64}, {192, 64, 196}},  // q @ k^T
+      {{192, 196, 196}, {192, 196, 64}},  // p @ v
+      {{2, 56, 56, 96}, {96, 384}},       // convnext's linear: folded into one matrix
+      {{3, 1, 37, 70}, {1, 4, 70, 65}},   // both broadcast, partial tiles
+      {{4, 65, 130}, {4, 130, 33}},
+      {{2, 3, 67, 9}, {3, 9, 130}},       // b broadcast over the outer batch: no fold
+      {{6, 129, 257}, {257, 31}},         // odd k and n: 4-byte copies, folded
+      {{7, 33, 8}, {8, 8}},               // one mma deep and wide
+      {{1, 100}, {100, 300}},             // m = 1
+      {{5, 1, 9}, {9, 13}},               // m = 1 a batch, folded to 5 rows
+      {{50, 7}, {2, 3, 7, 9}},            // k = 7: SIMT
+      {{2, 1, 100}, {2, 100, 1}},         // n = 1 (GEMV-like): SIMT
+      {{1, 1}, {1, 1}},                   // m = n = k = 1
+      {{3, 4, 1}, {1, 5}}};               // k = 1
+  for (const auto& [sa, sb] : cases) {
+    const bool tf32 = matmul_runs_tf32(sb.back(), sb[sb.size() - 2]);
+    INFO((tf32 ? "tf32" : "simt") << ": " << shape_str(sa) << " @ " << shape_str(sb));
+    check_op(
+        {sa, sb}, [](Builder& b, std::vector<Val> v) { return b.matmul(v[0], v[1]); },
+        tf32 ? kTf32Sum : kFloat32Sum, true);
+  }
 }
 
 TEST_CASE("gpu layout ops: conv_transpose2d", "[gpu][ops]") {

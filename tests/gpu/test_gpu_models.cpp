@@ -7,7 +7,7 @@
 // (test::channel_magnitude), with atol
 //   2e-5 with the SIMT conv kernels (scalar, tiled) and the unfused GPU graph: float32 with
 //     its rounding carried through ~60 layers (test::kSimtGraph);
-//   5e-3 with any gemm kernel (TF32 tensor cores; test::kTf32Graph).
+//   5e-3 with any gemm kernel or TF32 matmul (tensor cores; test::kTf32Graph).
 // Each comparison prints how near its bound it came, so the logs record a card's margin.
 #include <catch2/catch.hpp>
 
@@ -21,6 +21,7 @@
 
 #include "epilog/epilog.h"
 #include "epilog/io/model.h"
+#include "epilog/kernels/launch.h"
 #include "gpu_util.h"
 #include "test_graphs.h"
 #include "yolo_like.h"
@@ -41,11 +42,16 @@ std::map<std::string, Tensor> run(Graph g, const CompileOptions& options,
   Compiled c = compile(std::move(g), options);
   if (uses_gemm) {
     *uses_gemm = false;
-    for (size_t i = 0; i < c.plan.nodes.size(); ++i)
-      if ((c.plan.graph.nodes[i].op == OpKind::FusedConv2d ||
-           c.plan.graph.nodes[i].op == OpKind::Conv2d) &&
+    for (size_t i = 0; i < c.plan.nodes.size(); ++i) {
+      const Node& n = c.plan.graph.nodes[i];
+      if ((n.op == OpKind::FusedConv2d || n.op == OpKind::Conv2d) &&
           c.plan.nodes[i].conv == ConvKernel::Gemm)
         *uses_gemm = true;
+      if (n.op == OpKind::MatMul) {  // TF32 too where matmul_runs_tf32 says
+        const Shape& b = c.plan.graph.value(n.inputs[1]).shape;
+        if (matmul_runs_tf32(b.back(), b[b.size() - 2])) *uses_gemm = true;
+      }
+    }
   }
   std::unique_ptr<Backend> backend = make_backend(options.device);
   Executor ex(std::move(c.plan), *backend);

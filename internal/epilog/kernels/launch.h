@@ -249,6 +249,23 @@ inline const char* linear_launch_str(int64_t rows) {
   return linear_runs_gemv(rows) ? "gemv" : "tiled";
 }
 
+// -- matmul (cuda::matmul): TF32 tensor-core tiles (mma.sync m16n8k8, fp32 sums) for products at
+// least an mma deep (k >= 8) and wide (n >= 8), else the fp32 SIMT tiles. Below that an m16n8k8
+// multiplies mostly the zeros that pad k or n, and such products (a GEMV-like column, a sum of a
+// few terms) stay exact in fp32; where exactly the SIMT tiles stop losing is to be measured.
+// m plays no part: the launcher may fold a batch into it. --
+constexpr int kMatmulTf32M = 64, kMatmulTf32N = 64, kMatmulTf32K = 32;  // 2 stages (cp.async)
+constexpr int kMatmulSimtM = 64, kMatmulSimtN = 64, kMatmulSimtK = 16;
+inline bool matmul_runs_tf32(int64_t n, int64_t k) {
+  return n >= 8 && k >= 8;
+}
+// explain's tiles column for it: "tf32 m=64 n=64 k=32 stages=2" or "simt m=64 n=64 k=16".
+inline std::string matmul_launch_str(int64_t n, int64_t k) {
+  return matmul_runs_tf32(n, k)
+             ? "tf32 " + conv_tiles_str({kMatmulTf32M, kMatmulTf32N, kMatmulTf32K, 2})
+             : "simt " + conv_tiles_str({kMatmulSimtM, kMatmulSimtN, kMatmulSimtK});
+}
+
 // -- maxpool2d (cuda::maxpool2d, maxpool2d_chain): maxpool_kernel (shapes.h) picks; a chain of
 // `count` "same" pools is one launch --
 inline std::string maxpool_launch_str(MaxPoolKernel k, int count = 1) {
