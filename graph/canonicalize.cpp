@@ -9,8 +9,11 @@
 //   LayerNorm as reduce_mean, sub, pow, ..., add       -> layer_norm
 //   reduce_mean over every dim after N and C           -> global_avgpool (+ flatten)
 //   reshape, transpose, reshape on the channels        -> channel_shuffle
+//   reshape to 6-D, transpose, reshape (pixel_shuffle) -> depth_to_space
 //   transpose to NHWC, layer_norm / linear / activation -> their NCHW twins, transposes that
 //   cancel                                               -> none
+//   conv_transpose2d of groups 1, dilation 1          -> conv2d, depth_to_space (+ slice)
+//   batchnorm or activation of depth_to_space          -> the same before it
 #include <algorithm>
 #include <cmath>
 
@@ -331,6 +334,228 @@ Rule channel_shuffle_rule() {
           }};
 }
 
+// -- conv_transpose2d as a conv2d and a depth_to_space (sub-pixel convolution) --
+// Output row oh = s * m + p (phase p = oh % s) of a transposed conv with stride s, padding pad
+// and dilation 1 gathers input rows ih = m + d through taps i = p + pad - s * d, 0 <= i < R: for
+// every phase the same window of offsets d_min..d_max around m. So the op is a stride-1 conv2d
+// of x with a T = d_max - d_min + 1 tall kernel (padded -d_min on top), whose K * sh * sw output
+// channels are the K channels at each phase, tap (i, j) of phase (p, q) at row d - d_min, column
+// e - e_min (zero where no tap lands), then depth_to_space (CRD) of those phases, and a slice
+// where the output is not a whole number of strides tall or wide. A kernel as large as the
+// stride (U-Net's 2x2 stride 2) makes a 1x1 conv, each output pixel from one input pixel; 4x4
+// stride 2 padding 1 (DCGAN) a 3x3 conv of 4 * K channels. The conv then runs on the conv
+// kernels (tensor cores). Groups and dilation keep the op (cuda::conv_transpose2d).
+
+// One spatial dim of the rewrite: the conv's kernel extent and padding, the first offset, and
+// the conv's output extent (ceil(out / stride)).
+struct SubPixelDim {
+  int64_t taps = 0, pad_begin = 0, pad_end = 0, d_min = 0, rows = 0;
+};
+
+int64_t floor_div(int64_t a, int64_t b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// Input extent `in`, output `out`, kernel extent r, stride s, begin padding pad; false where
+// the conv would need negative padding.
+bool sub_pixel_dim(int64_t in, int64_t out, int64_t r, int64_t s, int64_t pad, SubPixelDim& d) {
+  d.d_min = -floor_div(r - 1 - pad, s);  // ceil((pad - (r - 1)) / s)
+  const int64_t d_max = floor_div(s - 1 + pad, s);
+  d.taps = d_max - d.d_min + 1;
+  d.pad_begin = -d.d_min;
+  d.rows = (out + s - 1) / s;
+  d.pad_end = d.rows - in + d.taps - 1 - d.pad_begin;
+  return d.pad_begin >= 0 && d.pad_end >= 0 && d.taps >= 1;
+}
+
+std::string sub_pixel_refusal(const Graph& g, const Node& ct, SubPixelDim dims[2]) {
+  if (!g.is_weight(ct.inputs[1]))
+    return fmt::format("the weight of '{}' is computed, not a constant", ct.name);
+  if (ct.inputs.size() > 2 && !g.is_weight(ct.inputs[2]))
+    return fmt::format("the bias of '{}' is computed, not a constant", ct.name);
+  if (ct.attrs.i("groups") != 1)
+    return fmt::format("'{}' has groups={}", ct.name, ct.attrs.i("groups"));
+  const auto& dil = ct.attrs.ints("dilation");
+  if (dil[0] != 1 || dil[1] != 1)
+    return fmt::format("'{}' has dilation {}x{}", ct.name, dil[0], dil[1]);
+  const Shape &x = g.value(ct.inputs[0]).shape, &w = g.value(ct.inputs[1]).shape;
+  const Shape& y = g.value(ct.outputs[0]).shape;
+  const auto& stride = ct.attrs.ints("stride");
+  const auto& pad = ct.attrs.ints("padding");
+  for (int d = 0; d < 2; ++d)
+    if (!sub_pixel_dim(x[size_t(2 + d)], y[size_t(2 + d)], w[size_t(2 + d)], stride[size_t(d)],
+                       pad[size_t(d)], dims[d]))
+      return fmt::format("'{}' needs negative padding as a conv (padding {} of a kernel {})",
+                         ct.name, pad[size_t(d)], w[size_t(2 + d)]);
+  return "";
+}
+
+Replacement to_sub_pixel(const Match& m) {
+  const Graph& g = *m.graph;
+  const Node& ct = m.node("ct");
+  SubPixelDim dims[2];
+  EPILOG_ASSERT(sub_pixel_refusal(g, ct, dims).empty());
+  const Shape& ws = g.value(ct.inputs[1]).shape;
+  const Shape& ys = g.value(ct.outputs[0]).shape;
+  const int64_t c = ws[0], k = ws[1], r = ws[2], s = ws[3];
+  const int64_t sh = ct.attrs.ints("stride")[0], sw = ct.attrs.ints("stride")[1];
+  const int64_t pt = ct.attrs.ints("padding")[0], pl = ct.attrs.ints("padding")[1];
+  const SubPixelDim &dh = dims[0], &dw = dims[1];
+  const int64_t phases = sh * sw, kc = k * phases;
+  // -- the conv's weight [K * sh * sw, C, Th, Tw] and bias, channel k * sh * sw + p * sw + q --
+  Tensor wc = Tensor::full({kc, c, dh.taps, dw.taps}, 0.0f);
+  const float* w = g.weights.at(ct.inputs[1]).data.f32();
+  float* out = wc.f32();
+  for (int64_t ko = 0; ko < k; ++ko)
+    for (int64_t p = 0; p < sh; ++p)
+      for (int64_t q = 0; q < sw; ++q)
+        for (int64_t th = 0; th < dh.taps; ++th)
+          for (int64_t tw = 0; tw < dw.taps; ++tw) {
+            const int64_t i = p + pt - sh * (th + dh.d_min), j = q + pl - sw * (tw + dw.d_min);
+            if (i < 0 || i >= r || j < 0 || j >= s) continue;
+            const int64_t o = ko * phases + p * sw + q;
+            for (int64_t ci = 0; ci < c; ++ci)
+              out[((o * c + ci) * dh.taps + th) * dw.taps + tw] =
+                  w[((ci * k + ko) * r + i) * s + j];
+          }
+  Replacement rep;
+  const std::string wname = g.unique_name(ct.inputs[1] + ".sub_pixel");
+  rep.weights[wname] = wc;
+  std::vector<std::string> ins{ct.inputs[0], wname};
+  if (ct.inputs.size() > 2) {
+    Tensor bc = Tensor::empty({kc});
+    const float* b = g.weights.at(ct.inputs[2]).data.f32();
+    for (int64_t o = 0; o < kc; ++o) bc.f32()[o] = b[o / phases];
+    ins.push_back(g.unique_name(ct.inputs[2] + ".sub_pixel"));
+    rep.weights[ins.back()] = bc;
+  }
+  // -- conv2d -> depth_to_space [-> slice]: at stride 1 the conv alone --
+  Attrs conv;
+  conv.set("padding", std::vector<int64_t>{dh.pad_begin, dw.pad_begin, dh.pad_end, dw.pad_end});
+  const bool crop = dh.rows * sh != ys[2] || dw.rows * sw != ys[3];
+  const std::string phased =
+      phases == 1 && !crop ? ct.outputs[0] : g.unique_name(ct.outputs[0] + ".phases");
+  rep.nodes.push_back(
+      Node{ct.name, OpKind::Conv2d, normalize_attrs(OpKind::Conv2d, ct.name, conv), ins, {phased}});
+  if (phases == 1 && !crop) return rep;
+  Attrs d2s;
+  d2s.set("blocksize", std::vector<int64_t>{sh, sw});
+  d2s.set("mode", std::string("CRD"));
+  const std::string d2s_name = g.unique_name(ct.name + ".depth_to_space");
+  const std::string spaced = crop ? g.unique_name(ct.outputs[0] + ".uncropped") : ct.outputs[0];
+  rep.nodes.push_back(Node{d2s_name,
+                           OpKind::DepthToSpace,
+                           normalize_attrs(OpKind::DepthToSpace, d2s_name, d2s),
+                           {phased},
+                           {spaced}});
+  if (crop) {
+    Attrs sl;
+    sl.set("starts", std::vector<int64_t>{0, 0});
+    sl.set("ends", std::vector<int64_t>{ys[2], ys[3]});
+    sl.set("axes", std::vector<int64_t>{2, 3});
+    const std::string name = g.unique_name(ct.name + ".crop");
+    rep.nodes.push_back(
+        Node{name, OpKind::Slice, normalize_attrs(OpKind::Slice, name, sl), {spaced}, ct.outputs});
+  }
+  return rep;
+}
+
+Rule sub_pixel_rule() {
+  return {"conv_transpose2d->conv2d->depth_to_space", op(OpKind::ConvTranspose2d, {}, "ct"),
+          OpKind::Conv2d,
+          [](const Match& m) {
+            SubPixelDim dims[2];
+            return sub_pixel_refusal(*m.graph, m.node("ct"), dims);
+          },
+          to_sub_pixel};
+}
+
+// A batchnorm of depth_to_space's output, its parameters constants, runs before it with each
+// parameter repeated over the channels that become its channel (then fusion takes it into the
+// conv before); so does an activation (canonicalize_rules).
+Rule batchnorm_first_rule() {
+  return {"batchnorm(depth_to_space)->depth_to_space(batchnorm)",
+          op(OpKind::BatchNorm, {op(OpKind::DepthToSpace, {any("x")}, "layout")}, "bn"),
+          OpKind::BatchNorm,
+          [](const Match& m) -> std::string {
+            const Node& bn = m.node("bn");
+            for (size_t i = 1; i < bn.inputs.size(); ++i)
+              if (!m.graph->is_weight(bn.inputs[i]))
+                return fmt::format("'{}' of '{}' is computed, not a constant", bn.inputs[i],
+                                   bn.name);
+            return "";
+          },
+          [](const Match& m) {
+            const Graph& g = *m.graph;
+            Node bn = m.node("bn"), layout = m.node("layout");
+            const auto& b = layout.attrs.ints("blocksize");
+            const int64_t phases = b[0] * b[1], c = g.value(bn.inputs[0]).shape[1];
+            const bool crd = layout.attrs.s("mode") == "CRD";
+            Replacement r;
+            for (size_t i = 1; i < bn.inputs.size(); ++i) {
+              const float* v = g.weights.at(bn.inputs[i]).data.f32();
+              Tensor t = Tensor::empty({c * phases});
+              for (int64_t o = 0; o < c * phases; ++o) t.f32()[o] = v[crd ? o / phases : o % c];
+              const std::string name = g.unique_name(bn.inputs[i] + ".phases");
+              r.weights[name] = t;
+              bn.inputs[i] = name;
+            }
+            const std::string pre = g.unique_name(bn.name + ".pre_depth_to_space");
+            layout.outputs = bn.outputs;
+            layout.inputs = {pre};
+            bn.inputs[0] = m.value("x");
+            bn.outputs = {pre};
+            r.nodes = {bn, layout};
+            return r;
+          }};
+}
+
+// x [N, C, H, W] reshaped to [N, C', bh, bw, H, W], permuted to [N, C', H, bh, W, bw] and
+// reshaped to [N, C', H * bh, W * bw] is depth_to_space CRD (PyTorch's pixel_shuffle as its
+// exporters decompose it); from [N, bh, bw, C', H, W] by [0, 3, 4, 1, 5, 2], DCR.
+Rule depth_to_space_rule() {
+  const auto mode = [](const Match& m, int64_t& bh, int64_t& bw) -> std::string {
+    const Graph& g = *m.graph;
+    const Shape& x = g.value(m.value("x")).shape;
+    const Shape& split = g.value(m.value("split")).shape;
+    const Shape& y = g.value(m.value("merge")).shape;
+    const Node& swap = m.node("swap");
+    const std::vector<Shape> shapes{split};
+    if (x.size() == 4 && split.size() == 6 && split[0] == x[0] && split[4] == x[2] &&
+        split[5] == x[3]) {
+      const std::vector<int64_t> perm =
+          transpose_perm(InferContext{swap.op, swap.name, swap.attrs, shapes});
+      const bool crd = perm == std::vector<int64_t>{0, 1, 4, 2, 5, 3};
+      const bool dcr = perm == std::vector<int64_t>{0, 3, 4, 1, 5, 2};
+      bh = crd ? split[2] : split[1];
+      bw = crd ? split[3] : split[2];
+      const int64_t c = crd ? split[1] : split[3];
+      if ((crd || dcr) && y == Shape{x[0], c, x[2] * bh, x[3] * bw}) return crd ? "CRD" : "DCR";
+    }
+    return "";
+  };
+  return {"reshape->transpose->reshape->depth_to_space",
+          op(OpKind::Reshape,
+             {op(OpKind::Transpose, {op(OpKind::Reshape, {any("x")}, "split")}, "swap")}, "merge"),
+          OpKind::DepthToSpace,
+          [mode](const Match& m) -> std::string {
+            int64_t bh = 0, bw = 0;
+            if (!mode(m, bh, bw).empty()) return "";
+            const Graph& g = *m.graph;
+            return fmt::format("{} -> {} -> {} is no depth_to_space",
+                               shape_str(g.value(m.value("x")).shape),
+                               shape_str(g.value(m.value("split")).shape),
+                               shape_str(g.value(m.value("swap")).shape));
+          },
+          [mode](const Match& m) {
+            int64_t bh = 0, bw = 0;
+            Attrs a;
+            a.set("mode", mode(m, bh, bw));
+            a.set("blocksize", std::vector<int64_t>{bh, bw});
+            return unary(m, OpKind::DepthToSpace, a);
+          }};
+}
+
 // -- channels-last blocks back to NCHW --
 // ConvNeXt runs its MLP on NHWC: transpose(0,2,3,1), layer_norm over C, linear, gelu, linear,
 // transpose(0,3,1,2). The transpose moves down through each op, which becomes its NCHW twin (the
@@ -467,7 +692,18 @@ std::vector<Rule> canonicalize_rules() {
   layer_norm_rules(rules);
   rules.push_back(global_avgpool_rule());
   rules.push_back(channel_shuffle_rule());
+  rules.push_back(depth_to_space_rule());
   channels_last_rules(rules);
+  rules.push_back(sub_pixel_rule());
+  rules.push_back(batchnorm_first_rule());
+  for (int i = 0; i < kNumOps; ++i) {
+    const OpKind kind = OpKind(i);
+    if (!is_activation_op(kind)) continue;
+    rules.push_back(
+        Rule{std::string(op_name(kind)) + "(depth_to_space)->depth_to_space(" + op_name(kind) + ")",
+             op(kind, {op(OpKind::DepthToSpace, {any("x")}, "layout")}, "act"), kind, nullptr,
+             activation_first});
+  }
   return rules;
 }
 

@@ -240,6 +240,22 @@ std::vector<Shape> infer_channel_shuffle(const InferContext& ctx) {
   return {x};
 }
 
+// depth_to_space: [N, C' * bh * bw, H, W] -> [N, C', H * bh, W * bw]; space_to_depth back.
+std::vector<Shape> infer_depth_to_space(const InferContext& ctx) {
+  expect_rank(ctx, 0, 4);
+  expect_positive(ctx, "blocksize");
+  const Shape& x = ctx.inputs[0];
+  const int64_t bh = ctx.attrs.ints("blocksize")[0], bw = ctx.attrs.ints("blocksize")[1];
+  if (ctx.op == OpKind::DepthToSpace) {
+    if (x[1] % (bh * bw) != 0)
+      ctx.fail("blocksize {}x{} does not divide the {} channels of {}", bh, bw, x[1], shape_str(x));
+    return {{x[0], x[1] / (bh * bw), x[2] * bh, x[3] * bw}};
+  }
+  if (x[2] % bh != 0 || x[3] % bw != 0)
+    ctx.fail("blocksize {}x{} does not divide the plane of {}", bh, bw, shape_str(x));
+  return {{x[0], x[1] * bh * bw, x[2] / bh, x[3] / bw}};
+}
+
 std::vector<Shape> infer_reshape(const InferContext& ctx) {
   const Shape& x = ctx.inputs[0];
   const auto& want = ctx.attrs.ints("shape");
@@ -610,7 +626,7 @@ const std::string& OpInfo::input_name(size_t i) const {
 }
 
 const OpInfo& op_info(OpKind kind) {
-  static_assert(kNumOps == 56, "a new op needs a CPU kernel, a CUDA kernel and a test");
+  static_assert(kNumOps == 58, "a new op needs a CPU kernel, a CUDA kernel and a test");
   const auto& ops = table();
   EPILOG_ASSERT(ops.size() == size_t(kNumOps));
   return ops[static_cast<size_t>(kind)];

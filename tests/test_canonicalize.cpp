@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
+#include "epilog/graph/lowering.h"
 #include "epilog/graph/passes.h"
 #include "epilog/io/builder.h"
 #include "kernel_check.h"
@@ -467,4 +469,178 @@ TEST_CASE("canonicalize: transposes that are not NHWC's stay, composed where the
   std::map<std::string, Tensor> in{{"x", Tensor::randn({2, 3, 4, 5}, 8)}};
   const auto want = test::run_cpu(source, in), got = test::run_cpu(g, in);
   for (const std::string& out : source.outputs) check_close(got.at(out), want.at(out), 1e-6, 1e-6);
+}
+
+// -- conv_transpose2d as conv2d and depth_to_space --
+
+namespace {
+
+// conv_transpose2d(x) of `o` [-> batchnorm -> relu] on x of `shape`.
+Graph conv_transpose_graph(const Shape& shape, const ConvOpts& o, bool bn_relu = false) {
+  Builder b(41);
+  Val y = b.conv_transpose2d(b.input("x", shape), "up", o);
+  if (bn_relu) y = b.relu(b.batchnorm(y, "bn"), "act");
+  b.output(y);
+  return b.build();
+}
+
+// `source` optimized (fuse: as compile does; else canonicalized only) computes what it computes
+// on the CPU, within float32 sums of its reductions; returns the optimized graph.
+Graph same_values(const Graph& source, bool fuse) {
+  Graph g = source;
+  PassOptions o;
+  o.fuse = fuse;
+  const PassReport r = optimize(g, o);
+  INFO(r.summary() << "\n" << fmt::format("{}", fmt::join(r.refusals, "\n")));
+  std::map<std::string, Tensor> in;
+  for (const std::string& name : source.inputs)
+    in[name] = Tensor::randn(source.value(name).shape, 12);
+  const auto want = test::run_cpu(source, in), got = test::run_cpu(g, in);
+  for (const std::string& out : source.outputs) check_close(got.at(out), want.at(out), 1e-5, 1e-5);
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "canonicalize: conv_transpose2d of groups 1 and dilation 1 is a conv2d and a "
+    "depth_to_space",
+    "[canonicalize][conv_transpose]") {
+  struct Case {
+    Shape x;
+    ConvOpts o;
+    Shape conv_weight;  // [K * sh * sw, C, Th, Tw]
+    std::vector<int64_t> padding;
+    bool crop;
+  };
+  const std::vector<Case> cases = {
+      // U-Net's 2x2 stride 2: a 1x1 conv, one input pixel an output pixel.
+      {{2, 6, 5, 4}, ConvOpts(4, 2).stride(2).bias(), {16, 6, 1, 1}, {0, 0, 0, 0}, false},
+      {{1, 3, 3, 3}, ConvOpts(2, 4).stride(4), {32, 3, 1, 1}, {0, 0, 0, 0}, false},
+      {{1, 4, 3, 5},
+       ConvOpts(3, 2).kernel(2, 3).stride(2, 3).bias(),
+       {18, 4, 1, 1},
+       {0, 0, 0, 0},
+       false},
+      // DCGAN's 4x4 stride 2 padding 1: a 3x3 conv of four phases.
+      {{2, 5, 4, 4},
+       ConvOpts(3, 4).stride(2).padding(1).bias(),
+       {12, 5, 3, 3},
+       {1, 1, 1, 1},
+       false},
+      // CycleGAN's 3x3 stride 2 padding 1 output_padding 1, and without it (cropped).
+      {{1, 4, 5, 6},
+       ConvOpts(3, 3).stride(2).padding(1).output_padding(1, 1),
+       {12, 4, 2, 2},
+       {0, 0, 1, 1},
+       false},
+      {{1, 4, 5, 6}, ConvOpts(3, 3).stride(2).padding(1).bias(), {12, 4, 2, 2}, {0, 0, 1, 1}, true},
+      // Stride 1 is a conv2d of the flipped kernel alone.
+      {{1, 3, 6, 6}, ConvOpts(2, 3).padding(1), {2, 3, 3, 3}, {1, 1, 1, 1}, false},
+      // A kernel smaller than its stride: phases no tap reaches hold the bias only.
+      {{1, 3, 4, 4}, ConvOpts(2, 1).stride(2).bias(), {8, 3, 1, 1}, {0, 0, 0, 0}, true},
+      // Asymmetric padding.
+      {{1, 2, 4, 5},
+       ConvOpts(3, 4).stride(2).padding(2, 1, 0, 1),
+       {12, 2, 2, 3},
+       {0, 1, 1, 1},
+       false}};
+  for (const Case& c : cases) {
+    const Graph source = conv_transpose_graph(c.x, c.o);
+    INFO(shape_str(c.x) << " -> " << shape_str(source.value(source.outputs[0]).shape));
+    const Graph g = same_values(source, false);
+    const auto counts = g.op_counts();
+    CHECK(counts.count(OpKind::ConvTranspose2d) == 0);
+    const bool phases = c.conv_weight[0] != source.value(source.outputs[0]).shape[1];
+    REQUIRE(g.nodes.size() == (phases ? c.crop ? 3u : 2u : 1u));
+    const Node& conv = g.nodes[0];
+    CHECK(conv.op == OpKind::Conv2d);
+    CHECK(conv.name == "up");
+    CHECK(g.value(conv.inputs[1]).shape == c.conv_weight);
+    CHECK(conv.attrs.ints("padding") == c.padding);
+    if (phases) {
+      CHECK(g.nodes[1].op == OpKind::DepthToSpace);
+      CHECK(g.nodes[1].attrs.s("mode") == "CRD");
+    }
+    if (c.crop) CHECK(g.nodes[2].op == OpKind::Slice);
+    CHECK(g.nodes.back().outputs == source.outputs);
+    CHECK(!g.is_weight("up.weight"));  // the old weight went with its node
+    // Fused as compile fuses: the conv takes the bias in its epilogue.
+    const Graph f = same_values(source, true);
+    CHECK(f.op_counts().at(OpKind::FusedConv2d) == 1);
+  }
+}
+
+TEST_CASE("canonicalize: conv_transpose2d the rewrite cannot express stays, saying why",
+          "[canonicalize][conv_transpose]") {
+  const std::vector<std::tuple<Shape, ConvOpts, std::string>> cases = {
+      {{1, 4, 5, 5}, ConvOpts(4, 2).stride(2).groups(2), "has groups=2"},
+      {{1, 4, 5, 5}, ConvOpts(4, 4).stride(4).groups(4), "has groups=4"},
+      {{1, 3, 5, 5}, ConvOpts(2, 3).stride(2).dilation(2), "has dilation 2x2"},
+      // Padding past the kernel: the conv would start inside x.
+      {{1, 3, 5, 5}, ConvOpts(2, 2).stride(2).padding(2), "needs negative padding"}};
+  for (const auto& [shape, o, why] : cases) {
+    const Graph source = conv_transpose_graph(shape, o);
+    INFO(why);
+    untouched(source, why);
+    same_values(source, true);
+  }
+  // A weight known only at run time.
+  Graph g = conv_transpose_graph({1, 3, 4, 4}, ConvOpts(2, 2).stride(2));
+  g.weights.erase("up.weight");
+  g.inputs.push_back("up.weight");
+  untouched(g, "weight of 'up' is computed");
+}
+
+TEST_CASE(
+    "canonicalize: a batchnorm and an activation after a conv_transpose2d fuse into the "
+    "conv before the depth_to_space",
+    "[canonicalize][conv_transpose]") {
+  for (const ConvOpts& o : {ConvOpts(3, 2).stride(2).bias(), ConvOpts(3, 4).stride(2).padding(1)}) {
+    const Graph source = conv_transpose_graph({2, 4, 4, 4}, o, true);
+    const Graph g = same_values(source, true);
+    REQUIRE(g.nodes.size() == 2);
+    CHECK(g.nodes[0].op == OpKind::FusedConv2d);
+    CHECK(g.nodes[0].attrs.s("activation") == "relu");
+    CHECK(g.nodes[1].op == OpKind::DepthToSpace);
+    CHECK(g.nodes[1].outputs == source.outputs);
+  }
+  // DCR phases repeat the parameters the other way round.
+  Builder b(43);
+  b.output(b.relu(
+      b.batchnorm(b.depth_space(OpKind::DepthToSpace, b.input("x", {2, 12, 3, 3}), {2}), "bn")));
+  const Graph g = same_values(b.build(), false);
+  REQUIRE(g.nodes.size() == 3);
+  CHECK(g.nodes[2].op == OpKind::DepthToSpace);
+}
+
+TEST_CASE("canonicalize: explain shows the conv and the depth_to_space of a conv_transpose2d",
+          "[canonicalize][conv_transpose]") {
+  Graph g = conv_transpose_graph({16, 256, 32, 32}, ConvOpts(128, 2).stride(2).bias());
+  optimize(g);
+  LowerOptions cuda;
+  cuda.device = Device::CUDA;
+  const std::string text = explain(lower(g, cuda));
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("fused_conv2d") && Catch::Contains("gemm") &&
+                       Catch::Contains("[16,256,32,32] -> [16,512,32,32]") &&
+                       Catch::Contains("depth_to_space") &&
+                       Catch::Contains("[16,512,32,32] -> [16,128,64,64]"));
+  CHECK_THAT(text, !Catch::Contains("conv_transpose2d"));
+}
+
+TEST_CASE("canonicalize: pixel_shuffle as reshape, transpose, reshape is depth_to_space",
+          "[canonicalize][conv_transpose]") {
+  const auto build = [](const std::vector<int64_t>& split, const std::vector<int64_t>& perm) {
+    Builder b;
+    Val x = b.input("x", {2, 12, 3, 5});
+    b.output(b.reshape(b.transpose(b.reshape(x, split), perm), {2, 3, 6, 10}));
+    return b.build();
+  };
+  Graph g = canonical(build({2, 3, 2, 2, 3, 5}, {0, 1, 4, 2, 5, 3}), OpKind::DepthToSpace, 0);
+  CHECK(g.nodes[0].attrs.s("mode") == "CRD");
+  g = canonical(build({2, 2, 2, 3, 3, 5}, {0, 3, 4, 1, 5, 2}), OpKind::DepthToSpace, 0);
+  CHECK(g.nodes[0].attrs.s("mode") == "DCR");
+  CHECK(g.nodes[0].attrs.ints("blocksize") == std::vector<int64_t>{2, 2});
+  untouched(build({2, 3, 2, 2, 3, 5}, {0, 1, 4, 3, 5, 2}), "is no depth_to_space");
 }

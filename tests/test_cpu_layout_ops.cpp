@@ -152,6 +152,67 @@ TEST_CASE("cpu ops: channel_shuffle against its index formula, and as the gather
                          test::Says({"[channel_shuffle]", "'cs'", "groups=5", "12 channels"}));
 }
 
+// -- depth_to_space, space_to_depth --
+
+TEST_CASE("cpu ops: depth_to_space as ONNX's examples, both modes", "[cpu][depth_to_space]") {
+  std::vector<float> v(48);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = float(i);
+  const Tensor x = Tensor::from_vector({1, 8, 2, 3}, v);
+  const auto run = [](const Tensor& t, OpKind op, const char* mode) {
+    return run1(t, [&](Builder& b, Val v) { return b.depth_space(op, v, {2}, mode); });
+  };
+  const Tensor dcr = run(x, OpKind::DepthToSpace, "DCR");
+  CHECK(dcr.shape() == Shape{1, 2, 4, 6});
+  expect_values(dcr, {0,  12, 1,  13, 2,  14, 24, 36, 25, 37, 26, 38, 3,  15, 4,  16,
+                      5,  17, 27, 39, 28, 40, 29, 41, 6,  18, 7,  19, 8,  20, 30, 42,
+                      31, 43, 32, 44, 9,  21, 10, 22, 11, 23, 33, 45, 34, 46, 35, 47});
+  const Tensor crd = run(x, OpKind::DepthToSpace, "CRD");
+  expect_values(crd, {0,  6,  1,  7,  2,  8,  12, 18, 13, 19, 14, 20, 3,  9,  4,  10,
+                      5,  11, 15, 21, 16, 22, 17, 23, 24, 30, 25, 31, 26, 32, 36, 42,
+                      37, 43, 38, 44, 27, 33, 28, 34, 29, 35, 39, 45, 40, 46, 41, 47});
+  // space_to_depth undoes each.
+  expect_values(run(dcr, OpKind::SpaceToDepth, "DCR"), std::vector<double>(v.begin(), v.end()));
+  expect_values(run(crd, OpKind::SpaceToDepth, "CRD"), std::vector<double>(v.begin(), v.end()));
+  Builder b;
+  Val in = b.input("x", {1, 6, 2, 2});
+  REQUIRE_THROWS_MATCHES(b.depth_space(OpKind::DepthToSpace, in, {2}, "DCR", "d"), Error,
+                         test::Says({"[depth_to_space]", "'d'", "blocksize 2x2", "6 channels"}));
+  REQUIRE_THROWS_MATCHES(
+      b.depth_space(OpKind::SpaceToDepth, b.input("z", {1, 2, 3, 4}), {2}, "DCR", "s"), Error,
+      test::Says({"[space_to_depth]", "'s'", "blocksize 2x2"}));
+}
+
+TEST_CASE(
+    "cpu ops: depth_to_space and space_to_depth against the index formula, blocks of "
+    "unequal sides",
+    "[cpu][depth_to_space]") {
+  uint64_t seed = 50;
+  for (const char* mode : {"DCR", "CRD"})
+    for (const auto& [bh, bw] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {2, 3}, {1, 4}}) {
+      INFO(mode << " " << bh << "x" << bw);
+      const bool crd = std::string(mode) == "CRD";
+      const Shape deep{2, 3 * bh * bw, 3, 5};
+      const Tensor x = Tensor::randn(deep, ++seed);
+      const Tensor y = run1(x, [&](Builder& b, Val v) {
+        return b.depth_space(OpKind::DepthToSpace, v, {bh, bw}, mode);
+      });
+      const Shape wide{2, 3, 3 * bh, 5 * bw};
+      REQUIRE(y.shape() == wide);
+      // y[n, ch, h * bh + i, w * bw + j] = x[n, dc, h, w]
+      const std::vector<double> ref = per_element(wide, [&](const std::vector<int64_t>& o) {
+        const int64_t i = o[2] % bh, j = o[3] % bw;
+        const int64_t dc = crd ? o[1] * bh * bw + i * bw + j : (i * bw + j) * 3 + o[1];
+        return at(x, {o[0], dc, o[2] / bh, o[3] / bw});
+      });
+      test::expect_exact(y.f32(), ref);
+      const Tensor back = run1(y, [&](Builder& b, Val v) {
+        return b.depth_space(OpKind::SpaceToDepth, v, {bh, bw}, mode);
+      });
+      REQUIRE(back.shape() == deep);
+      test::expect_exact(back.f32(), std::vector<double>(x.f32(), x.f32() + x.numel()));
+    }
+}
+
 // -- slice, pad --
 
 TEST_CASE("cpu ops: slice as ONNX, clamped, negative steps", "[cpu][slice]") {

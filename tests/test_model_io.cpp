@@ -222,6 +222,8 @@ TEST_CASE("io: the layout, reduction, norm, resize and matmul ops survive the JS
   b.output(b.resize(p, {2, 8, 9, 12}, "linear", "align_corners"));
   b.output(b.transpose(b.binary(OpKind::Min, x, x), {}));
   b.output(b.layer_norm(b.channel_shuffle(x, 4, "cs"), "ln2", 1, 1e-5, 1));
+  b.output(b.depth_space(OpKind::SpaceToDepth,
+                         b.depth_space(OpKind::DepthToSpace, x, {2, 1}, "CRD", "d2s"), {1, 2}));
   b.output(b.log_softmax(b.reduce(OpKind::ReduceMin, x, {1, 2}, false, "min"), 0, "lsm"));
   b.output(b.activation(b.activation(b.reduce(OpKind::ReduceProd, x, {-1}), Activation::Abs),
                         Activation::Log, "log"));

@@ -981,4 +981,42 @@ TEST_CASE("onnx forms: ConvTranspose with pads, output_padding and output_shape"
   CHECK(test::bit_equal(run1(s.load(), x), want));
 }
 
+TEST_CASE("onnx forms: DepthToSpace in both modes and SpaceToDepth", "[onnx]") {
+  const auto model = [](const char* op, const Shape& shape, const char* mode) {
+    Model m(13);
+    m.input("x", shape);
+    auto& n = m.node(op, {"x"}, {"y"}, "d");
+    set_i(n, "blocksize", 2);
+    if (mode) set_s(n, "mode", mode);
+    m.output("y");
+    return m;
+  };
+  for (const char* mode : {"DCR", "CRD"}) {
+    const Graph g = model("DepthToSpace", {1, 8, 2, 3}, mode).load();
+    REQUIRE(count(g, OpKind::DepthToSpace) == 1);
+    CHECK(g.nodes[0].attrs.s("mode") == mode);
+    CHECK(g.nodes[0].attrs.ints("blocksize") == std::vector<int64_t>{2, 2});
+    CHECK(g.value("y").shape == Shape{1, 2, 4, 6});
+  }
+  CHECK(model("DepthToSpace", {1, 8, 2, 3}, nullptr).load().nodes[0].attrs.s("mode") == "DCR");
+  const Graph s = model("SpaceToDepth", {1, 2, 4, 6}, nullptr).load();
+  REQUIRE(count(s, OpKind::SpaceToDepth) == 1);
+  CHECK(s.value("y").shape == Shape{1, 8, 2, 3});
+  check_import_error(
+      [&] {
+        model("DepthToSpace", {1, 8, 2, 3}, "RDC").load();
+      },
+      {"node 'd' (DepthToSpace)", "mode", "RDC"});
+  check_import_error(
+      [&] {
+        model("SpaceToDepth", {1, 2, 4, 6}, "CRD").load();
+      },
+      {"node 'd' (SpaceToDepth)", "mode"}, true);
+  check_import_error(
+      [&] {
+        model("DepthToSpace", {8, 2, 3}, nullptr).load();
+      },
+      {"node 'd' (DepthToSpace)", "4-D"}, true);
+}
+
 #endif  // EPILOG_HAVE_ONNX

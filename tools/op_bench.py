@@ -221,6 +221,18 @@ CASES = [
          lambda b: ({"x": [b, 256, 32, 32]}, {"w": [256, 128, 2, 2], "bias": [128]},
                     [node("conv_transpose2d", ["x", "w", "bias"], stride=[2, 2])]),
          lambda t: F.conv_transpose2d(t["x"], t["w"], t["bias"], stride=2)),
+    Case("conv_transpose2d_4x4s2", "DCGAN generator block, 4x4 stride 2 padding 1, 256 -> 128",
+         lambda b: ({"x": [b, 256, 16, 16]}, {"w": [256, 128, 4, 4]},
+                    [node("conv_transpose2d", ["x", "w"], stride=[2, 2], padding=[1, 1, 1, 1])]),
+         lambda t: F.conv_transpose2d(t["x"], t["w"], stride=2, padding=1)),
+    Case("conv_transpose2d_3x3s2", "CycleGAN decoder, 3x3 stride 2 padding 1 output_padding 1",
+         lambda b: ({"x": [b, 128, 64, 64]}, {"w": [128, 64, 3, 3], "bias": [64]},
+                    [node("conv_transpose2d", ["x", "w", "bias"], stride=[2, 2],
+                          padding=[1, 1, 1, 1], output_padding=[1, 1])]),
+         lambda t: F.conv_transpose2d(t["x"], t["w"], t["bias"], stride=2, padding=1,
+                                      output_padding=1)),
+    one("pixel_shuffle", "ESPCN / Real-ESRGAN upsampler, x2", "depth_to_space", [256, 64, 64],
+        lambda x: F.pixel_shuffle(x, 2), blocksize=[2, 2], mode="CRD"),
     # ops of the table the issue did not list, for reference
     one("relu", "ResNet-50 stem", "relu", [64, 112, 112], lambda x: F.relu(x)),
     one("sigmoid", "YOLOv5 P3 head (640 input)", "sigmoid", [255, 80, 80],
@@ -240,7 +252,6 @@ CASE_BY_NAME = {c.name: c for c in CASES}
 
 # Ops of real CNNs that the op table (include/epilog/graph/ops.def) has no form for.
 NOT_EXPRESSIBLE = [
-    "pixel_shuffle / depth_to_space (ESPCN, Real-ESRGAN upsamplers): no op",
     "adaptive_avg_pool2d to sizes other than 1 (PSPNet pyramid pooling): no op",
     "bicubic interpolation: resize has nearest and linear only",
 ]

@@ -1,5 +1,6 @@
-// Layout kernels: strided gathers (transpose, slice), the channel shuffle, padding and resizing. Naive on purpose: each
-// output element is computed from its own index, as the op's definition states it.
+// Layout kernels: strided gathers (transpose, slice), the channel shuffle, depth_to_space and
+// space_to_depth, padding and resizing. Naive on purpose: each output element is computed from
+// its own index, as the op's definition states it.
 #include <algorithm>
 #include <vector>
 
@@ -72,6 +73,33 @@ void channel_shuffle(const Tensor& x, int64_t groups, Tensor& y) {
         const float* from = xp + (n * c + i * per + j) * inner;
         std::copy(from, from + inner, yp + (n * c + j * groups + i) * inner);
       }
+}
+
+void depth_space(const Tensor& x, int64_t bh, int64_t bw, bool crd, bool to_space, Tensor& y) {
+  const Tensor& deep = to_space ? x : y;
+  const Tensor& wide = to_space ? y : x;
+  const Shape &ds = deep.shape(), &ws = wide.shape();
+  EPILOG_ASSERT(ds.size() == 4 && ws.size() == 4 && bh >= 1 && bw >= 1 && ds[0] == ws[0] &&
+                    ds[1] == ws[1] * bh * bw && ws[2] == ds[2] * bh && ws[3] == ds[3] * bw &&
+                    x.contiguous() && y.contiguous(),
+                "depth_space between {} and {} in blocks of {}x{}", shape_str(ds), shape_str(ws),
+                bh, bw);
+  const int64_t c = ws[1], h = ds[2], w = ds[3];
+  const float* xp = x.f32();
+  float* yp = y.f32();
+  for (int64_t n = 0; n < ws[0]; ++n)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t oh = 0; oh < ws[2]; ++oh)
+        for (int64_t ow = 0; ow < ws[3]; ++ow) {
+          const int64_t i = oh % bh, j = ow % bw;
+          const int64_t dc = crd ? ch * bh * bw + i * bw + j : (i * bw + j) * c + ch;
+          const int64_t d = ((n * ds[1] + dc) * h + oh / bh) * w + ow / bw;
+          const int64_t o = ((n * c + ch) * ws[2] + oh) * ws[3] + ow;
+          if (to_space)
+            yp[o] = xp[d];
+          else
+            yp[d] = xp[o];
+        }
 }
 
 void pad(const Tensor& x, const std::vector<int64_t>& begins, PadMode mode, float value,

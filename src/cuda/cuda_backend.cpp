@@ -543,6 +543,16 @@ const std::array<CudaKernel, kNumOps>& kernels() {
     at(OpKind::Transpose) = gather;
     at(OpKind::Slice) = gather;
     at(OpKind::ChannelShuffle) = gather;
+    for (OpKind op : {OpKind::DepthToSpace, OpKind::SpaceToDepth})
+      at(op) = [](const Ctx& c, In in, Out out) {
+        const bool to_space = c.node.op == OpKind::DepthToSpace;
+        const Shape& deep = (to_space ? in[0] : out[0]).shape();
+        const Shape& wide = (to_space ? out[0] : in[0]).shape();
+        const auto& b = c.node.attrs.ints("blocksize");
+        const cuda::DepthSpace s{
+            wide[0], wide[1], deep[2], deep[3], b[0], b[1], c.node.attrs.s("mode") == "CRD"};
+        cuda::depth_space(s, to_space, dev(in[0]), dev(out[0]), c.stream);
+      };
     at(OpKind::Reshape) = at(OpKind::Flatten);
     at(OpKind::Pad) = pad;
     at(OpKind::ReduceMean) = reduce;

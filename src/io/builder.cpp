@@ -290,6 +290,17 @@ Val Builder::channel_shuffle(Val x, int64_t groups, const std::string& name) {
   return single(OpKind::ChannelShuffle, {x}, a, name);
 }
 
+Val Builder::depth_space(OpKind op, Val x, const std::vector<int64_t>& blocksize,
+                         const std::string& mode, const std::string& name) {
+  Attrs a;
+  if (blocksize.size() == 1)
+    a.set("blocksize", blocksize[0]);
+  else
+    a.set("blocksize", blocksize);
+  a.set("mode", mode);
+  return single(op, {x}, a, name);
+}
+
 Val Builder::reshape(Val x, const std::vector<int64_t>& shape, const std::string& name) {
   Attrs a;
   a.set("shape", shape);

@@ -39,6 +39,7 @@
 //                             when the target is a 2-D flatten, nothing when the shape is kept,
 //                             else reshape (a view)
 // Transpose                -> transpose
+// DepthToSpace, SpaceToDepth -> depth_to_space, space_to_depth (4-D; DCR or CRD)
 // Gemm (alpha 1, transA 0) -> linear (+ add for a bias that is not per output feature)
 // MatMul [+ Add]           -> linear for a 2-D tensor by a constant matrix (transposed at import,
 //                             the bias of a following Add taken in); else matmul (batched)
@@ -1463,6 +1464,25 @@ void op_transpose(Importer& im) {
   im.set_alias(0, im.dyn(0));
 }
 
+// DepthToSpace (mode DCR or CRD) and SpaceToDepth (DCR) of a 4-D tensor.
+template <OpKind Op>
+void op_depth_space(Importer& im) {
+  im.allow(Op == OpKind::DepthToSpace ? std::initializer_list<const char*>{"blocksize", "mode"}
+                                      : std::initializer_list<const char*>{"blocksize"});
+  im.arity(1, 1);
+  const Shape s = im.shape_in(0);
+  if (s.size() != 4)
+    im.unsupported("input '{}' has shape {}: epilog rearranges 4-D (NCHW) tensors only",
+                   im.in_name(0), shape_str(s));
+  const int64_t block = im.attr_int_req("blocksize");
+  if (block < 1 || block > kMaxDim) im.bad_attr("blocksize", "{} is out of range", block);
+  const std::string mode = im.attr_string("mode", "DCR");
+  if (mode != "DCR" && mode != "CRD") im.bad_attr("mode", "is '{}', expected DCR or CRD", mode);
+  im.emit(Op, {im.dyn(0)},
+          im.attrs({{"blocksize", std::vector<int64_t>{block, block}}, {"mode", mode}}),
+          {im.out(0)});
+}
+
 // -- handlers: constants and shape arithmetic --
 
 void op_identity(Importer& im) {
@@ -1618,6 +1638,7 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"ConstantOfShape", op_constant_of_shape},
       {"Conv", op_conv},
       {"ConvTranspose", op_conv_transpose},
+      {"DepthToSpace", op_depth_space<OpKind::DepthToSpace>},
       {"Div", op_div},
       {"Elu", op_elu},
       {"Erf", op_activation<OpKind::Erf>},
@@ -1669,6 +1690,7 @@ const std::map<std::string, OpHandler>& op_handlers() {
       {"Slice", op_slice},
       {"Size", op_size},
       {"Softmax", op_softmax<OpKind::Softmax>},
+      {"SpaceToDepth", op_depth_space<OpKind::SpaceToDepth>},
       {"Split", op_split},
       {"Squeeze", op_squeeze},
       {"Sub", op_sub},

@@ -88,6 +88,12 @@ const std::array<CpuKernel, kNumOps>& kernels() {
     at(OpKind::ChannelShuffle) = [](const Node& n, In in, Out out) {
       cpu::channel_shuffle(in[0], n.attrs.i("groups"), out[0]);
     };
+    for (OpKind op : {OpKind::DepthToSpace, OpKind::SpaceToDepth})
+      at(op) = [](const Node& n, In in, Out out) {
+        const auto& b = n.attrs.ints("blocksize");
+        cpu::depth_space(in[0], b[0], b[1], n.attrs.s("mode") == "CRD",
+                         n.op == OpKind::DepthToSpace, out[0]);
+      };
     at(OpKind::Pad) = [](const Node& n, In in, Out out) {
       const std::string& mode = n.attrs.s("mode");
       const auto& pads = n.attrs.ints("pads");

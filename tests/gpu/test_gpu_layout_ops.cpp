@@ -7,11 +7,14 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <tuple>
 #include <vector>
 
+#include "epilog/epilog.h"
 #include "epilog/io/builder.h"
 #include "epilog/kernels/launch.h"
 #include "gpu_util.h"
+#include "test_util.h"
 
 using namespace epilog;
 
@@ -333,13 +336,101 @@ TEST_CASE("gpu layout ops: batched matmul with broadcasting", "[gpu][ops][matmul
   }
 }
 
-TEST_CASE("gpu layout ops: conv_transpose2d", "[gpu][ops]") {
+// The conv_transpose2d kernel itself (one node, no passes: the rewrite does not run), on the
+// shapes it runs in models (groups, depthwise, dilation) and on those the rewrite takes from it:
+// phases of stride 2 and 3, partial channel blocks (K % 8), several weight chunks (C / groups
+// past what shared memory holds at once), images narrower than a warp.
+TEST_CASE("gpu layout ops: conv_transpose2d", "[gpu][ops][conv_transpose]") {
   const std::vector<std::pair<Shape, ConvOpts>> cases = {
       {{2, 16, 14, 14}, ConvOpts(8, 4).stride(2).padding(1).bias()},
       {{1, 6, 9, 7}, ConvOpts(4, 3).stride(2).padding(1).output_padding(1, 1).groups(2)},
-      {{2, 3, 5, 5}, ConvOpts(5, 3).dilation(2).bias()}};
+      {{2, 3, 5, 5}, ConvOpts(5, 3).dilation(2).bias()},
+      {{2, 64, 8, 8}, ConvOpts(20, 4).stride(2).padding(1).bias()},  // DCGAN, 2 chunks
+      {{1, 200, 6, 6}, ConvOpts(8, 4).stride(2).padding(1)},         // 7 chunks, 32 each
+      {{2, 32, 16, 16}, ConvOpts(16, 3).stride(2).padding(1).output_padding(1, 1)},  // CycleGAN
+      {{2, 16, 9, 11}, ConvOpts(16, 3).stride(2).padding(1).groups(16).bias()},      // depthwise
+      {{1, 12, 7, 5}, ConvOpts(24, 3).stride(3).padding(1, 0, 2, 1).groups(4)},
+      {{2, 8, 6, 6}, ConvOpts(8, 2).stride(2).bias()},  // U-Net's, unrewritten
+      {{1, 5, 3, 40}, ConvOpts(3, 5).stride(1, 3).padding(2).dilation(2)},
+      {{3, 4, 1, 1}, ConvOpts(7, 4)}};  // DCGAN's first layer
   for (const auto& [shape, o] : cases)
     check_op(
         {shape}, [&](Builder& b, std::vector<Val> v) { return b.conv_transpose2d(v[0], "ct", o); },
         kFloat32Sum, true);
+}
+
+namespace {
+
+// One depth_to_space or space_to_depth node of blocksize [bh, bw] on x of `shape`, on both
+// backends: a copy, exact.
+void check_depth_space(OpKind op, const Shape& shape, int64_t bh, int64_t bw, const char* mode) {
+  INFO(mode << " " << bh << "x" << bw);
+  check_op(
+      {shape},
+      [&](Builder& b, std::vector<Val> v) {
+        return b.depth_space(op, v[0], {bh, bw}, mode);
+      },
+      kExact);
+}
+
+}  // namespace
+
+// Rows of the wide side a multiple of 4 (float4) and not, blocks square and not, both modes.
+TEST_CASE("gpu layout ops: depth_to_space and space_to_depth, both modes", "[gpu][ops]") {
+  for (const char* mode : {"DCR", "CRD"}) {
+    check_depth_space(OpKind::DepthToSpace, {2, 64, 16, 16}, 2, 2, mode);  // pixel_shuffle
+    check_depth_space(OpKind::DepthToSpace, {1, 27, 5, 7}, 3, 3, mode);
+    check_depth_space(OpKind::DepthToSpace, {2, 12, 4, 5}, 2, 3, mode);
+    check_depth_space(OpKind::DepthToSpace, {1, 8, 3, 1}, 1, 4, mode);
+    check_depth_space(OpKind::SpaceToDepth, {2, 16, 32, 32}, 2, 2, mode);
+    check_depth_space(OpKind::SpaceToDepth, {1, 3, 15, 21}, 3, 3, mode);
+    check_depth_space(OpKind::SpaceToDepth, {2, 5, 4, 9}, 2, 3, mode);
+  }
+}
+
+// A conv_transpose2d through compile() and the executor, as a model runs it: the rewrite makes
+// a conv2d (gemm, TF32) and a depth_to_space (with a slice where the output is cropped), a
+// batchnorm and a relu after it fused into the conv. Against the graph as built on the CPU (no
+// passes), over the magnitude of the same graph on |x| and |weights|.
+TEST_CASE("gpu layout ops: conv_transpose2d rewritten, through the executor",
+          "[gpu][ops][conv_transpose]") {
+  const std::vector<std::tuple<Shape, ConvOpts, bool>> cases = {
+      {{4, 64, 16, 16}, ConvOpts(32, 2).stride(2).bias(), false},   // U-Net
+      {{2, 64, 8, 8}, ConvOpts(32, 4).stride(2).padding(1), true},  // DCGAN
+      {{2, 32, 16, 16}, ConvOpts(16, 3).stride(2).padding(1).output_padding(1, 1), false},
+      {{2, 32, 15, 13}, ConvOpts(16, 3).stride(2).padding(1).bias(), true},  // cropped
+      {{1, 16, 9, 9}, ConvOpts(8, 2).kernel(2, 3).stride(2, 3).bias(), false}};
+  for (const auto& [shape, o, bn_relu] : cases) {
+    Builder b(61);
+    Val y = b.conv_transpose2d(b.input("x", shape), "up", o);
+    if (bn_relu) y = b.relu(b.batchnorm(y, "bn"), "act");
+    b.output(y);
+    const Graph source = b.build();
+    INFO(shape_str(shape) << " -> " << shape_str(source.value(source.outputs[0]).shape));
+    CompileOptions co;
+    co.device = Device::CUDA;
+    Compiled c = compile(source, co);
+    const auto counts = c.plan.graph.op_counts();
+    CHECK(counts.count(OpKind::ConvTranspose2d) == 0);
+    CHECK(counts.at(OpKind::DepthToSpace) == 1);
+    INFO(explain(c.plan));
+    const std::map<std::string, Tensor> in{{"x", Tensor::randn(shape, 62)}};
+    std::unique_ptr<Backend> backend = make_backend(Device::CUDA);
+    Executor ex(std::move(c.plan), *backend);
+    const Tensor got = ex.run(in).at(source.outputs[0]).to(Device::CPU);
+    const Tensor want = test::run_cpu(source, in).at(source.outputs[0]);
+    // The magnitude: the graph on |x| with |weights|, batchnorm's mean 0 (its variance kept).
+    Graph abs_graph = source;
+    for (auto& [name, w] : abs_graph.weights) {
+      if (name.find("running_var") != std::string::npos) continue;
+      const bool mean = name.find("running_mean") != std::string::npos;
+      w.data = w.data.clone();
+      for (int64_t i = 0; i < w.data.numel(); ++i)
+        w.data.f32()[i] = mean ? 0.0f : std::abs(w.data.f32()[i]);
+    }
+    Tensor abs_x = in.at("x").clone();
+    for (int64_t i = 0; i < abs_x.numel(); ++i) abs_x.f32()[i] = std::abs(abs_x.f32()[i]);
+    const Tensor mag = test::run_cpu(abs_graph, {{"x", abs_x}}).at(source.outputs[0]);
+    test::require_close(got, want, "up", test::kTf32Conv, &mag);
+  }
 }

@@ -120,6 +120,10 @@ class Builder {
   Val transpose(Val x, const std::vector<int64_t>& perm, const std::string& name = "");
   // ShuffleNet's channel shuffle of x [N, C, ...] in `groups` groups.
   Val channel_shuffle(Val x, int64_t groups, const std::string& name = "");
+  // OpKind::DepthToSpace or SpaceToDepth (ONNX's) in blocks of blocksize [bh, bw] (one value:
+  // square), mode "DCR" or "CRD" (PyTorch's pixel_shuffle and pixel_unshuffle).
+  Val depth_space(OpKind op, Val x, const std::vector<int64_t>& blocksize,
+                  const std::string& mode = "DCR", const std::string& name = "");
   // ONNX Reshape: 0 keeps the dim, one -1 takes what is left.
   Val reshape(Val x, const std::vector<int64_t>& shape, const std::string& name = "");
   // ONNX Slice (axes empty: the first starts.size() dims; steps empty: 1).

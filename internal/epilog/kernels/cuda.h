@@ -163,10 +163,22 @@ struct RowNorm {
 void row_norm(const RowNorm& s, const float* x, const float* scale, const float* bias, float* y,
               Stream stream);
 
-// -- conv_transpose2d, as cpu::conv_transpose2d: one output per thread, gathering the inputs
-// that land on it (contiguous tensors, bias may be null) --
+// -- conv_transpose2d, as cpu::conv_transpose2d: a thread gathers 8 output channels (of
+// one group) of one output pixel from the taps its stride phase reaches, the block's weights
+// staged in shared memory (contiguous tensors, bias may be null; kernels/cuda/conv_transpose.cu
+// states the grid and its limits) --
 void conv_transpose2d(const ConvShape& s, const float* x, const float* w, const float* bias,
                       float* y, Stream stream);
+
+// -- depth_to_space and space_to_depth: between deep [n, c * bh * bw, h, w] and wide
+// [n, c, h * bh, w * bw] (both contiguous, not overlapping), wide element (ch, h * bh + i,
+// w * bw + j) being deep channel ch * bh * bw + i * bw + j (crd) or (i * bw + j) * c + ch (DCR)
+// at (h, w). to_space: x deep, y wide (depth_to_space); else x wide, y deep --
+struct DepthSpace {
+  int64_t n, c, h, w, bh, bw;
+  bool crd;
+};
+void depth_space(const DepthSpace& s, bool to_space, const float* x, float* y, Stream stream);
 
 // -- matmul: y[b, m, n] = sum_k a[b, m, k] * b[b, k, n] over `batches` of y's batch dims (sizes
 // batch[], outermost first), a's and b's matrices at element offsets sum_d i_d * a_stride[d]
