@@ -11,8 +11,9 @@
 //               registers
 // Layout: float32, contiguous, device pointers; batchnorm sees x as [outer, channels, inner].
 //   Outputs must not alias inputs (inputs are read through the non-coherent cache).
-// Grid: 1-D and grid-stride, kThreads per block, at most one full wave (grid_for: full
-//   residency on sm_90), so any element count runs, 64-bit counts included. A work item
+// Grid: 1-D, kThreads per block, enough blocks for every item (grid_cover: the block scheduler
+//   balances the waves, where a grid capped at one wave of 8 blocks an SM ran a second, partial
+//   wave for kernels of more than 32 registers), grid-stride past 2^31 - 1 blocks. A work item
 //   is a float4 when every pointer is 16-byte aligned and no run of 4 crosses a channel
 //   (batchnorm: inner % 4 == 0) or a broadcast row (binary: last merged dim % 4 == 0), else
 //   one float. Flat kernels take kUnroll items per step, kThreads apart so that each warp's
@@ -32,6 +33,9 @@
 //   their pointers 16-byte aligned. The steps are unrolled to kMaxChainSteps and a step's
 //   operand picked from the inputs' registers by a bit of its own (ChainWalk::pick), so that
 //   nothing is indexed at run time (which would move those registers to local memory).
+// Activation (the op alone): one kernel per activation kind with its math inlined (InlineAct),
+//   where the conv epilogues and chains call the rare kinds out of line (shapes.h activate);
+//   mish there as v * n(n + 2) / (n(n + 2) + 2) with n = e^v (= v tanh(log1p(e^v))).
 // Index math is 32-bit when every index is below 2^31, else 64-bit.
 // Restrictions: binary up to kMaxRank dims (checked), shapes that broadcast (the caller's); a
 //   chain up to kMaxChainRank merged dims, kMaxChainInputs inputs and kMaxChainSteps steps whose
@@ -41,6 +45,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "epilog/kernels/cuda.h"
 #include "launch.cuh"
@@ -133,19 +138,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Launches map_kernel over n floats, as float4 items when `vec` allows.
-template <class F>
-void launch_map(const char* name, F f, int64_t n, bool vec, const float* x, float* y,
-                Stream stream) {
+// Launches map_kernel over n floats in index type I, as float4 items when `vec` allows.
+template <class I, class F>
+void launch_map_as(const char* name, F f, int64_t n, bool vec, const float* x, float* y,
+                   Stream stream) {
   if (n == 0) return;
   vec = vec && n % 4 == 0 && aligned16(x) && aligned16(y);
   const int64_t items = vec ? n / 4 : n;
-  dispatch(vec, fits32(n), [&](auto v, auto i) {
-    using I = decltype(i);
-    map_kernel<F, decltype(v)::value, I>
-        <<<grid_for(items, kThreads * kUnroll), kThreads, 0, stream>>>(f, I(items), x, y);
-  });
+  const int grid = grid_cover(items, kThreads * kUnroll);
+  if (vec)
+    map_kernel<F, 4, I><<<grid, kThreads, 0, stream>>>(f, I(items), x, y);
+  else
+    map_kernel<F, 1, I><<<grid, kThreads, 0, stream>>>(f, I(items), x, y);
   check_launch(name);
+}
+
+template <class F>
+void launch_map(const char* name, F f, int64_t n, bool vec, const float* x, float* y,
+                Stream stream) {
+  if (fits32(n))
+    launch_map_as<uint32_t>(name, f, n, vec, x, y, stream);
+  else
+    launch_map_as<int64_t>(name, f, n, vec, x, y, stream);
 }
 
 // -- batchnorm --
@@ -179,6 +193,41 @@ struct ActivationOp {
     for (int j = 0; j < V; ++j) v.v[j] = act(v.v[j]);
   }
 };
+
+// The activation of kind K with its math inlined: activate_rare's switch folds to K's case.
+template <Activation K>
+struct InlineAct {
+  float a, b;
+  __device__ __forceinline__ float operator()(float v) const {
+    const Act act(K, a, b);
+    if constexpr (K == Activation::Mish) {
+      // tanh(log1p(n)) = ((1 + n)^2 - 1) / ((1 + n)^2 + 1) = n(n + 2) / (n(n + 2) + 2), n = e^v
+      // by ex2.approx (2 + 1.2|v| ulp): a few instructions where expf, log1pf and tanhf took
+      // about 60. Off mish by at most 7% of the tests' bound 1e-5 + 1e-5 |mish| over
+      // [-30, 20] with e^v 3e-6 off (a host sweep in float against double); below -30 both are
+      // under 3e-12 (e^v flushes to 0 below -87). Past 20 the CPU's is v, as here, so the
+      // divisor stays below 2^126, where __fdividef is within 2 ulp.
+      if (v > 20.0f) return v;
+      float n;
+      asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(n) : "f"(v * 1.44269504f));
+      const float t = n * (n + 2.0f);
+      return v * __fdividef(t, t + 2.0f);
+    } else if constexpr (K == Activation::None || K == Activation::Silu || K == Activation::Relu ||
+                         K == Activation::Sigmoid) {
+      return activate(act, v);
+    } else {
+      return activate_rare(act, v);
+    }
+  }
+};
+
+// Calls f(InlineAct<K>{a, b}) for the activation's kind K.
+template <class F, int... K>
+void with_inline_act(const Act& act, F&& f, std::integer_sequence<int, K...>) {
+  const bool found =
+      ((int(act.kind) == K ? (f(InlineAct<Activation(K)>{act.a, act.b}), true) : false) || ...);
+  EPILOG_CUDA_REQUIRE(found);
+}
 
 // -- binary --
 
@@ -261,8 +310,8 @@ void binary_impl(const BroadcastShape& s, const float* a, const float* b, float*
     dispatch(vec, fits32(total), [&](auto v, auto i) {
       using I = decltype(i);
       zip_kernel<BinaryOp<Op>, decltype(v)::value, I>
-          <<<grid_for(items, kThreads * kUnroll), kThreads, 0, stream>>>(BinaryOp<Op>{}, I(items),
-                                                                         a, b, y);
+          <<<grid_cover(items, kThreads * kUnroll), kThreads, 0, stream>>>(BinaryOp<Op>{}, I(items),
+                                                                           a, b, y);
     });
     check_launch("binary (flat)");
     return;
@@ -283,8 +332,9 @@ void binary_impl(const BroadcastShape& s, const float* a, const float* b, float*
   const int64_t items = total / inner.size * chunks;
   dispatch(vec, fits32(total), [&](auto v, auto i) {
     using I = decltype(i);
-    broadcast_kernel<Op, decltype(v)::value, I><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
-        o, I(inner.size), I(chunks), I(items), a_steps, b_steps, a, b, y, I(inner.size));
+    broadcast_kernel<Op, decltype(v)::value, I>
+        <<<grid_cover(items, kThreads), kThreads, 0, stream>>>(
+            o, I(inner.size), I(chunks), I(items), a_steps, b_steps, a, b, y, I(inner.size));
   });
   check_launch("binary (broadcast)");
 }
@@ -303,7 +353,7 @@ void binary_items_impl(int64_t items, int64_t len, const float* a, int64_t a_str
   dispatch(vec, fits32(span), [&](auto v, auto i) {
     using I = decltype(i);
     broadcast_kernel<Op, decltype(v)::value, I>
-        <<<grid_for(items * chunks, kThreads), kThreads, 0, stream>>>(
+        <<<grid_cover(items * chunks, kThreads), kThreads, 0, stream>>>(
             o, I(len), I(chunks), I(items * chunks), true, true, a, b, y, I(y_stride));
   });
   check_launch("binary (items)");
@@ -407,9 +457,17 @@ void batchnorm(int64_t outer, int64_t channels, int64_t inner, const float* x, c
 }
 
 void activation(Act act, int64_t n, const float* x, float* y, Stream stream) {
-  with_activation(act, [&](auto a) {
-    launch_map("activation", ActivationOp<decltype(a)>{a}, n, true, x, y, stream);
-  });
+  if (!fits32(n)) {  // 64-bit indices: one kernel with activate()'s switch
+    const ActOf<kAnyActivation> a(act);
+    return launch_map_as<int64_t>("activation", ActivationOp<decltype(a)>{a}, n, true, x, y,
+                                  stream);
+  }
+  with_inline_act(
+      act,
+      [&](auto a) {
+        launch_map_as<uint32_t>("activation", ActivationOp<decltype(a)>{a}, n, true, x, y, stream);
+      },
+      std::make_integer_sequence<int, kNumActivations>{});
 }
 
 void fused_elementwise(const ChainProgram& p, const ChainShape& s, const float* const* x, float* y,
@@ -457,7 +515,7 @@ void fused_elementwise(const ChainProgram& p, const ChainShape& s, const float* 
   dispatch(vec, fits32(std::max(span, total)), [&](auto v, auto i) {
     using I = decltype(i);
     chain_kernel<decltype(v)::value, I>
-        <<<grid_for(items, kThreads), kThreads, 0, stream>>>(p, w, I(chunks), I(items), y);
+        <<<grid_cover(items, kThreads), kThreads, 0, stream>>>(p, w, I(chunks), I(items), y);
   });
   check_launch("fused_elementwise");
 }

@@ -63,6 +63,15 @@ inline int grid_for(int64_t items, int64_t per_block) {
   return static_cast<int>(std::min<int64_t>(ceil_div(items, per_block), max_blocks()));
 }
 
+// Enough blocks for every item at `per_block` items a block (at least one, at most 2^31 - 1: a
+// grid-stride loop does the rest), for kernels whose blocks stream their items once. The block
+// scheduler then balances the waves: a grid capped at grid_for's wave of 8 blocks an SM runs a
+// second, partial wave where registers allow fewer (48 registers a thread: 5), and its
+// grid-stride loop leaves blocks one step apart where the items are not a multiple of it.
+inline int grid_cover(int64_t items, int64_t per_block) {
+  return static_cast<int>(std::clamp<int64_t>(ceil_div(items, per_block), 1, 0x7fffffff));
+}
+
 inline bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }

@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 
+#include "epilog/graph/activation.h"
 #include "epilog/graph/lowering.h"
 #include "epilog/io/builder.h"
 #include "epilog/kernels/cuda.h"
@@ -63,6 +64,43 @@ TEST_CASE("gpu ops: silu, relu and sigmoid match the CPU", "[gpu][ops]") {
       b.output(b.node(op, {x}, {}, "act")[0]);
       INFO(op_name(op) << " " << shape_str(s));
       check(b.build());
+    }
+}
+
+TEST_CASE("gpu ops: every activation alone matches the CPU", "[gpu][ops][activation]") {
+  // The op alone runs one kernel per kind with its math inlined (elementwise.cu InlineAct; mish
+  // by its own formula there). Odd sizes (a float an item, the unroll's tail), a multiple of 4
+  // (float4 items), one element, and more items than a wave of blocks. Inputs randn * 6, with
+  // the ends of the ranges set in (mish and softplus switch formulas past 20, exp overflows past
+  // 88; no zeros, whose reciprocal and log are infinite): NaN where the CPU's is NaN too (log,
+  // sqrt and pow 0.5 below 0) passes.
+  // clang-format off
+  const std::vector<Act> acts = {
+      Act(Activation::Silu),       Act(Activation::Relu),        Act(Activation::Sigmoid),
+      Act(Activation::Clip, 0, 6), Act(Activation::LeakyRelu, 0.1f),
+      Act(Activation::HardSigmoid, 1.0f / 6, 0.5f),              Act(Activation::HardSwish),
+      Act(Activation::Tanh),       Act(Activation::Gelu),        Act(Activation::GeluTanh),
+      Act(Activation::Mish),       Act(Activation::Softplus),    Act(Activation::Elu, 0.5f),
+      Act(Activation::Exp),        Act(Activation::Erf),         Act(Activation::Sqrt),
+      Act(Activation::Reciprocal), Act(Activation::Neg),         Act(Activation::Abs),
+      Act(Activation::Log),        Act(Activation::Pow, 3.0f),   Act(Activation::Pow, 0.5f)};
+  // clang-format on
+  CHECK(acts.size() == size_t(kNumActivations));  // every kind but none (no op), pow twice
+  const std::vector<Shape> shapes = {
+      {2, 3, 5, 7}, {4, 16, 8, 8}, {1}, {3, 5, 67, 61}, {2, 32, 96, 96}};
+  const float ends[] = {19.9f,  20.0f,   20.5f, 25.0f, 44.0f,  50.0f, -15.0f, -30.0f,
+                        -90.0f, -100.0f, 88.0f, 1e-3f, -1e-3f, 0.5f,  -0.5f,  3.0f};
+  for (const Act& act : acts)
+    for (const Shape& s : shapes) {
+      Builder b(1);
+      Val x = b.input("x", s);
+      b.output(b.activation(x, act, "act"));
+      Tensor in = Tensor::randn(s, 11, 6.0f);
+      for (int64_t i = 0; i < in.numel() && i < 16; ++i) in.f32()[in.numel() - 1 - i] = ends[i];
+      INFO(op_name(activation_op(act).first)
+           << " (" << act.a << ", " << act.b << ") " << shape_str(s));
+      const Outputs o = run_node(b.build(), {{"x", in}});
+      require_close(o.gpu[0], o.cpu[0], "activation");
     }
 }
 
