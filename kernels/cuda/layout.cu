@@ -75,33 +75,17 @@ Dims<I> dims_of(int rank, const int64_t* size, const int64_t* stride) {
   return d;
 }
 
-// -- gather --
-
-template <class I>
-__global__ void __launch_bounds__(kThreads)
-    gather_kernel(Dims<I> v, I offset, I total, const float* __restrict__ x,
-                  float* __restrict__ y) {
-  pdl_begin();
+// y[i] = source(i) for every i < total: kUnroll outputs a thread, kThreads apart, every load
+// issued before the first store.
+template <class I, class Source>
+__device__ __forceinline__ void unrolled_outputs(I total, Source source, float* __restrict__ y) {
   const I step = I(gridDim.x) * kThreads * kUnroll;
   for (I base = I(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < total; base += step) {
     float r[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const I i = base + I(u) * kThreads;
-      if (i >= total) continue;
-      I rest = i, src = offset;
-#pragma unroll
-      for (int d = 0; d < kMaxRank; ++d) {
-        if (d >= v.rank) break;
-        if (d + 1 == v.rank) {  // the outermost dim: what is left is its index
-          src += rest * v.stride[d];
-          break;
-        }
-        const I q = quot(rest, v.size[d], v.div[d]);
-        src += (rest - q * v.size[d]) * v.stride[d];
-        rest = q;
-      }
-      r[u] = __ldg(x + src);
+      if (i < total) r[u] = source(i);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -109,6 +93,33 @@ __global__ void __launch_bounds__(kThreads)
       if (i < total) y[i] = r[u];
     }
   }
+}
+
+// -- gather --
+
+template <class I>
+__global__ void __launch_bounds__(kThreads)
+    gather_kernel(Dims<I> v, I offset, I total, const float* __restrict__ x,
+                  float* __restrict__ y) {
+  pdl_begin();
+  unrolled_outputs(
+      total,
+      [&](I i) {
+        I rest = i, src = offset;
+#pragma unroll
+        for (int d = 0; d < kMaxRank; ++d) {
+          if (d >= v.rank) break;
+          if (d + 1 == v.rank) {  // the outermost dim: what is left is its index
+            src += rest * v.stride[d];
+            break;
+          }
+          const I q = quot(rest, v.size[d], v.div[d]);
+          src += (rest - q * v.size[d]) * v.stride[d];
+          rest = q;
+        }
+        return __ldg(x + src);
+      },
+      y);
 }
 
 // The transposed kernel's view: p and l (sizes, x's stride of l, y's of p), the tiles, and the
@@ -181,45 +192,34 @@ __global__ void __launch_bounds__(kThreads)
                float* __restrict__ y) {
   pdl_begin();
   using S = std::make_signed_t<I>;
-  const I step = I(gridDim.x) * kThreads * kUnroll;
-  for (I base = I(blockIdx.x) * kThreads * kUnroll + threadIdx.x; base < total; base += step) {
-    float r[kUnroll];
+  unrolled_outputs(
+      total,
+      [&](I i) {
+        I rest = i, src = 0;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const I i = base + I(u) * kThreads;
-      r[u] = value;
-      if (i >= total) continue;
-      I rest = i, src = 0;
-      bool inside = true;
-#pragma unroll
-      for (int d = 0; d < kMaxRank; ++d) {
-        if (d >= w.rank) break;
-        I o = rest;  // the outermost dim: what is left is its index
-        if (d + 1 < w.rank) {
-          const I q = quot(rest, w.out[d], w.div[d]);
-          o = rest - q * w.out[d];
-          rest = q;
+        for (int d = 0; d < kMaxRank; ++d) {
+          if (d >= w.rank) break;
+          I o = rest;  // the outermost dim: what is left is its index
+          if (d + 1 < w.rank) {
+            const I q = quot(rest, w.out[d], w.div[d]);
+            o = rest - q * w.out[d];
+            rest = q;
+          }
+          const S n = S(w.in[d]);
+          S k = S(o) - S(w.begin[d]);
+          if (k < 0 || k >= n) {  // as cpu::pad's pad_source
+            if constexpr (M == PadMode::Constant)
+              return value;
+            else if constexpr (M == PadMode::Edge)
+              k = k < 0 ? 0 : n - 1;
+            else
+              k = k < 0 ? -k : 2 * (n - 1) - k;
+          }
+          src += I(k) * w.stride[d];
         }
-        const S n = S(w.in[d]);
-        S k = S(o) - S(w.begin[d]);
-        if (k < 0 || k >= n) {  // as cpu::pad's pad_source
-          if constexpr (M == PadMode::Constant)
-            inside = false;
-          else if constexpr (M == PadMode::Edge)
-            k = k < 0 ? 0 : n - 1;
-          else
-            k = k < 0 ? -k : 2 * (n - 1) - k;
-        }
-        src += I(k) * w.stride[d];
-      }
-      if (inside) r[u] = __ldg(x + src);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const I i = base + I(u) * kThreads;
-      if (i < total) y[i] = r[u];
-    }
-  }
+        return __ldg(x + src);
+      },
+      y);
 }
 
 // -- resize --
