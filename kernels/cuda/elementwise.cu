@@ -28,11 +28,12 @@
 // Chain: the host hands its merged dims (runtime/params.h chain_shape: size-1 dims dropped,
 //   neighbours every tensor walks as one merged) with every tensor's element strides, any of
 //   them a part's item stride. An item is V floats of the innermost dim, decoded as binary's
-//   broadcast items (one division per outer dim); float4 where y and every input step by 1 or 0
-//   along that dim, its size and every outer stride of a stepping tensor are multiples of 4 and
-//   their pointers 16-byte aligned. The steps are unrolled to kMaxChainSteps and a step's
-//   operand picked from the inputs' registers by a bit of its own (ChainWalk::pick), so that
-//   nothing is indexed at run time (which would move those registers to local memory).
+//   broadcast items (one division per outer dim, a multiply-shift FastDiv in 32 bits); float4
+//   where y and every input step by 1 or 0 along that dim, its size and every outer stride of a
+//   stepping tensor are multiples of 4 and their pointers 16-byte aligned. The steps are unrolled
+//   to kMaxChainSteps and a step's operand picked from the inputs' registers by a bit of its own
+//   (ChainWalk::pick), so that nothing is indexed at run time (which would move those registers to
+//   local memory).
 // Activation (the op alone): one kernel per activation kind with its math inlined (InlineAct),
 //   where the conv epilogues and chains call the rare kinds out of line (shapes.h activate);
 //   mish there as v * n(n + 2) / (n(n + 2) + 2) with n = e^v (= v tanh(log1p(e^v))).
@@ -373,20 +374,27 @@ struct ChainWalk {
   int64_t inner_stride[kMaxChainInputs], y_inner;
   const float* x[kMaxChainInputs];
   uint8_t pick[kMaxChainSteps];
+  FastDiv div[kMaxChainRank - 1], chunk_div;  // by size[d] and by chunks (32-bit indices)
 };
 
+// Blocks an SM the chain kernel is held to: unbounded, the 32-bit float4 one took 64 registers
+// (4 blocks an SM); at 6 it takes 40 without spilling (ptxas -v). The 64-bit one at 4 (64
+// registers, as unbounded before FastDiv; held to 1 it took 106).
+template <class I>
+constexpr int kChainBlocks = std::is_same_v<I, uint32_t> ? 6 : 4;
+
 template <int V, class I>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kChainBlocks<I>)
     chain_kernel(ChainProgram p, ChainWalk w, I chunks, I items, float* __restrict__ y) {
   const I step = I(gridDim.x) * kThreads;
   for (I item = I(blockIdx.x) * kThreads + threadIdx.x; item < items; item += step) {
-    const I row = item / chunks, col = (item - row * chunks) * V;
+    const I row = quot(item, chunks, w.chunk_div), col = (item - row * chunks) * V;
     I at[kMaxChainInputs] = {}, y_at = 0, rest = row;
 #pragma unroll
     for (int d = 0; d < kMaxChainRank - 1; ++d) {
       if (d >= w.outer) break;
-      const I size = I(w.size[d]), idx = rest % size;
-      rest /= size;
+      const I size = I(w.size[d]), q = quot(rest, size, w.div[d]), idx = rest - q * size;
+      rest = q;
 #pragma unroll
       for (int k = 0; k < kMaxChainInputs; ++k) at[k] += idx * I(w.stride[k][d]);
       y_at += idx * I(w.y_stride[d]);
@@ -512,7 +520,12 @@ void fused_elementwise(const ChainProgram& p, const ChainShape& s, const float* 
     vec = vec &&
           (w.inner_stride[k] == 0 || (w.inner_stride[k] == 1 && rows_aligned(x[k], w.stride[k])));
   const int64_t chunks = vec ? inner / 4 : inner, items = total / inner * chunks;
-  dispatch(vec, fits32(std::max(span, total)), [&](auto v, auto i) {
+  const bool small = fits32(std::max(span, total));
+  if (small) {  // every size and chunks below 2^31 too
+    for (int q = 0; q < last; ++q) w.div[q] = make_fastdiv(uint32_t(w.size[q]));
+    w.chunk_div = make_fastdiv(uint32_t(chunks));
+  }
+  dispatch(vec, small, [&](auto v, auto i) {
     using I = decltype(i);
     chain_kernel<decltype(v)::value, I>
         <<<grid_cover(items, kThreads), kThreads, 0, stream>>>(p, w, I(chunks), I(items), y);

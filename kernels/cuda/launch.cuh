@@ -45,6 +45,16 @@ struct Divisor<uint32_t> {
   }
 };
 
+// n / d for d fixed at launch, where a kernel keeps its divisors in arrays (Divisor has no
+// default): f = make_fastdiv(d) in 32 bits (uint32_t), a division in 64.
+template <class I>
+__device__ __forceinline__ I quot(I n, I d, FastDiv f) {
+  if constexpr (std::is_same_v<I, uint32_t>)
+    return I(fast_div(int(n), f));
+  else
+    return n / d;
+}
+
 // One full wave of 256-thread blocks on this device: 8 x 256 = 2048 threads, the most an sm_90
 // SM holds.
 inline int max_blocks() {

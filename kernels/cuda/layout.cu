@@ -46,15 +46,6 @@ constexpr int kUnroll = 4;
 constexpr int kTileP = 64, kTileL = 32, kTileRows = 8;
 using namespace detail;
 
-// n / d for d fixed at launch: FastDiv f in 32 bits, a division in 64.
-template <class I>
-__device__ __forceinline__ I quot(I n, I d, FastDiv f) {
-  if constexpr (std::is_same_v<I, uint32_t>)
-    return I(fast_div(int(n), f));
-  else
-    return n / d;
-}
-
 // Dims innermost first, each with its size (and divisor) and a stride.
 template <class I>
 struct Dims {
