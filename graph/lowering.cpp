@@ -499,6 +499,16 @@ std::vector<ConvTiles> conv_built_tiles(ConvKernel kernel, const DeviceProfile& 
 
 namespace {
 
+// Which kernel runs a resize (cuda::resize): nearest by integer factors that read input o / f as
+// upsample_nearest does, else resize's own.
+std::string resize_rule(const ResizeMode& m, const Shape& x, const Shape& y) {
+  const int64_t fh = resize_nearest_factor(m, x[x.size() - 2], y[y.size() - 2]);
+  const int64_t fw = resize_nearest_factor(m, x.back(), y.back());
+  if (fh > 0 && fw > 0)
+    return fmt::format("nearest by {}x{}, input o / factor: the upsample_nearest kernel", fh, fw);
+  return "one kernel";
+}
+
 // Which of maxpool2d's kernels runs a pool (maxpool_kernel), and why.
 std::string maxpool_rule(const PoolShape& p) {
   const int64_t floats = maxpool_plane_floats(p);
@@ -730,6 +740,10 @@ Plan lower(Graph graph, const LowerOptions& options) {
     } else if (node.op == OpKind::FusedElementwise) {
       np.kernel = op_name(node.op);
       np.rule = fmt::format("one kernel: {}", chain_str(node_chain(node)));
+    } else if (node.op == OpKind::Resize) {
+      np.kernel = op_name(node.op);
+      np.rule = resize_rule(resize_mode(node), graph.value(node.inputs[0]).shape,
+                            graph.value(node.outputs[0]).shape);
     } else {
       np.kernel = op_name(node.op);
       np.rule = "one kernel";

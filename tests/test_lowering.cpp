@@ -1130,6 +1130,45 @@ TEST_CASE("kernel geometry: conv_pair_fits takes the stem pairs it is built for"
 
 // The kernels' multiply-shift division (shapes.h) on the host, against `/`: every divisor up to
 // 4096 and large ones, numerators near 0, near multiples of the divisor and near 2^31.
+TEST_CASE("lowering: nearest resizes by integer factors run the upsample_nearest kernel",
+          "[lowering][resize]") {
+  // resize_nearest_factor checks every output index against o / f: ONNX's "asymmetric" with
+  // floor (PyTorch's nearest), half_pixel with either rounding at x2 and x3 read that way;
+  // asymmetric with ceil reads o / f rounded up, not a factor; linear never upsamples.
+  const auto mode = [](ResizeCoord c, NearestMode n, bool linear = false) {
+    ResizeMode m;
+    m.coord = c, m.nearest = n, m.linear = linear;
+    return m;
+  };
+  using C = ResizeCoord;
+  using N = NearestMode;
+  CHECK(resize_nearest_factor(mode(C::Asymmetric, N::Floor), 64, 128) == 2);
+  CHECK(resize_nearest_factor(mode(C::Asymmetric, N::Floor), 13, 39) == 3);
+  CHECK(resize_nearest_factor(mode(C::HalfPixel, N::RoundPreferFloor), 40, 80) == 2);
+  CHECK(resize_nearest_factor(mode(C::HalfPixel, N::RoundPreferCeil), 15, 45) == 3);
+  CHECK(resize_nearest_factor(mode(C::Asymmetric, N::Floor), 7, 7) == 1);
+  CHECK(resize_nearest_factor(mode(C::Asymmetric, N::Ceil), 64, 128) == 0);
+  CHECK(resize_nearest_factor(mode(C::AlignCorners, N::Floor), 64, 128) == 0);
+  CHECK(resize_nearest_factor(mode(C::Asymmetric, N::Floor), 64, 96) == 0);  // 1.5x
+  CHECK(resize_nearest_factor(mode(C::Asymmetric, N::Floor), 64, 32) == 0);  // down
+  CHECK(resize_nearest_factor(mode(C::Asymmetric, N::Floor, true), 64, 128) == 0);
+  // Where it holds on both axes, explain names the kernel.
+  LowerOptions cuda;
+  cuda.device = Device::CUDA;
+  for (const auto& [coord, nearest, sizes, want] :
+       std::vector<std::tuple<std::string, std::string, std::vector<int64_t>, std::string>>{
+           {"asymmetric", "floor", {2, 8, 32, 48}, "nearest by 2x3, input o / factor"},
+           {"asymmetric", "ceil", {2, 8, 32, 48}, "one kernel"},
+           {"asymmetric", "floor", {2, 8, 32, 20}, "one kernel"}}) {
+    Builder b(3);
+    b.output(b.resize(b.input("x", {2, 8, 16, 16}), sizes, "nearest", coord, nearest, "up"));
+    const Plan p = lower(b.build(), cuda);
+    INFO(coord << ", " << nearest << " to " << shape_str(sizes));
+    CHECK(p.nodes[0].kernel == "resize");
+    CHECK_THAT(p.nodes[0].rule, Catch::Contains(want));
+  }
+}
+
 TEST_CASE("kernel geometry: fast_div equals integer division below 2^31", "[lowering][shapes]") {
   std::vector<uint32_t> divisors;
   for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);

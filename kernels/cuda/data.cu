@@ -1,21 +1,26 @@
-// Data-movement CUDA kernels: the slab copy behind concat and split, nearest upsampling.
+// Data-movement CUDA kernels: the slab copies behind concat and split, nearest upsampling.
 //
-// copy_slab   dst[o, dst_offset + j, i] = src[o, src_offset + j, i] for o < outer, j < count,
-//             i < inner, both tensors viewed as [outer, extent, inner] (their own extents).
-//             Each o is one contiguous run of count * inner floats in both tensors, at
-//             (o * extent + offset) * inner.
+// copy_slabs  for each slab k: dst_k[o * dst_row_k + dst_start_k + j] =
+//             src_k[o * src_row_k + src_start_k + j] for o < outer, j < len_k: each o one
+//             contiguous run of len_k floats in both tensors. concat and split are one launch
+//             for all their parts (up to kMaxSlabs a launch): a launch each cost the four
+//             4 x [16,256,20,20] parts of YOLOv5's SPPF concat more than their copies.
 // upsample    y[p, oh, ow] = x[p, oh / scale_h, ow / scale_w] over planes p < n * c, with
 //             y's planes (h * scale_h) x (w * scale_w).
-// Layout: float32, device pointers; src and dst must not overlap. copy_slab's rows may lie
-//   apart (src_extent, dst_extent); upsample's images x_image and y_image floats apart (channel
-//   slabs of a larger batch); everything else is contiguous.
-// Grid: 1-D and grid-stride, kThreads per block, at most one full wave (grid_for), so any
-//   element count runs. A work item is V = 4 consecutive floats of one row (float4 loads and
-//   stores) when the row length and every row start are multiples of 4 and the pointers are
-//   16-byte aligned, else one float. copy_slab: item w is row w / chunks, column
-//   (w % chunks) * V. upsample: item w is output row w / chunks (plane row / ho, oh = row % ho),
-//   columns (w % chunks) * V .. + V, each read from x[iw = ow / scale_w]: neighbouring
-//   outputs share inputs, so a warp's reads hit 1 / scale_w as many addresses as it writes.
+// Layout: float32, device pointers; src and dst must not overlap. Slab rows may lie apart
+//   (src_row, dst_row); upsample's images x_image and y_image floats apart (channel slabs of a
+//   larger batch); everything else is contiguous.
+// Grid: copy_slabs: blocks of kThreads x kUnroll items, each in one slab: slab k owns blocks
+//   [first_block[k], first_block[k + 1]), every block of every slab launched at once, and a
+//   thread's kUnroll items kThreads apart, all loaded before the first store. upsample: 1-D and
+//   grid-stride, kThreads per block, at most one full wave (grid_for). A work item is V = 4
+//   consecutive floats of one row (float4 loads and stores) when the row length and every row
+//   start are multiples of 4 and the pointers are 16-byte aligned, else one float (copy_slabs
+//   launches the slabs that allow float4 apart from those that do not). Slab item w is row
+//   w / chunks, column (w % chunks) * V. upsample: item w is output row w / chunks (plane
+//   row / ho, oh = row % ho), columns (w % chunks) * V .. + V, each read from
+//   x[iw = ow / scale_w]: neighbouring outputs share inputs, so a warp's reads hit 1 / scale_w
+//   as many addresses as it writes.
 // Index math is 32-bit when every index is below 2^31 (its divisions by launch constants then
 // multiply-shifts, see Divisor), else 64-bit.
 #include <cuda_runtime.h>
@@ -31,22 +36,67 @@ namespace epilog::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
 using namespace detail;
 
-// -- copy_slab --
+// -- copy_slabs --
+
+// One launch's slabs: pointers, rows and starts in the index type, chunks (V-float items) a
+// row, and each slab's first block (first_block[n]: the grid).
+template <class I>
+struct SlabSet {
+  int n;
+  const float* src[kMaxSlabs];
+  float* dst[kMaxSlabs];
+  I src_row[kMaxSlabs], src_start[kMaxSlabs], dst_row[kMaxSlabs], dst_start[kMaxSlabs];
+  I chunks[kMaxSlabs], items[kMaxSlabs];
+  FastDiv div[kMaxSlabs];
+  int64_t first_block[kMaxSlabs + 1];
+};
 
 template <int V, class I>
-__global__ void __launch_bounds__(kThreads)
-    copy_slab_kernel(Divisor<I> chunks, I items, const float* __restrict__ src, I src_row,
-                     I src_start, float* __restrict__ dst, I dst_row, I dst_start) {
+__global__ void __launch_bounds__(kThreads) copy_slabs_kernel(SlabSet<I> s) {
   pdl_begin();
   using T = std::conditional_t<V == 4, float4, float>;
-  const I step = I(gridDim.x) * kThreads;
-  for (I w = I(blockIdx.x) * kThreads + threadIdx.x; w < items; w += step) {
-    const I o = chunks.div(w), col = (w - o * chunks.d) * V;
-    *reinterpret_cast<T*>(dst + o * dst_row + dst_start + col) =
-        __ldg(reinterpret_cast<const T*>(src + o * src_row + src_start + col));
+  // -- this block's slab: chosen by unrolled selects, so that s stays in the parameter bank --
+  const int64_t b = blockIdx.x;
+  int k = 0;
+#pragma unroll
+  for (int j = 1; j < kMaxSlabs; ++j)
+    if (j < s.n && b >= s.first_block[j]) k = j;
+  const float* src = s.src[0];
+  float* dst = s.dst[0];
+  I src_row = s.src_row[0], src_start = s.src_start[0], dst_row = s.dst_row[0];
+  I dst_start = s.dst_start[0], chunks = s.chunks[0], items = s.items[0];
+  FastDiv div = s.div[0];
+  int64_t first = s.first_block[0];
+#pragma unroll
+  for (int j = 1; j < kMaxSlabs; ++j)
+    if (j == k) {
+      src = s.src[j], dst = s.dst[j], src_row = s.src_row[j], src_start = s.src_start[j];
+      dst_row = s.dst_row[j], dst_start = s.dst_start[j], chunks = s.chunks[j];
+      items = s.items[j], div = s.div[j], first = s.first_block[j];
+    }
+  // -- kUnroll items a thread, all loads first --
+  const I base = I(b - first) * (kThreads * kUnroll) + threadIdx.x;
+  T v[kUnroll];
+  I at[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const I w = base + I(u) * kThreads;
+    if (w >= items) continue;
+    I o;
+    if constexpr (std::is_same_v<I, uint32_t>)
+      o = I(fast_div(int(w), div));
+    else
+      o = w / chunks;
+    const I col = (w - o * chunks) * V;
+    v[u] = __ldg(reinterpret_cast<const T*>(src + o * src_row + src_start + col));
+    at[u] = o * dst_row + dst_start + col;
   }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (base + I(u) * kThreads < items) *reinterpret_cast<T*>(dst + at[u]) = v[u];
 }
 
 // -- upsample_nearest --
@@ -76,25 +126,53 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void copy_slab(int64_t outer, int64_t count, int64_t inner, const float* src, int64_t src_extent,
-               int64_t src_offset, float* dst, int64_t dst_extent, int64_t dst_offset,
-               Stream stream) {
-  const int64_t len = count * inner;
-  if (outer == 0 || len == 0) return;
-  const int64_t src_row = src_extent * inner, dst_row = dst_extent * inner;
-  const int64_t src_start = src_offset * inner, dst_start = dst_offset * inner;
-  const bool vec = len % 4 == 0 && src_row % 4 == 0 && dst_row % 4 == 0 && src_start % 4 == 0 &&
-                   dst_start % 4 == 0 && aligned16(src) && aligned16(dst);
-  const int64_t chunks = vec ? len / 4 : len;
-  const int64_t items = outer * chunks;
-  // Every index is below the larger tensor's element count.
-  dispatch(vec, fits32(outer * std::max(src_row, dst_row)), [&](auto v, auto i) {
-    using I = decltype(i);
-    launch_pdl(copy_slab_kernel<decltype(v)::value, I>, grid_for(items, kThreads), kThreads, 0,
-               stream, 1, Divisor<I>(I(chunks)), I(items), src, I(src_row), I(src_start), dst,
-               I(dst_row), I(dst_start));
-  });
-  check_launch("copy_slab");
+void copy_slabs(int64_t outer, const Slab* slabs, int n, Stream stream) {
+  if (outer == 0) return;
+  // -- launches of up to kMaxSlabs non-empty slabs each, float4 ones apart from the others --
+  for (const bool vec : {true, false}) {
+    const Slab* group[kMaxSlabs];
+    int count = 0;
+    const auto flush = [&] {
+      if (count == 0) return;
+      int64_t span = 0;  // every index is below the larger tensor's extent
+      for (int k = 0; k < count; ++k)
+        span = std::max({span, outer * group[k]->src_row, outer * group[k]->dst_row});
+      dispatch(vec, fits32(span), [&](auto v, auto i) {
+        using I = decltype(i);
+        constexpr int V = decltype(v)::value;
+        SlabSet<I> s{};
+        s.n = count;
+        int64_t blocks = 0;
+        for (int k = 0; k < count; ++k) {
+          const Slab& g = *group[k];
+          const int64_t chunks = g.len / V;
+          s.src[k] = g.src, s.dst[k] = g.dst;
+          s.src_row[k] = I(g.src_row), s.src_start[k] = I(g.src_start);
+          s.dst_row[k] = I(g.dst_row), s.dst_start[k] = I(g.dst_start);
+          s.chunks[k] = I(chunks), s.items[k] = I(outer * chunks);
+          if constexpr (std::is_same_v<I, uint32_t>) s.div[k] = make_fastdiv(uint32_t(chunks));
+          s.first_block[k] = blocks;
+          blocks += ceil_div(outer * chunks, kThreads * kUnroll);
+        }
+        s.first_block[count] = blocks;
+        EPILOG_CUDA_REQUIRE(blocks <= 0x7fffffff);
+        launch_pdl(copy_slabs_kernel<V, I>, int(blocks), kThreads, 0, stream, 1, s);
+      });
+      check_launch("copy_slabs");
+      count = 0;
+    };
+    for (int k = 0; k < n; ++k) {
+      const Slab& g = slabs[k];
+      if (g.len == 0) continue;
+      const bool four = g.len % 4 == 0 && g.src_row % 4 == 0 && g.dst_row % 4 == 0 &&
+                        g.src_start % 4 == 0 && g.dst_start % 4 == 0 && aligned16(g.src) &&
+                        aligned16(g.dst);
+      if (four != vec) continue;
+      group[count++] = &g;
+      if (count == kMaxSlabs) flush();
+    }
+    flush();
+  }
 }
 
 void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_h, int64_t scale_w,

@@ -11,8 +11,9 @@
 //               registers
 // Layout: float32, contiguous, device pointers; batchnorm sees x as [outer, channels, inner].
 //   Outputs must not alias inputs (inputs are read through the non-coherent cache).
-// Grid: 1-D and grid-stride, kThreads per block, at most one full wave (grid_for: full
-//   residency on sm_90), so any element count runs, 64-bit counts included. A work item
+// Grid: 1-D, kThreads per block, enough blocks for every item (grid_cover: the block scheduler
+//   balances the waves, where a grid capped at one wave of 8 blocks an SM ran a second, partial
+//   wave for kernels of more than 32 registers), grid-stride past 2^31 - 1 blocks. A work item
 //   is a float4 when every pointer is 16-byte aligned and no run of 4 crosses a channel
 //   (batchnorm: inner % 4 == 0) or a broadcast row (binary: last merged dim % 4 == 0), else
 //   one float. Flat kernels take kUnroll items per step, kThreads apart so that each warp's
@@ -27,11 +28,15 @@
 // Chain: the host hands its merged dims (runtime/params.h chain_shape: size-1 dims dropped,
 //   neighbours every tensor walks as one merged) with every tensor's element strides, any of
 //   them a part's item stride. An item is V floats of the innermost dim, decoded as binary's
-//   broadcast items (one division per outer dim); float4 where y and every input step by 1 or 0
-//   along that dim, its size and every outer stride of a stepping tensor are multiples of 4 and
-//   their pointers 16-byte aligned. The steps are unrolled to kMaxChainSteps and a step's
-//   operand picked from the inputs' registers by a bit of its own (ChainWalk::pick), so that
-//   nothing is indexed at run time (which would move those registers to local memory).
+//   broadcast items (one division per outer dim, a multiply-shift FastDiv in 32 bits); float4
+//   where y and every input step by 1 or 0 along that dim, its size and every outer stride of a
+//   stepping tensor are multiples of 4 and their pointers 16-byte aligned. The steps are unrolled
+//   to kMaxChainSteps and a step's operand picked from the inputs' registers by a bit of its own
+//   (ChainWalk::pick), so that nothing is indexed at run time (which would move those registers to
+//   local memory).
+// Activation (the op alone): one kernel per activation kind with its math inlined (InlineAct),
+//   where the conv epilogues and chains call the rare kinds out of line (shapes.h activate);
+//   mish there as v * n(n + 2) / (n(n + 2) + 2) with n = e^v (= v tanh(log1p(e^v))).
 // Index math is 32-bit when every index is below 2^31, else 64-bit.
 // Restrictions: binary up to kMaxRank dims (checked), shapes that broadcast (the caller's); a
 //   chain up to kMaxChainRank merged dims, kMaxChainInputs inputs and kMaxChainSteps steps whose
@@ -41,6 +46,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "epilog/kernels/cuda.h"
 #include "launch.cuh"
@@ -133,19 +139,28 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Launches map_kernel over n floats, as float4 items when `vec` allows.
-template <class F>
-void launch_map(const char* name, F f, int64_t n, bool vec, const float* x, float* y,
-                Stream stream) {
+// Launches map_kernel over n floats in index type I, as float4 items when `vec` allows.
+template <class I, class F>
+void launch_map_as(const char* name, F f, int64_t n, bool vec, const float* x, float* y,
+                   Stream stream) {
   if (n == 0) return;
   vec = vec && n % 4 == 0 && aligned16(x) && aligned16(y);
   const int64_t items = vec ? n / 4 : n;
-  dispatch(vec, fits32(n), [&](auto v, auto i) {
-    using I = decltype(i);
-    map_kernel<F, decltype(v)::value, I>
-        <<<grid_for(items, kThreads * kUnroll), kThreads, 0, stream>>>(f, I(items), x, y);
-  });
+  const int grid = grid_cover(items, kThreads * kUnroll);
+  if (vec)
+    map_kernel<F, 4, I><<<grid, kThreads, 0, stream>>>(f, I(items), x, y);
+  else
+    map_kernel<F, 1, I><<<grid, kThreads, 0, stream>>>(f, I(items), x, y);
   check_launch(name);
+}
+
+template <class F>
+void launch_map(const char* name, F f, int64_t n, bool vec, const float* x, float* y,
+                Stream stream) {
+  if (fits32(n))
+    launch_map_as<uint32_t>(name, f, n, vec, x, y, stream);
+  else
+    launch_map_as<int64_t>(name, f, n, vec, x, y, stream);
 }
 
 // -- batchnorm --
@@ -179,6 +194,41 @@ struct ActivationOp {
     for (int j = 0; j < V; ++j) v.v[j] = act(v.v[j]);
   }
 };
+
+// The activation of kind K with its math inlined: activate_rare's switch folds to K's case.
+template <Activation K>
+struct InlineAct {
+  float a, b;
+  __device__ __forceinline__ float operator()(float v) const {
+    const Act act(K, a, b);
+    if constexpr (K == Activation::Mish) {
+      // tanh(log1p(n)) = ((1 + n)^2 - 1) / ((1 + n)^2 + 1) = n(n + 2) / (n(n + 2) + 2), n = e^v
+      // by ex2.approx (2 + 1.2|v| ulp): a few instructions where expf, log1pf and tanhf took
+      // about 60. Off mish by at most 7% of the tests' bound 1e-5 + 1e-5 |mish| over
+      // [-30, 20] with e^v 3e-6 off (a host sweep in float against double); below -30 both are
+      // under 3e-12 (e^v flushes to 0 below -87). Past 20 the CPU's is v, as here, so the
+      // divisor stays below 2^126, where __fdividef is within 2 ulp.
+      if (v > 20.0f) return v;
+      float n;
+      asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(n) : "f"(v * 1.44269504f));
+      const float t = n * (n + 2.0f);
+      return v * __fdividef(t, t + 2.0f);
+    } else if constexpr (K == Activation::None || K == Activation::Silu || K == Activation::Relu ||
+                         K == Activation::Sigmoid) {
+      return activate(act, v);
+    } else {
+      return activate_rare(act, v);
+    }
+  }
+};
+
+// Calls f(InlineAct<K>{a, b}) for the activation's kind K.
+template <class F, int... K>
+void with_inline_act(const Act& act, F&& f, std::integer_sequence<int, K...>) {
+  const bool found =
+      ((int(act.kind) == K ? (f(InlineAct<Activation(K)>{act.a, act.b}), true) : false) || ...);
+  EPILOG_CUDA_REQUIRE(found);
+}
 
 // -- binary --
 
@@ -261,8 +311,8 @@ void binary_impl(const BroadcastShape& s, const float* a, const float* b, float*
     dispatch(vec, fits32(total), [&](auto v, auto i) {
       using I = decltype(i);
       zip_kernel<BinaryOp<Op>, decltype(v)::value, I>
-          <<<grid_for(items, kThreads * kUnroll), kThreads, 0, stream>>>(BinaryOp<Op>{}, I(items),
-                                                                         a, b, y);
+          <<<grid_cover(items, kThreads * kUnroll), kThreads, 0, stream>>>(BinaryOp<Op>{}, I(items),
+                                                                           a, b, y);
     });
     check_launch("binary (flat)");
     return;
@@ -283,8 +333,9 @@ void binary_impl(const BroadcastShape& s, const float* a, const float* b, float*
   const int64_t items = total / inner.size * chunks;
   dispatch(vec, fits32(total), [&](auto v, auto i) {
     using I = decltype(i);
-    broadcast_kernel<Op, decltype(v)::value, I><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
-        o, I(inner.size), I(chunks), I(items), a_steps, b_steps, a, b, y, I(inner.size));
+    broadcast_kernel<Op, decltype(v)::value, I>
+        <<<grid_cover(items, kThreads), kThreads, 0, stream>>>(
+            o, I(inner.size), I(chunks), I(items), a_steps, b_steps, a, b, y, I(inner.size));
   });
   check_launch("binary (broadcast)");
 }
@@ -303,7 +354,7 @@ void binary_items_impl(int64_t items, int64_t len, const float* a, int64_t a_str
   dispatch(vec, fits32(span), [&](auto v, auto i) {
     using I = decltype(i);
     broadcast_kernel<Op, decltype(v)::value, I>
-        <<<grid_for(items * chunks, kThreads), kThreads, 0, stream>>>(
+        <<<grid_cover(items * chunks, kThreads), kThreads, 0, stream>>>(
             o, I(len), I(chunks), I(items * chunks), true, true, a, b, y, I(y_stride));
   });
   check_launch("binary (items)");
@@ -323,20 +374,27 @@ struct ChainWalk {
   int64_t inner_stride[kMaxChainInputs], y_inner;
   const float* x[kMaxChainInputs];
   uint8_t pick[kMaxChainSteps];
+  FastDiv div[kMaxChainRank - 1], chunk_div;  // by size[d] and by chunks (32-bit indices)
 };
 
+// Blocks an SM the chain kernel is held to: unbounded, the 32-bit float4 one took 64 registers
+// (4 blocks an SM); at 6 it takes 40 without spilling (ptxas -v). The 64-bit one at 4 (64
+// registers, as unbounded before FastDiv; held to 1 it took 106).
+template <class I>
+constexpr int kChainBlocks = std::is_same_v<I, uint32_t> ? 6 : 4;
+
 template <int V, class I>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kChainBlocks<I>)
     chain_kernel(ChainProgram p, ChainWalk w, I chunks, I items, float* __restrict__ y) {
   const I step = I(gridDim.x) * kThreads;
   for (I item = I(blockIdx.x) * kThreads + threadIdx.x; item < items; item += step) {
-    const I row = item / chunks, col = (item - row * chunks) * V;
+    const I row = quot(item, chunks, w.chunk_div), col = (item - row * chunks) * V;
     I at[kMaxChainInputs] = {}, y_at = 0, rest = row;
 #pragma unroll
     for (int d = 0; d < kMaxChainRank - 1; ++d) {
       if (d >= w.outer) break;
-      const I size = I(w.size[d]), idx = rest % size;
-      rest /= size;
+      const I size = I(w.size[d]), q = quot(rest, size, w.div[d]), idx = rest - q * size;
+      rest = q;
 #pragma unroll
       for (int k = 0; k < kMaxChainInputs; ++k) at[k] += idx * I(w.stride[k][d]);
       y_at += idx * I(w.y_stride[d]);
@@ -407,9 +465,17 @@ void batchnorm(int64_t outer, int64_t channels, int64_t inner, const float* x, c
 }
 
 void activation(Act act, int64_t n, const float* x, float* y, Stream stream) {
-  with_activation(act, [&](auto a) {
-    launch_map("activation", ActivationOp<decltype(a)>{a}, n, true, x, y, stream);
-  });
+  if (!fits32(n)) {  // 64-bit indices: one kernel with activate()'s switch
+    const ActOf<kAnyActivation> a(act);
+    return launch_map_as<int64_t>("activation", ActivationOp<decltype(a)>{a}, n, true, x, y,
+                                  stream);
+  }
+  with_inline_act(
+      act,
+      [&](auto a) {
+        launch_map_as<uint32_t>("activation", ActivationOp<decltype(a)>{a}, n, true, x, y, stream);
+      },
+      std::make_integer_sequence<int, kNumActivations>{});
 }
 
 void fused_elementwise(const ChainProgram& p, const ChainShape& s, const float* const* x, float* y,
@@ -454,10 +520,15 @@ void fused_elementwise(const ChainProgram& p, const ChainShape& s, const float* 
     vec = vec &&
           (w.inner_stride[k] == 0 || (w.inner_stride[k] == 1 && rows_aligned(x[k], w.stride[k])));
   const int64_t chunks = vec ? inner / 4 : inner, items = total / inner * chunks;
-  dispatch(vec, fits32(std::max(span, total)), [&](auto v, auto i) {
+  const bool small = fits32(std::max(span, total));
+  if (small) {  // every size and chunks below 2^31 too
+    for (int q = 0; q < last; ++q) w.div[q] = make_fastdiv(uint32_t(w.size[q]));
+    w.chunk_div = make_fastdiv(uint32_t(chunks));
+  }
+  dispatch(vec, small, [&](auto v, auto i) {
     using I = decltype(i);
     chain_kernel<decltype(v)::value, I>
-        <<<grid_for(items, kThreads), kThreads, 0, stream>>>(p, w, I(chunks), I(items), y);
+        <<<grid_cover(items, kThreads), kThreads, 0, stream>>>(p, w, I(chunks), I(items), y);
   });
   check_launch("fused_elementwise");
 }

@@ -45,6 +45,16 @@ struct Divisor<uint32_t> {
   }
 };
 
+// n / d for d fixed at launch, where a kernel keeps its divisors in arrays (Divisor has no
+// default): f = make_fastdiv(d) in 32 bits (uint32_t), a division in 64.
+template <class I>
+__device__ __forceinline__ I quot(I n, I d, FastDiv f) {
+  if constexpr (std::is_same_v<I, uint32_t>)
+    return I(fast_div(int(n), f));
+  else
+    return n / d;
+}
+
 // One full wave of 256-thread blocks on this device: 8 x 256 = 2048 threads, the most an sm_90
 // SM holds.
 inline int max_blocks() {
@@ -61,6 +71,15 @@ inline int max_blocks() {
 // a grid-stride loop does the rest without paying for block launches.
 inline int grid_for(int64_t items, int64_t per_block) {
   return static_cast<int>(std::min<int64_t>(ceil_div(items, per_block), max_blocks()));
+}
+
+// Enough blocks for every item at `per_block` items a block (at least one, at most 2^31 - 1: a
+// grid-stride loop does the rest), for kernels whose blocks stream their items once. The block
+// scheduler then balances the waves: a grid capped at grid_for's wave of 8 blocks an SM runs a
+// second, partial wave where registers allow fewer (48 registers a thread: 5), and its
+// grid-stride loop leaves blocks one step apart where the items are not a multiple of it.
+inline int grid_cover(int64_t items, int64_t per_block) {
+  return static_cast<int>(std::clamp<int64_t>(ceil_div(items, per_block), 1, 0x7fffffff));
 }
 
 inline bool aligned16(const void* p) {

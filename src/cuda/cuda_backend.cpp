@@ -8,6 +8,7 @@
 #include <shared_mutex>
 #include <stdexcept>
 #include <unordered_map>
+#include <vector>
 
 #include "epilog/kernels/cuda.h"
 #include "epilog/runtime/executor.h"
@@ -351,8 +352,9 @@ int64_t norm_axis(const Node& n, int rank) {
   const int64_t axis = n.attrs.i("axis");
   return axis < 0 ? axis + rank : axis;
 }
-// The extent t's rows step by along the axis, as copy_slab counts it: its own, or for a strided
-// part of a larger batch (its items item_stride() apart, one row per item) that stride / inner.
+// The extent t's rows step by along the axis (a Slab's rows are it times inner apart): its own, or
+// for a strided part of a larger batch (its items item_stride() apart, one row per item) that
+// stride / inner.
 int64_t row_extent(const Tensor& t, int64_t axis, const AxisView& v) {
   if (t.contiguous()) return t.shape()[axis];
   EPILOG_ASSERT(v.outer == t.dim(0) && v.inner > 0 && t.item_stride() % v.inner == 0,
@@ -360,18 +362,21 @@ int64_t row_extent(const Tensor& t, int64_t axis, const AxisView& v) {
   return t.item_stride() / v.inner;
 }
 
+// concat and split: one slab per part, all of them copied by one launch (copy_slabs).
 void concat(const Ctx& c, In in, Out out) {
   Tensor& y = out[0];
   const int64_t axis = norm_axis(c.node, y.rank());
   const AxisView v = axis_view(y.shape(), axis);
   const int64_t extent = row_extent(y, axis, v);
+  std::vector<cuda::Slab> slabs;
   int64_t offset = 0;
   for (const Tensor& x : in) {
     const int64_t count = x.shape()[axis];
-    cuda::copy_slab(v.outer, count, v.inner, dev(x), row_extent(x, axis, v), 0, dev(y), extent,
-                    offset, c.stream);
+    slabs.push_back({dev(x), dev(y), count * v.inner, row_extent(x, axis, v) * v.inner, 0,
+                     extent * v.inner, offset * v.inner});
     offset += count;
   }
+  cuda::copy_slabs(v.outer, slabs.data(), int(slabs.size()), c.stream);
 }
 
 void split(const Ctx& c, In in, Out out) {
@@ -379,13 +384,15 @@ void split(const Ctx& c, In in, Out out) {
   const int64_t axis = norm_axis(c.node, x.rank());
   const AxisView v = axis_view(x.shape(), axis);
   const int64_t extent = row_extent(x, axis, v);
+  std::vector<cuda::Slab> slabs;
   int64_t offset = 0;
   for (Tensor& y : out) {
     const int64_t count = y.shape()[axis];
-    cuda::copy_slab(v.outer, count, v.inner, dev(x), extent, offset, dev(y), row_extent(y, axis, v),
-                    0, c.stream);
+    slabs.push_back({dev(x), dev(y), count * v.inner, extent * v.inner, offset * v.inner,
+                     row_extent(y, axis, v) * v.inner, 0});
     offset += count;
   }
+  cuda::copy_slabs(v.outer, slabs.data(), int(slabs.size()), c.stream);
 }
 
 void check_rank(const Ctx& c, const Shape& s) {

@@ -137,6 +137,91 @@ TEST_CASE("gpu layout ops: resize, nearest and bilinear in every coordinate mode
     }
 }
 
+TEST_CASE("gpu layout ops: pad, merged dims, odd widths and many blocks", "[gpu][ops][pad]") {
+  // The kernel merges dims (constant: an unpadded dim into the one before it; reflect and edge:
+  // only unpadded neighbours), so pads on every single dim, on inner ones only and on outer ones
+  // only, ranks 1 to 5, size-1 dims, and tensors past one wave of blocks (the op_bench shapes
+  // at batch 2: TF-same, reflection pad 1 and the stem's pad 3).
+  struct Case {
+    Shape x;
+    std::vector<int64_t> pads;
+  };
+  const std::vector<Case> cases = {
+      {{2, 96, 112, 112}, {0, 0, 0, 0, 0, 0, 1, 1}},
+      {{2, 64, 64, 64}, {0, 0, 1, 1, 0, 0, 1, 1}},
+      {{2, 3, 256, 256}, {0, 0, 3, 3, 0, 0, 3, 3}},
+      {{3, 5, 7, 9}, {0, 2, 0, 0, 0, 1, 0, 0}},  // channels only (constant: H * W merged)
+      {{3, 5, 7, 9}, {1, 0, 0, 2, 2, 0, 0, 3}},  // batch and width
+      {{3, 5, 7, 9}, {1, 1, 2, 2, 1, 3, 4, 1}},  // every dim
+      {{1, 1, 7, 1}, {0, 0, 3, 0, 0, 0, 2, 0}},  // size-1 dims
+      {{13}, {4, 7}},                            // one dim
+      {{2, 3, 1, 5, 6}, {0, 1, 0, 2, 0, 0, 0, 0, 3, 1}},
+      {{4, 2, 3, 2}, {0, 0, 1, 1, 0, 0, 1, 1}}};  // reflect of a dim of 2 (pad 1)
+  for (const char* mode : {"constant", "reflect", "edge"})
+    for (const Case& c : cases) {
+      INFO(mode << " pad of " << shape_str(c.x));
+      check_op(
+          {c.x}, [&](Builder& b, std::vector<Val> v) { return b.pad(v[0], c.pads, mode, -1.5); },
+          kExact);
+    }
+}
+
+TEST_CASE("gpu layout ops: resize, integer factors, float4 rows and many blocks",
+          "[gpu][ops][resize]") {
+  // Nearest by integer factors runs as upsample_nearest where the mode reads o / factor (the
+  // host checks every index; half_pixel with round_prefer_ceil does at x2, align_corners does
+  // not), else the resize kernel: float4 rows where the output width is a multiple of 4, a
+  // float an item otherwise. Downsampling, a factor on one axis only, and op_bench's shapes at
+  // batch 2 (x2 of 64 x 64, DeepLab's 33 -> 520 bilinear).
+  struct Case {
+    Shape x;
+    std::vector<int64_t> sizes;
+  };
+  const std::vector<Case> cases = {
+      {{2, 16, 64, 64}, {2, 16, 128, 128}}, {{2, 21, 33, 33}, {2, 21, 520, 520}},
+      {{2, 3, 13, 15}, {2, 3, 39, 30}},     {{2, 3, 13, 15}, {2, 3, 13, 45}},
+      {{2, 3, 12, 16}, {2, 3, 6, 8}},       {{2, 3, 13, 15}, {2, 3, 17, 19}},
+      {{1, 2, 1, 1}, {1, 2, 4, 4}},         {{3, 7, 9}, {3, 21, 36}}};
+  for (const Case& c : cases)
+    for (const char* coord : {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"}) {
+      INFO(shape_str(c.x) << " -> " << shape_str(c.sizes) << ", " << coord);
+      check_op({c.x}, [&](Builder& b, std::vector<Val> v) {
+        return b.resize(v[0], c.sizes, "linear", coord);
+      });
+      for (const char* nearest : {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"})
+        check_op(
+            {c.x},
+            [&](Builder& b, std::vector<Val> v) {
+              return b.resize(v[0], c.sizes, "nearest", coord, nearest);
+            },
+            kExact);
+    }
+}
+
+TEST_CASE("gpu layout ops: transpose tiles and strided slices at scale", "[gpu][ops][gather]") {
+  // Tiles of 64 (along x's stride-1 dim) by 32, partial ones at both ends, several images; the
+  // generic gather's unrolled items past one wave; YOLOv5's Focus slice x[..., ::2, ::2].
+  const std::vector<std::pair<Shape, std::vector<int64_t>>> perms = {
+      {{2, 96, 56, 56}, {0, 2, 3, 1}}, {{2, 56, 56, 96}, {0, 3, 1, 2}},
+      {{3, 3, 65, 33}, {0, 2, 3, 1}},  {{2, 130, 7, 5}, {0, 2, 3, 1}},
+      {{5, 129, 31}, {0, 2, 1}},       {{2, 3, 4, 70, 40}, {0, 1, 3, 4, 2}}};
+  for (const auto& [shape, perm] : perms)
+    check_op(
+        {shape}, [&](Builder& b, std::vector<Val> v) { return b.transpose(v[0], perm); }, kExact);
+  const std::vector<std::vector<std::vector<int64_t>>> slices = {
+      // starts, ends, axes, steps
+      {{0, 0}, {640, 640}, {2, 3}, {2, 2}},
+      {{1, 0}, {640, 640}, {2, 3}, {2, 2}},
+      {{0, 1}, {640, 640}, {2, 3}, {2, 2}},
+      {{5, 3}, {-1, 600}, {1, 3}, {1, 3}},
+      {{639}, {INT64_MIN}, {3}, {-1}}};
+  for (const auto& c : slices)
+    check_op(
+        {{2, 6, 640, 640}},
+        [&](Builder& b, std::vector<Val> v) { return b.slice(v[0], c[0], c[1], c[2], c[3]); },
+        kExact);
+}
+
 TEST_CASE("gpu layout ops: reductions over rows and strided axes", "[gpu][ops]") {
   const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {
       {{4, 96, 28, 28}, {2, 3}},                    // SE: H x W per (n, c), a warp a row

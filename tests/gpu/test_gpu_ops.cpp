@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 
+#include "epilog/graph/activation.h"
 #include "epilog/graph/lowering.h"
 #include "epilog/io/builder.h"
 #include "epilog/kernels/cuda.h"
@@ -63,6 +64,43 @@ TEST_CASE("gpu ops: silu, relu and sigmoid match the CPU", "[gpu][ops]") {
       b.output(b.node(op, {x}, {}, "act")[0]);
       INFO(op_name(op) << " " << shape_str(s));
       check(b.build());
+    }
+}
+
+TEST_CASE("gpu ops: every activation alone matches the CPU", "[gpu][ops][activation]") {
+  // The op alone runs one kernel per kind with its math inlined (elementwise.cu InlineAct; mish
+  // by its own formula there). Odd sizes (a float an item, the unroll's tail), a multiple of 4
+  // (float4 items), one element, and more items than a wave of blocks. Inputs randn * 6, with
+  // the ends of the ranges set in (mish and softplus switch formulas past 20, exp overflows past
+  // 88; no zeros, whose reciprocal and log are infinite): NaN where the CPU's is NaN too (log,
+  // sqrt and pow 0.5 below 0) passes.
+  // clang-format off
+  const std::vector<Act> acts = {
+      Act(Activation::Silu),       Act(Activation::Relu),        Act(Activation::Sigmoid),
+      Act(Activation::Clip, 0, 6), Act(Activation::LeakyRelu, 0.1f),
+      Act(Activation::HardSigmoid, 1.0f / 6, 0.5f),              Act(Activation::HardSwish),
+      Act(Activation::Tanh),       Act(Activation::Gelu),        Act(Activation::GeluTanh),
+      Act(Activation::Mish),       Act(Activation::Softplus),    Act(Activation::Elu, 0.5f),
+      Act(Activation::Exp),        Act(Activation::Erf),         Act(Activation::Sqrt),
+      Act(Activation::Reciprocal), Act(Activation::Neg),         Act(Activation::Abs),
+      Act(Activation::Log),        Act(Activation::Pow, 3.0f),   Act(Activation::Pow, 0.5f)};
+  // clang-format on
+  CHECK(acts.size() == size_t(kNumActivations));  // every kind but none (no op), pow twice
+  const std::vector<Shape> shapes = {
+      {2, 3, 5, 7}, {4, 16, 8, 8}, {1}, {3, 5, 67, 61}, {2, 32, 96, 96}};
+  const float ends[] = {19.9f,  20.0f,   20.5f, 25.0f, 44.0f,  50.0f, -15.0f, -30.0f,
+                        -90.0f, -100.0f, 88.0f, 1e-3f, -1e-3f, 0.5f,  -0.5f,  3.0f};
+  for (const Act& act : acts)
+    for (const Shape& s : shapes) {
+      Builder b(1);
+      Val x = b.input("x", s);
+      b.output(b.activation(x, act, "act"));
+      Tensor in = Tensor::randn(s, 11, 6.0f);
+      for (int64_t i = 0; i < in.numel() && i < 16; ++i) in.f32()[in.numel() - 1 - i] = ends[i];
+      INFO(op_name(activation_op(act).first)
+           << " (" << act.a << ", " << act.b << ") " << shape_str(s));
+      const Outputs o = run_node(b.build(), {{"x", in}});
+      require_close(o.gpu[0], o.cpu[0], "activation");
     }
 }
 
@@ -277,6 +315,87 @@ TEST_CASE("gpu ops: split and chunk on every axis", "[gpu][ops]") {
   Val x = b.input("x", {2, 7, 3, 5});
   for (Val v : b.chunk(x, 3, 1, "chunk")) b.output(v);  // 3, 3, 1
   check(b.build());
+}
+
+TEST_CASE("gpu ops: concat and split, all parts in one launch", "[gpu][ops][concat]") {
+  // copy_slabs takes up to kMaxSlabs parts a launch, float4 parts apart from the others: 11
+  // parts (two launches), parts of 9 floats a channel (rows and starts of every alignment, so
+  // float4 and scalar parts mixed), and SPPF's four equal ones.
+  std::vector<Shape> many, odd;
+  for (int64_t k = 1; k <= 11; ++k) many.push_back({2, k, 4, 4});
+  for (int64_t k : {1, 4, 3, 8, 2, 4}) odd.push_back({3, k, 3, 3});
+  const std::vector<std::vector<Shape>> cases = {
+      many, odd, {{16, 64, 20, 20}, {16, 64, 20, 20}, {16, 64, 20, 20}, {16, 64, 20, 20}}};
+  for (const std::vector<Shape>& parts : cases) {
+    INFO(parts.size() << " parts, the first " << shape_str(parts[0]));
+    Builder b(4);
+    std::vector<Val> xs;
+    int64_t channels = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      xs.push_back(b.input("x" + std::to_string(i), parts[i]));
+      channels += parts[i][1];
+    }
+    b.output(b.concat(xs, 1, "cat"));
+    check(b.build());
+    Builder s(5);
+    Val x = s.input("x", {parts[0][0], channels, parts[0][2], parts[0][3]});
+    std::vector<int64_t> sizes;
+    for (const Shape& p : parts) sizes.push_back(p[1]);
+    for (Val v : s.split(x, 1, sizes, "split")) s.output(v);
+    check(s.build());
+  }
+}
+
+TEST_CASE("gpu ops: concat and split of channel slabs of a batch", "[gpu][ops][concat]") {
+  // Parts and outputs as the executor makes them: channels of a larger batch, items 12 planes
+  // apart. Planes of 5 x 7 (slabs at odd offsets: a float an item) and 5 x 8 (float4 items on
+  // strided rows); the channels around a written slab stay as they were.
+  for (const int64_t w : {7, 8}) {
+    INFO("planes 5 x " << w);
+    const int64_t plane = 5 * w;
+    const Shape whole{2, 12, 5, w}, a_shape{2, 3, 5, w}, b_shape{2, 5, 5, w}, y_shape{2, 8, 5, w};
+    const Tensor host = Tensor::randn(whole, 3), other = Tensor::randn(b_shape, 4);
+    const Tensor dev_host = host.to(Device::CUDA);
+    const auto unwritten = [&](const Tensor& dev, int64_t c0, int64_t c1) {
+      const Tensor t = dev.to(Device::CPU);
+      int64_t written = 0;
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const int64_t c = i / plane % 12;
+        if (c < c0 || c >= c1) written += !std::isnan(t.f32()[i]);
+      }
+      return written;
+    };
+    {  // concat of channels 1..3 of `host` and a contiguous part into channels 3..10 of y
+      Builder b(4);
+      b.output(b.concat({b.input("a", a_shape), b.input("b", b_shape)}, 1, "cat"));
+      const Graph g = b.build();
+      std::vector<Tensor> cpu{Tensor::empty(y_shape)};
+      make_cpu_backend()->run(g.nodes[0], NodePlan{}, {host.part(plane, a_shape).clone(), other},
+                              cpu);
+      Tensor dev_y = Tensor::full(whole, kNaN).to(Device::CUDA);
+      std::vector<Tensor> gpu{dev_y.part(3 * plane, y_shape)};
+      cuda_backend().run(g.nodes[0], NodePlan{},
+                         {dev_host.part(plane, a_shape), other.to(Device::CUDA)}, gpu);
+      cuda_backend().synchronize();
+      require_close(gpu[0], cpu[0], "concat of slabs", test::Tolerance{0, 0, "copy"});
+      CHECK(unwritten(dev_y, 3, 11) == 0);
+    }
+    {  // split of channels 3..10 of `host` into a slab (channels 1..3 of y) and a contiguous part
+      Builder b(5);
+      for (Val v : b.split(b.input("x", y_shape), 1, {3, 5}, "split")) b.output(v);
+      const Graph g = b.build();
+      std::vector<Tensor> cpu{Tensor::empty(a_shape), Tensor::empty(b_shape)};
+      make_cpu_backend()->run(g.nodes[0], NodePlan{}, {host.part(3 * plane, y_shape).clone()}, cpu);
+      Tensor dev_y = Tensor::full(whole, kNaN).to(Device::CUDA);
+      std::vector<Tensor> gpu{dev_y.part(plane, a_shape),
+                              Tensor::full(b_shape, kNaN).to(Device::CUDA)};
+      cuda_backend().run(g.nodes[0], NodePlan{}, {dev_host.part(3 * plane, y_shape)}, gpu);
+      cuda_backend().synchronize();
+      require_close(gpu[0], cpu[0], "split into a slab", test::Tolerance{0, 0, "copy"});
+      require_close(gpu[1], cpu[1], "split from a slab", test::Tolerance{0, 0, "copy"});
+      CHECK(unwritten(dev_y, 1, 4) == 0);
+    }
+  }
 }
 
 TEST_CASE("gpu ops: upsample_nearest by 2 and by (2, 3)", "[gpu][ops]") {

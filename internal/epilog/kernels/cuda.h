@@ -108,12 +108,19 @@ void fused_elementwise(const ChainProgram& p, const ChainShape& s, const float* 
                        Stream stream);
 
 // -- data movement --
-// Copies a [outer, count, inner] block between two tensors viewed as [outer, extent, inner]
-// (outer = product of the dims before the axis, inner = of those after it), starting at the
-// given offsets along the axis. concat and split are one copy per part.
-void copy_slab(int64_t outer, int64_t count, int64_t inner, const float* src, int64_t src_extent,
-               int64_t src_offset, float* dst, int64_t dst_extent, int64_t dst_offset,
-               Stream stream);
+// One contiguous run of len floats a row, for rows o < outer: src[o * src_row + src_start + j]
+// copied to dst[o * dst_row + dst_start + j], j < len. A part of concat or split along an axis
+// is one: outer = the product of the dims before the axis, len = its count times inner (the
+// product of the dims after it), the rows its tensors' extents along the axis times inner apart.
+struct Slab {
+  const float* src;
+  float* dst;
+  int64_t len, src_row, src_start, dst_row, dst_start;
+};
+constexpr int kMaxSlabs = 8;  // a launch's; copy_slabs launches again for more
+// All the slabs (any number) of one outer count, in one launch where up to kMaxSlabs of them
+// allow the same vector width: concat and split.
+void copy_slabs(int64_t outer, const Slab* slabs, int n, Stream stream);
 // x_image, y_image: floats between consecutive images (c*h*w and c*ho*wo when contiguous).
 void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_h, int64_t scale_w,
                       const float* x, int64_t x_image, float* y, int64_t y_image, Stream stream);

@@ -42,6 +42,8 @@ enum class Reduce : uint8_t { Mean, Sum, Max, Min, Prod };  // Min propagates Na
 // Resize (ONNX): where output index o of a dim resized from `in` to `out` samples its input, in
 // input coordinates, and which input element nearest mode takes. Shared by the CPU and CUDA
 // kernels: this is the definition the tests check against PyTorch's and ONNX's worked numbers.
+// The index type I is int64_t on the CPU; the CUDA kernel passes uint32_t where every index
+// fits (float(I) of an index below 2^31 is the same float either way, so are the results).
 enum class ResizeCoord : uint8_t { HalfPixel, PytorchHalfPixel, AlignCorners, Asymmetric };
 enum class NearestMode : uint8_t { RoundPreferFloor, RoundPreferCeil, Floor, Ceil };
 struct ResizeMode {
@@ -50,13 +52,24 @@ struct ResizeMode {
   NearestMode nearest = NearestMode::RoundPreferFloor;
 };
 
-EPILOG_HD inline float resize_source(ResizeCoord c, int64_t o, int64_t in, int64_t out) {
+// a * b + c rounded after each operation, as the CPU computes it: nvcc would fuse the two into
+// one fma, and a coordinate one rounding apart can land on another input index.
+EPILOG_HD inline float mul_then_add(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(__fmul_rn(a, b), c);
+#else
+  return a * b + c;
+#endif
+}
+
+template <class I>
+EPILOG_HD inline float resize_source(ResizeCoord c, I o, I in, I out) {
   const float ratio = float(in) / float(out);  // 1 / scale, as PyTorch computes it
   switch (c) {
     case ResizeCoord::HalfPixel:
-      return (float(o) + 0.5f) * ratio - 0.5f;
+      return mul_then_add(float(o) + 0.5f, ratio, -0.5f);
     case ResizeCoord::PytorchHalfPixel:
-      return out > 1 ? (float(o) + 0.5f) * ratio - 0.5f : 0.0f;
+      return out > 1 ? mul_then_add(float(o) + 0.5f, ratio, -0.5f) : 0.0f;
     case ResizeCoord::AlignCorners:
       return out > 1 ? float(o) * float(in - 1) / float(out - 1) : 0.0f;
     case ResizeCoord::Asymmetric:
@@ -66,7 +79,8 @@ EPILOG_HD inline float resize_source(ResizeCoord c, int64_t o, int64_t in, int64
 }
 
 // The input index nearest mode reads for source coordinate x, clamped to [0, in).
-EPILOG_HD inline int64_t resize_nearest(NearestMode m, float x, int64_t in) {
+template <class I>
+EPILOG_HD inline I resize_nearest(NearestMode m, float x, I in) {
   float r;
   switch (m) {
     case NearestMode::RoundPreferFloor:
@@ -82,21 +96,38 @@ EPILOG_HD inline int64_t resize_nearest(NearestMode m, float x, int64_t in) {
       r = ceilf(x);
       break;
   }
-  const int64_t i = int64_t(r);
-  return i < 0 ? 0 : i >= in ? in - 1 : i;
+  // Clamped below in float (an unsigned I holds no negative index), above both in float (no
+  // conversion out of I's range) and as an index.
+  if (r <= 0.0f) return I(0);
+  if (r >= float(in)) return in - 1;
+  const I i = I(r);
+  return i >= in ? in - 1 : i;
+}
+
+// The integer factor f by which nearest mode `m` resizes `in` to `out` where it reads input o / f
+// for every output o (checked index by index: any coordinate and rounding mode may), else 0. The
+// CUDA resize runs those as upsample_nearest (lowering's explain says so).
+inline int64_t resize_nearest_factor(const ResizeMode& m, int64_t in, int64_t out) {
+  if (m.linear || in <= 0 || out % in != 0) return 0;
+  const int64_t f = out / in;
+  for (int64_t o = 0; o < out; ++o)
+    if (resize_nearest(m.nearest, resize_source(m.coord, o, in, out), in) != o / f) return 0;
+  return f;
 }
 
 // Linear mode's two input indices and the weight of the second: x clamped below at 0, as
 // PyTorch's and ONNX's bilinear do; past the last input both indices are the last.
+template <class I = int64_t>
 struct LinearTap {
-  int64_t i0, i1;
+  I i0, i1;
   float w1;
 };
-EPILOG_HD inline LinearTap resize_linear(float x, int64_t in) {
+template <class I>
+EPILOG_HD inline LinearTap<I> resize_linear(float x, I in) {
   if (x < 0.0f) x = 0.0f;
-  int64_t i0 = int64_t(x);
+  I i0 = I(x);
   if (i0 > in - 1) i0 = in - 1;
-  const int64_t i1 = i0 < in - 1 ? i0 + 1 : i0;
+  const I i1 = i0 < in - 1 ? i0 + 1 : i0;
   return {i0, i1, x - float(i0)};
 }
 
