@@ -204,7 +204,8 @@ int split_count(int64_t blocks, int64_t steps, int64_t min_steps, int sms) {
 
 ConvChoice select_conv_kernel(const ConvShape& s, const DeviceProfile& device) {
   const int64_t reduction = s.c / s.groups * s.r * s.s;
-  if (s.groups != 1) return {ConvKernel::Scalar, "groups > 1: only scalar handles groups"};
+  if (s.groups != 1)
+    return {ConvKernel::Scalar, "groups > 1: scalar (depthwise and grouped paths)"};
   if (conv_supports(ConvKernel::Gemv, s) && s.n <= kGemvMaxRows)
     return {ConvKernel::Gemv, fmt::format("linear layer, {} rows <= {}: gemv streams the weights",
                                           s.n, kGemvMaxRows)};

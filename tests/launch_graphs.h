@@ -59,15 +59,16 @@ inline std::vector<LaunchCase> launch_cases() {
     cases.push_back({"conv pair", b.build(), std::nullopt});
   }
   // Strides that differ: scalar's stem path; depthwise and grouped convs: scalar's depthwise
-  // path and its general kernel; a linear layer as a 1x1 conv over a 1x1 plane at batch 2: gemv;
-  // a shallow reduction: tiled.
+  // and grouped paths, and a dilated grouped conv its general kernel; a linear layer as a 1x1
+  // conv over a 1x1 plane at batch 2: gemv; a shallow reduction: tiled.
   cases.push_back(
       one_conv("scalar stem", {4, 3, 256, 256}, ConvOpts(16, 3).stride(2, 1).padding(1)));
   {
     Builder b(3);
     Val x =
         conv_bn_silu(b, b.input("x", {1, 32, 40, 40}), "dw", ConvOpts(32, 3).padding(1).groups(32));
-    b.output(conv_bn_silu(b, x, "grouped", ConvOpts(32, 3).padding(1).groups(2)));
+    x = conv_bn_silu(b, x, "grouped", ConvOpts(32, 3).padding(1).groups(2));
+    b.output(conv_bn_silu(b, x, "dilated", ConvOpts(32, 3).padding(2).dilation(2).groups(4)));
     Val v = b.input("v", {2, 64, 1, 1});
     b.output(conv_bn_silu(b, v, "fc", ConvOpts(32, 1)));
     cases.push_back({"scalar and gemv", b.build(), std::nullopt});
@@ -188,6 +189,7 @@ inline std::set<std::string> launch_families(bool wgmma, bool clusters) {
   std::set<std::string> f = {"scalar stem",
                              "scalar depthwise",
                              "scalar general",
+                             "scalar grouped",
                              "tiled",
                              "gemv",
                              "gemm stem",

@@ -106,7 +106,19 @@ TEST_CASE("launch: scalar's paths, linear's, matmul's and max-pooling's kernels"
   const ConvShape dilated = conv(1, 8, 600, 8, 3, 1, 200, 200, 8);
   CHECK(conv_scalar_path(dilated, true) == ScalarPath::General);
   CHECK(scalar_launch_str(ScalarPath::General, dilated) == "general m=256 n=1");
-  CHECK(conv_scalar_path(conv(1, 32, 40, 32, 3, 1, 1, 1, 2), true) == ScalarPath::General);
+  // Grouped 3x3s up to kGroupedMaxCin channels a group: the stem kernel, a group's channels
+  // 16 at a time; wider groups, other windows and dilations the general kernel.
+  const ConvShape regnet = conv(16, 48, 56, 48, 3, 1, 1, 1, 6);
+  CHECK(conv_scalar_path(regnet, true) == ScalarPath::Grouped);
+  CHECK(conv_scalar_path(regnet, false) == ScalarPath::Grouped);
+  CHECK(scalar_launch_str(ScalarPath::Grouped, regnet) == "grouped m=1024 n=8");
+  CHECK(scalar_launch_str(ScalarPath::Grouped, conv(1, 64, 8, 128, 3, 2, 1, 1, 2)) ==
+        "grouped m=1024 n=16");
+  CHECK(conv_scalar_path(conv(1, 32, 40, 32, 3, 2, 1, 1, 2), true) == ScalarPath::Grouped);
+  CHECK(conv_scalar_path(conv(1, 2 * (kGroupedMaxCin + 1), 8, 8, 3, 1, 1, 1, 2), true) ==
+        ScalarPath::General);
+  CHECK(conv_scalar_path(conv(1, 32, 40, 32, 3, 1, 2, 2, 2), true) == ScalarPath::General);
+  CHECK(conv_scalar_path(conv(1, 32, 40, 32, 5, 1, 2, 1, 2), true) == ScalarPath::General);
 
   CHECK(std::string(linear_launch_str(kGemvRows)) == "gemv");
   CHECK(std::string(linear_launch_str(kGemvRows + 1)) == "tiled");

@@ -1,6 +1,6 @@
-// fused_conv2d on the SIMT cores, one of three paths chosen per shape by conv_scalar_path
-// (launch.h, which explain prints): the kernel that runs every shape (the only one for
-// groups > 1), a depthwise path, and a stem path.
+// fused_conv2d on the SIMT cores, one of four paths chosen per shape by conv_scalar_path
+// (launch.h, which explain prints): the kernel that runs every shape, a depthwise path, a stem
+// path, and the stem path's kernel on grouped convs (the only kernels for groups > 1).
 //
 // Math: y[n, k, oh, ow] = act(acc * scale[k] + shift[k]) (+ residual[n, k, oh, ow]) with
 //   acc = sum_{c < cg, i < r, j < s} x[n, g*cg + c, oh*sh - pad_t + i*dh, ow*sw - pad_l + j*dw]
@@ -70,14 +70,22 @@
 // when w % 4 == 0 and x is aligned; that column's phase, (-pad_l) mod 4, is a template argument),
 // the next window row's before this one's FMAs, the weights (staged in shared memory as
 // [c][i][j][16], zero past Cout) as float4 broadcasts, 16 FMAs for each, and stores each
-// channel's 4 outputs as one float4 (when wo % 4 == 0 and y is aligned). Grid: one-dimensional,
-// grid-stride over items = n * ho * ceil(wo / 4), item = (img, oh, column group), column group
-// fastest (neighbour threads read neighbour columns), decoded with multiply-shift divisions.
+// channel's 4 outputs as one float4 (when wo % 4 == 0 and y is aligned). Grid: grid-stride along
+// x over items = n * ho * ceil(wo / 4), item = (img, oh, column group), column group fastest
+// (neighbour threads read neighbour columns), decoded with multiply-shift divisions; one row.
+//
+// Grouped path (conv_scalar_grouped_fits: 1 < groups < C, that window, at most kGroupedMaxCin
+// channels a group - RegNet's and ResNeXt's 3x3s). A group is a small dense conv, so the stem's
+// kernel runs it: grid row blockIdx.y = (group, chunk) takes output channels chunk * 16 of that
+// group (fewer in its last chunk; a thread's FMAs stop at the block's last channel, in fours),
+// reading only the group's input planes, its weights staged as above (dynamic shared memory,
+// cg * 9 taps x 16). The general path gave one thread one output: a 7x7 plane left 207 of a
+// block's 256 threads idle, and every output re-read its window.
 //
 // Restrictions: none on stride, padding (bottom/right padding only shows in ho/wo), dilation or
 // groups. One input plane (h*w) and one output plane (ho*wo) must fit in int32. No ConvTiles
 // are taken; conv_tiles describes the block for `epilog explain`: m output pixels a block (256,
-// or 1024 on the stem path), n output channels a thread (1, or Cout on the stem path).
+// or 1024 on the stem and grouped paths), n output channels a thread (1, or up to 16 on those).
 // The caller precomputes nothing: no workspace, no setup.
 #include <algorithm>
 #include <climits>
@@ -596,7 +604,6 @@ void launch_depthwise(const ConvShape& s, const float* x, const float* w, const 
 
 constexpr int kStemK = kStemMaxCout;      // output channels a thread item holds
 constexpr int kStemV = kStemItemOutputs;  // consecutive outputs along ow a thread item computes
-constexpr int kStemC = kStemMaxCin;       // input channels at most
 
 struct StemArgs {
   const float* x;
@@ -605,30 +612,37 @@ struct StemArgs {
   const float* shift;
   float* y;
   const float* res;  // residual (y's shape) or null
-  int c, h, w, k, ho, wo;
+  int cg, kg;        // input and output channels a group (the stem: C and K)
+  int kchunks;       // ceil(kg / kStemK): blockIdx.y = group * kchunks + chunk
+  int h, w, ho, wo;
   int sh, pt, pl;
   int cgroups;  // ceil(wo / 4)
-  int items;    // n * ho * cgroups (< 2^31)
+  int items;    // n * ho * cgroups (< 2^31), one group's
   FastDiv div_cg, div_ho;
   int64_t xs, ys, rs;  // elements between images of x, y and the residual
   bool vec_out;        // float4 stores and residual loads: wo % 4 == 0, y and res aligned
   Act act, res_act;
 };
 
+// The block's output channels k0 + [0, nk) of group g: blockIdx.y = g * kchunks + chunk. Its
+// weights, [cg * 9 taps][kStemK], zero past nk, are the dynamic shared memory.
 template <int SW, bool VecIn, int SH4>
 __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a) {
-  __shared__ __align__(16) float ws[kStemC * 9 * kStemK];
+  extern __shared__ __align__(16) float ws[];
   __shared__ float affine[2 * kStemK];
+  const int g = blockIdx.y / a.kchunks, chunk = blockIdx.y - g * a.kchunks;
+  const int k0 = g * a.kg + chunk * kStemK, nk = min(kStemK, a.kg - chunk * kStemK);
+  const int taps = a.cg * 9;
   // The weights and factors are no output of the kernel before this one: staged before
   // waiting for it (programmatic dependent launch).
-  for (int e = threadIdx.x; e < kStemC * 9 * kStemK; e += kThreads) {
+  for (int e = threadIdx.x; e < taps * kStemK; e += kThreads) {
     const int k = e % kStemK, tap = e / kStemK;  // tap = (c * 3 + i) * 3 + j
-    ws[e] = k < a.k && tap < a.c * 9 ? __ldg(a.wt + k * a.c * 9 + tap) : 0.0f;
+    ws[e] = k < nk ? __ldg(a.wt + (k0 + k) * taps + tap) : 0.0f;
   }
   if (threadIdx.x < kStemK) {
     const int k = threadIdx.x;
-    const detail::ChannelAffine f =
-        k < a.k ? detail::channel_affine(a.scale, a.shift, k) : detail::ChannelAffine{1.0f, 0.0f};
+    const detail::ChannelAffine f = k < nk ? detail::channel_affine(a.scale, a.shift, k0 + k)
+                                           : detail::ChannelAffine{1.0f, 0.0f};
     affine[k] = f.scale;
     affine[kStemK + k] = f.shift;
   }
@@ -639,13 +653,13 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
   // column SH4 below iw0, whole float4s.
   constexpr int kIn = (kStemV - 1) * SW + 3;
   constexpr int kVecs = (SH4 + kIn + 3) / 4;
-  const int hw = a.h * a.w, npix = a.ho * a.wo, rows = a.c * 3;
+  const int hw = a.h * a.w, npix = a.ho * a.wo, rows = a.cg * 3;
   for (int item = blockIdx.x * kThreads + threadIdx.x; item < a.items;
        item += gridDim.x * kThreads) {
     const int q = fast_div(item, a.div_cg), cgp = item - q * a.cgroups;
     const int img = fast_div(q, a.div_ho), oh = q - img * a.ho;
     const int ow0 = cgp * kStemV, ih0 = oh * a.sh - a.pt, iw0 = ow0 * SW - a.pl - SH4;
-    const float* __restrict__ xp = a.x + int64_t(img) * a.xs;
+    const float* __restrict__ xp = a.x + int64_t(img) * a.xs + int64_t(g) * a.cg * hw;
     // Window row r = c * 3 + i; rows past the last or outside the image read as zeros.
     const auto load_row = [&](int r, float(&in)[kIn]) {
       const int c = r / 3, ih = ih0 + r - 3 * c;
@@ -691,6 +705,7 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
       for (int j = 0; j < 3; ++j)
 #pragma unroll
         for (int k4 = 0; k4 < kStemK / 4; ++k4) {
+          if (4 * k4 >= nk) break;  // a group of 8 channels: half the FMAs
           const float4 w4 = wv[j * kStemK / 4 + k4];
 #pragma unroll
           for (int v = 0; v < kStemV; ++v) {
@@ -706,12 +721,12 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
         for (int u = 0; u < kIn; ++u) in[u] = next[u];
       }
     }
-    const int64_t yo = int64_t(img) * a.ys + int64_t(oh) * a.wo + ow0;
-    const int64_t ro = int64_t(img) * a.rs + int64_t(oh) * a.wo + ow0;
+    const int64_t yo = int64_t(img) * a.ys + int64_t(k0) * npix + int64_t(oh) * a.wo + ow0;
+    const int64_t ro = int64_t(img) * a.rs + int64_t(k0) * npix + int64_t(oh) * a.wo + ow0;
     detail::with_activation(a.act, [&](auto act) {
 #pragma unroll
       for (int k = 0; k < kStemK; ++k) {
-        if (k >= a.k) break;
+        if (k >= nk) break;
         float o[kStemV];
 #pragma unroll
         for (int v = 0; v < kStemV; ++v)
@@ -737,14 +752,19 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
   }
 }
 
-// The stem path, on a shape conv_scalar_stem_fits takes; past its int32 item count it throws.
-void launch_stem(const ConvShape& s, const float* x, const float* w, const float* scale,
-                 const float* shift, Act act, float* y, const ConvResidual& residual,
-                 Stream stream) {
+// The stem or the grouped path (`path`), on a shape conv_scalar_stem_fits or
+// conv_scalar_grouped_fits takes; past its int32 item count it throws.
+void launch_stem(ScalarPath path, const ConvShape& s, const float* x, const float* w,
+                 const float* scale, const float* shift, Act act, float* y,
+                 const ConvResidual& residual, Stream stream) {
   const int64_t cgroups = detail::ceil_div(s.wo, kStemV), items = conv_scalar_stem_items(s);
   if (items > INT_MAX - int64_t(kThreads) * detail::max_blocks())
     throw std::invalid_argument("[conv_scalar] the stem path's " + std::to_string(items) +
                                 " items exceed its 32-bit indices");
+  const int64_t kg = s.k / s.groups, kchunks = detail::ceil_div(kg, kStemK);
+  const int64_t chunks = s.groups * kchunks;
+  EPILOG_ASSERT(chunks <= 65535 && s.c / s.groups <= kGroupedMaxCin,
+                "conv_scalar's stem kernel: {} groups of {} channels", s.groups, s.c / s.groups);
   StemArgs a;
   a.x = x;
   a.wt = w;
@@ -752,8 +772,8 @@ void launch_stem(const ConvShape& s, const float* x, const float* w, const float
   a.shift = shift;
   a.y = y;
   a.res = residual.x;
-  a.c = int(s.c), a.h = int(s.h), a.w = int(s.w);
-  a.k = int(s.k), a.ho = int(s.ho), a.wo = int(s.wo);
+  a.cg = int(s.c / s.groups), a.kg = int(kg), a.kchunks = int(kchunks);
+  a.h = int(s.h), a.w = int(s.w), a.ho = int(s.ho), a.wo = int(s.wo);
   a.sh = int(s.stride_h), a.pt = int(s.pad_t), a.pl = int(s.pad_l);
   a.cgroups = int(cgroups);
   a.items = int(items);
@@ -765,9 +785,13 @@ void launch_stem(const ConvShape& s, const float* x, const float* w, const float
   a.vec_out = s.wo % 4 == 0 && s.y_image() % 4 == 0 && s.r_image() % 4 == 0 &&
               detail::aligned16(y) && (!residual.x || detail::aligned16(residual.x));
   a.act = act, a.res_act = residual.post;
-  const int blocks = detail::grid_for(items, kThreads);
+  // One grid row per group's channel chunk, the rows together about one grid_for wave.
+  const int64_t per_chunk = std::max<int64_t>(1, detail::max_blocks() / chunks);
+  const dim3 grid(unsigned(std::min(detail::ceil_div(items, kThreads), per_chunk)),
+                  unsigned(chunks));
+  const size_t smem = sizeof(float) * size_t(a.cg) * 9 * kStemK;
   const auto launch = [&](auto kernel) {
-    detail::launch_pdl(kernel, blocks, kThreads, 0, stream, 1, a);
+    detail::launch_pdl(kernel, grid, kThreads, smem, stream, 1, a);
   };
   // The first tap's phase in its 16-byte group is a template argument: it sets how many float4s
   // a row takes and which of their lanes feed the taps.
@@ -789,8 +813,8 @@ void launch_stem(const ConvShape& s, const float* x, const float* w, const float
     pick(std::integral_constant<int, 1>{});
   else
     pick(std::integral_constant<int, 2>{});
-  check_launch("conv_scalar (stem)");
-  log_launch("scalar", [&] { return scalar_launch_str(ScalarPath::Stem, s); });
+  check_launch(path == ScalarPath::Stem ? "conv_scalar (stem)" : "conv_scalar (grouped)");
+  log_launch("scalar", [&] { return scalar_launch_str(path, s); });
 }
 
 }  // namespace
@@ -808,9 +832,10 @@ void conv_scalar(const ConvShape& s, const float* x, const float* w, const float
   EPILOG_ASSERT(x && w && y);
   EPILOG_ASSERT(s.n <= INT_MAX && s.k <= INT_MAX, "conv_scalar n {} k {}", s.n, s.k);
   // The path conv_scalar_path picks (explain prints it).
-  switch (conv_scalar_path(s, detail::aligned16(x))) {
+  switch (const ScalarPath path = conv_scalar_path(s, detail::aligned16(x))) {
     case ScalarPath::Stem:
-      return launch_stem(s, x, w, scale, shift, act, y, residual, stream);
+    case ScalarPath::Grouped:
+      return launch_stem(path, s, x, w, scale, shift, act, y, residual, stream);
     case ScalarPath::Depthwise:
       return launch_depthwise(s, x, w, scale, shift, act, y, residual, stream);
     case ScalarPath::General:

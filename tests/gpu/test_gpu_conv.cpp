@@ -2,7 +2,7 @@
 // the tiles lowering picks and with every tile combination it is built for, against the CPU
 // reference epilog::cpu::conv2d on a matrix of geometries: windows 1x1 to 7x7 (and 2x2, 3x1 for
 // the generic paths), stride 1 and 2, padding 0, 1, asymmetric and wider than the window,
-// dilation 2 (and 2x3), groups 1, 2 and depthwise, Cout that no tile divides, odd H and W,
+// dilation 2 (and 2x3), groups 1, 2 to 8 and depthwise, Cout that no tile divides, odd H and W,
 // batch 1 and 3, scale/shift absent or given, every activation.
 //
 // Error, element by element (test::check_close): |gpu - cpu| <= atol * magnitude + rtol * |cpu|,
@@ -106,6 +106,14 @@ const std::vector<Geometry> kGeometries = {
     {"3x1 stride 1x2",             1,  5, 10,  9,  7, 3, 1, 1, 2, 1, 0, 1, 0, 1, 1, 1},
     {"2x2 stride 2",               3,  6,  8,  9, 37, 2, 2, 2, 2, 0, 0, 0, 1, 1, 1, 1},
     {"3x3 groups 2",               3,  8,  9,  9, 14, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2},
+    // The grouped path (RegNet's groups of 8 channels, ResNeXt's of 4 to 32): 16-byte rows and
+    // not, strides 1 and 2, a group's output channels in one, two and three chunks of 16 (the
+    // last partial); dilated, the general kernel.
+    {"3x3 grouped, groups of 8",   2, 24, 14, 16, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 3},
+    {"3x3 grouped stride 2, odd",  3, 32, 15, 13, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 8},
+    {"3x3 grouped, 3 chunks",      1, 40,  9, 12, 80, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2},
+    {"3x3 grouped, 7x7 planes",    2, 64,  7,  7, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2},
+    {"3x3 grouped, dilation 2",    1, 16, 11, 10, 16, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2, 2},
     {"3x3 depthwise",              3, 13, 11,  9, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 13},
     {"3x3 depthwise stride 2",     1, 16, 15, 15, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 16},
     {"5x5 depthwise x2 stride 2",  1,  6, 14, 11, 12, 5, 5, 2, 2, 2, 1, 2, 3, 1, 1, 6},

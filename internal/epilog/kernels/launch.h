@@ -162,8 +162,8 @@ inline std::string conv_pair_tiles_str() {
 
 // -- scalar (cuda::conv_scalar): its stem path where the shape fits it (conv_scalar_stem_fits),
 // the depthwise path on groups == C where a tile one output row high stages within kDwMaxSmem,
-// else the kernel that runs every shape --
-enum class ScalarPath : uint8_t { General, Stem, Depthwise };
+// the grouped path (conv_scalar_grouped_fits), else the kernel that runs every shape --
+enum class ScalarPath : uint8_t { General, Stem, Depthwise, Grouped };
 
 // The depthwise path's tile columns (conv_scalar.cu's header comment): items of kDwV outputs
 // along a row, at most kDwMaxGroups of them across a tile, the staged window in kDwMaxSmem.
@@ -220,14 +220,19 @@ inline bool conv_scalar_depthwise_fits(const ConvShape& s, bool x_aligned) {
 inline ScalarPath conv_scalar_path(const ConvShape& s, bool x_aligned) {
   if (conv_scalar_stem_fits(s)) return ScalarPath::Stem;
   if (conv_scalar_depthwise_fits(s, x_aligned)) return ScalarPath::Depthwise;
+  if (conv_scalar_grouped_fits(s)) return ScalarPath::Grouped;
   return ScalarPath::General;
 }
-// explain's tiles column for it: "stem m=<pixels a block> n=<Cout>", "depthwise" (its tiles
-// are sized at launch from the plane and the grid), "general m=<pixels a block> n=1".
+// explain's tiles column for it: "stem m=<pixels a block> n=<Cout>", "grouped m=<pixels a
+// block> n=<output channels a block>", "depthwise" (its tiles are sized at launch from the plane
+// and the grid), "general m=<pixels a block> n=1".
 inline std::string scalar_launch_str(ScalarPath p, const ConvShape& s) {
   switch (p) {
     case ScalarPath::Stem:
       return "stem " + conv_tiles_str({kScalarThreads * kStemItemOutputs, int(s.k)});
+    case ScalarPath::Grouped:
+      return "grouped " + conv_tiles_str({kScalarThreads * kStemItemOutputs,
+                                          int(std::min<int64_t>(s.k / s.groups, kStemMaxCout))});
     case ScalarPath::Depthwise:
       return "depthwise";
     case ScalarPath::General:

@@ -306,6 +306,15 @@ inline bool conv_scalar_stem_fits(const ConvShape& s) {
   return s.groups == 1 && s.r == 3 && s.s == 3 && s.c <= kStemMaxCin && s.k <= kStemMaxCout &&
          s.dil_h == 1 && s.dil_w == 1 && (s.stride_w == 1 || s.stride_w == 2);
 }
+// Its grouped path: the same kernel on grouped convs (1 < groups < C; depthwise has a path of its
+// own) with that window, a block on kStemMaxCout output channels of one group at a time, over
+// that group's at most kGroupedMaxCin input channels (RegNet's and ResNeXt's groups read 4 to 64).
+constexpr int kGroupedMaxCin = 64;
+inline bool conv_scalar_grouped_fits(const ConvShape& s) {
+  return s.groups > 1 && s.groups < s.c && s.c / s.groups <= kGroupedMaxCin && s.r == 3 &&
+         s.s == 3 && s.dil_h == 1 && s.dil_w == 1 && (s.stride_w == 1 || s.stride_w == 2);
+}
+// Thread items of either path, one group's.
 inline int64_t conv_scalar_stem_items(const ConvShape& s) {
   return s.n * s.ho * ((s.wo + kStemItemOutputs - 1) / kStemItemOutputs);
 }
