@@ -277,21 +277,15 @@ void launch_direct_wgmma(const GemmArgs& a, Stream stream) {
 // The wgmma k = 32 tiles (conv_gemm checks them): the direct kernel's, or Gather, or Up.
 template <bool Gather, bool Up = false>
 void dispatch_direct_wgmma(const ConvTiles& t, const GemmArgs& a, Stream stream) {
-  switch (t.m * 1000 + t.n) {
-    case 64032:
-      return launch_direct_wgmma<64, 32, Gather, Up>(a, stream);
-    case 64064:
-      return launch_direct_wgmma<64, 64, Gather, Up>(a, stream);
-    case 64128:
-      return launch_direct_wgmma<64, 128, Gather, Up>(a, stream);
-    case 128032:
-      return launch_direct_wgmma<128, 32, Gather, Up>(a, stream);
-    case 128064:
-      return launch_direct_wgmma<128, 64, Gather, Up>(a, stream);
-    case 128128:
-      return launch_direct_wgmma<128, 128, Gather, Up>(a, stream);
-  }
-  reject("no wgmma k = 32 kernel built for " + std::to_string(t.m) + "x" + std::to_string(t.n));
+  using detail::Tile;
+  using Built = detail::TileList<Tile<64, 32>, Tile<64, 64>, Tile<64, 128>, Tile<128, 32>,
+                                 Tile<128, 64>, Tile<128, 128>>;
+  const auto run = [&](auto tile) {
+    using T = decltype(tile);
+    launch_direct_wgmma<T::m, T::n, Gather, Up>(a, stream);
+  };
+  if (!detail::dispatch_tile(Built{}, t.m, t.n, run))
+    reject("no wgmma k = 32 kernel built for " + std::to_string(t.m) + "x" + std::to_string(t.n));
 }
 
 }  // namespace

@@ -96,33 +96,17 @@ void launch_halo_any(const HaloArgs& a, const GemmLaunch& l, Stream stream) {
 
 template <int S>
 void dispatch_halo(const GemmLaunch& l, const HaloArgs& a, Stream stream) {
-  switch (l.tiles.m * 1000 + l.tiles.n) {
-    case 64016:
-      return launch_halo_any<64, 16, S>(a, l, stream);
-    case 128016:
-      return launch_halo_any<128, 16, S>(a, l, stream);
-    case 256016:
-      return launch_halo_any<256, 16, S>(a, l, stream);
-    case 64032:
-      return launch_halo_any<64, 32, S>(a, l, stream);
-    case 64064:
-      return launch_halo_any<64, 64, S>(a, l, stream);
-    case 64128:
-      return launch_halo_any<64, 128, S>(a, l, stream);
-    case 128032:
-      return launch_halo_any<128, 32, S>(a, l, stream);
-    case 128064:
-      return launch_halo_any<128, 64, S>(a, l, stream);
-    case 128128:
-      return launch_halo_any<128, 128, S>(a, l, stream);
-    case 256032:
-      return launch_halo_any<256, 32, S>(a, l, stream);
-    case 256064:
-      return launch_halo_any<256, 64, S>(a, l, stream);
-    case 256128:
-      return launch_halo_any<256, 128, S>(a, l, stream);
-  }
-  reject("no halo kernel built for " + std::to_string(l.tiles.m) + "x" + std::to_string(l.tiles.n));
+  using detail::Tile;
+  using Built = detail::TileList<Tile<64, 16>, Tile<128, 16>, Tile<256, 16>, Tile<64, 32>,
+                                 Tile<64, 64>, Tile<64, 128>, Tile<128, 32>, Tile<128, 64>,
+                                 Tile<128, 128>, Tile<256, 32>, Tile<256, 64>, Tile<256, 128>>;
+  const auto run = [&](auto tile) {
+    using T = decltype(tile);
+    launch_halo_any<T::m, T::n, S>(a, l, stream);
+  };
+  if (!detail::dispatch_tile(Built{}, l.tiles.m, l.tiles.n, run))
+    reject("no halo kernel built for " + std::to_string(l.tiles.m) + "x" +
+           std::to_string(l.tiles.n));
 }
 
 // conv_chain's launch: the wgmma halo kernel unsplit at m in {64, 128}, n = kChainC, running

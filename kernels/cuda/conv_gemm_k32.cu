@@ -243,27 +243,16 @@ void launch(const GemmArgs& a, bool direct, Stream stream) {
 }  // namespace
 
 void launch_k32(const GemmArgs& a, const ConvTiles& t, bool direct, Stream stream) {
-  switch (t.m * 1000 + t.n) {
-    case 32032:
-      return launch<32, 32>(a, direct, stream);
-    case 32064:
-      return launch<32, 64>(a, direct, stream);
-    case 32128:
-      return launch<32, 128>(a, direct, stream);
-    case 64032:
-      return launch<64, 32>(a, direct, stream);
-    case 64064:
-      return launch<64, 64>(a, direct, stream);
-    case 64128:
-      return launch<64, 128>(a, direct, stream);
-    case 128032:
-      return launch<128, 32>(a, direct, stream);
-    case 128064:
-      return launch<128, 64>(a, direct, stream);
-    case 128128:
-      return launch<128, 128>(a, direct, stream);
-  }
-  reject("no k = 32 kernel built for " + std::to_string(t.m) + "x" + std::to_string(t.n));
+  using detail::Tile;
+  using Built = detail::TileList<Tile<32, 32>, Tile<32, 64>, Tile<32, 128>, Tile<64, 32>,
+                                 Tile<64, 64>, Tile<64, 128>, Tile<128, 32>, Tile<128, 64>,
+                                 Tile<128, 128>>;
+  const auto run = [&](auto tile) {
+    using T = decltype(tile);
+    launch<T::m, T::n>(a, direct, stream);
+  };
+  if (!detail::dispatch_tile(Built{}, t.m, t.n, run))
+    reject("no k = 32 kernel built for " + std::to_string(t.m) + "x" + std::to_string(t.n));
 }
 
 }  // namespace epilog::cuda::conv_gemm_detail

@@ -239,4 +239,17 @@ __host__ __device__ __forceinline__ void with_activation_lean(const Act& act, F&
   return f(ActOf<kAnyActivation>(act));
 }
 
+// A kernel template's built tile sizes as a type list: dispatch_tile(TileList<Tile<64, 32>, ...>{},
+// m, n, f) calls f(Tile<M, N>{}) for the listed tile equal to m x n, and says whether one was.
+template <int M, int N>
+struct Tile {
+  static constexpr int m = M, n = N;
+};
+template <class... T>
+struct TileList {};
+template <class F, class... T>
+bool dispatch_tile(TileList<T...>, int m, int n, F&& f) {
+  return ((m == T::m && n == T::n && (f(T{}), true)) || ...);
+}
+
 }  // namespace epilog::cuda::detail
