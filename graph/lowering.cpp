@@ -331,13 +331,14 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
   ConvTiles t;
   switch (kernel) {
     case ConvKernel::Scalar:
-      // Output pixels a block and channels a thread: one output a thread, or on the stem path
-      // (taken whenever it fits) items of kStemItemOutputs pixels by every channel.
+      // Output pixels a block and channels a thread: one output a thread, or on the stem and
+      // grouped paths (taken whenever they fit) items of kStemItemOutputs pixels by every
+      // channel (of a group's chunk of at most kStemMaxCout).
       t.m = kScalarThreads;
       t.n = 1;
-      if (conv_scalar_stem_fits(s)) {
+      if (conv_scalar_stem_fits(s) || conv_scalar_grouped_fits(s)) {
         t.m = kScalarThreads * kStemItemOutputs;
-        t.n = int(s.k);
+        t.n = int(std::min<int64_t>(s.k / s.groups, kStemMaxCout));
       }
       break;
     case ConvKernel::Tiled:
