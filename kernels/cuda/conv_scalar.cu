@@ -723,7 +723,10 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
     }
     const int64_t yo = int64_t(img) * a.ys + int64_t(k0) * npix + int64_t(oh) * a.wo + ow0;
     const int64_t ro = int64_t(img) * a.rs + int64_t(k0) * npix + int64_t(oh) * a.wo + ow0;
-    detail::with_activation(a.act, [&](auto act) {
+    // Two epilogue copies, not four (with_activation_lean): the stem kernel's 64 outputs a thread
+    // made its ten instantiations half of this file's compile. Image stems of equal strides
+    // run on gemm's stem kernel, and grouped convs' relu costs a uniform switch an output.
+    detail::with_activation_lean(a.act, [&](auto act) {
 #pragma unroll
       for (int k = 0; k < kStemK; ++k) {
         if (k >= nk) break;
