@@ -336,9 +336,12 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       // channel (of a group's chunk of at most kStemMaxCout).
       t.m = kScalarThreads;
       t.n = 1;
-      if (conv_scalar_stem_fits(s) || conv_scalar_grouped_fits(s)) {
+      if (conv_scalar_stem_fits(s)) {
         t.m = kScalarThreads * kStemItemOutputs;
-        t.n = int(std::min<int64_t>(s.k / s.groups, kStemMaxCout));
+        t.n = int(s.k);
+      } else if (const int kc = conv_scalar_grouped_channels(s)) {
+        t.m = kScalarThreads * kStemItemOutputs;
+        t.n = int(std::min<int64_t>(s.k / s.groups, kc));
       }
       break;
     case ConvKernel::Tiled:

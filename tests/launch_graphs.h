@@ -66,7 +66,7 @@ inline std::vector<LaunchCase> launch_cases() {
   {
     Builder b(3);
     Val x =
-        conv_bn_silu(b, b.input("x", {1, 32, 40, 40}), "dw", ConvOpts(32, 3).padding(1).groups(32));
+        conv_bn_silu(b, b.input("x", {8, 32, 64, 64}), "dw", ConvOpts(32, 3).padding(1).groups(32));
     x = conv_bn_silu(b, x, "grouped", ConvOpts(32, 3).padding(1).groups(2));
     b.output(conv_bn_silu(b, x, "dilated", ConvOpts(32, 3).padding(2).dilation(2).groups(4)));
     Val v = b.input("v", {2, 64, 1, 1});

@@ -107,18 +107,24 @@ TEST_CASE("launch: scalar's paths, linear's, matmul's and max-pooling's kernels"
   CHECK(conv_scalar_path(dilated, true) == ScalarPath::General);
   CHECK(scalar_launch_str(ScalarPath::General, dilated) == "general m=256 n=1");
   // Grouped 3x3s up to kGroupedMaxCin channels a group: the stem kernel, a group's channels
-  // 16 at a time; wider groups, other windows and dilations the general kernel.
-  const ConvShape regnet = conv(16, 48, 56, 48, 3, 1, 1, 1, 6);
+  // 16, 8 or 4 at a time, the most that keep kGroupedMinItems thread items; smaller grids, wider
+  // groups, other windows and dilations the general kernel.
+  const ConvShape regnet = conv(16, 48, 56, 48, 3, 1, 1, 1, 6);  // RegNet's first stage
   CHECK(conv_scalar_path(regnet, true) == ScalarPath::Grouped);
   CHECK(conv_scalar_path(regnet, false) == ScalarPath::Grouped);
+  CHECK(conv_scalar_grouped_channels(regnet) == 16);
   CHECK(scalar_launch_str(ScalarPath::Grouped, regnet) == "grouped m=1024 n=8");
-  CHECK(scalar_launch_str(ScalarPath::Grouped, conv(1, 64, 8, 128, 3, 2, 1, 1, 2)) ==
-        "grouped m=1024 n=16");
-  CHECK(conv_scalar_path(conv(1, 32, 40, 32, 3, 2, 1, 1, 2), true) == ScalarPath::Grouped);
-  CHECK(conv_scalar_path(conv(1, 2 * (kGroupedMaxCin + 1), 8, 8, 3, 1, 1, 1, 2), true) ==
+  // Its last stage, 7x7: 16 x 7 x 2 items a group, 55 groups, 4 channels a block.
+  CHECK(conv_scalar_grouped_channels(conv(16, 440, 7, 440, 3, 1, 1, 1, 55)) == 4);
+  const ConvShape wide = conv(8, 64, 32, 128, 3, 1, 1, 1, 2);  // 4096 items x 4 chunks of 16
+  CHECK(conv_scalar_grouped_channels(wide) == 16);
+  CHECK(scalar_launch_str(ScalarPath::Grouped, wide) == "grouped m=1024 n=16");
+  CHECK(conv_scalar_grouped_channels(conv(1, 48, 56, 48, 3, 1, 1, 1, 6)) == 0);  // batch 1
+  CHECK(conv_scalar_path(conv(1, 48, 56, 48, 3, 1, 1, 1, 6), true) == ScalarPath::General);
+  CHECK(conv_scalar_path(conv(64, 2 * (kGroupedMaxCin + 1), 8, 8, 3, 1, 1, 1, 2), true) ==
         ScalarPath::General);
-  CHECK(conv_scalar_path(conv(1, 32, 40, 32, 3, 1, 2, 2, 2), true) == ScalarPath::General);
-  CHECK(conv_scalar_path(conv(1, 32, 40, 32, 5, 1, 2, 1, 2), true) == ScalarPath::General);
+  CHECK(conv_scalar_path(conv(64, 32, 40, 32, 3, 1, 2, 2, 2), true) == ScalarPath::General);
+  CHECK(conv_scalar_path(conv(64, 32, 40, 32, 5, 1, 2, 1, 2), true) == ScalarPath::General);
 
   CHECK(std::string(linear_launch_str(kGemvRows)) == "gemv");
   CHECK(std::string(linear_launch_str(kGemvRows + 1)) == "tiled");

@@ -74,13 +74,14 @@
 // x over items = n * ho * ceil(wo / 4), item = (img, oh, column group), column group fastest
 // (neighbour threads read neighbour columns), decoded with multiply-shift divisions; one row.
 //
-// Grouped path (conv_scalar_grouped_fits: 1 < groups < C, that window, at most kGroupedMaxCin
-// channels a group - RegNet's and ResNeXt's 3x3s). A group is a small dense conv, so the stem's
-// kernel runs it: grid row blockIdx.y = (group, chunk) takes output channels chunk * 16 of that
-// group (fewer in its last chunk; a thread's FMAs stop at the block's last channel, in fours),
-// reading only the group's input planes, its weights staged as above (dynamic shared memory,
-// cg * 9 taps x 16). The general path gave one thread one output: a 7x7 plane left 207 of a
-// block's 256 threads idle, and every output re-read its window.
+// Grouped path (conv_scalar_grouped_channels: 1 < groups < C, that window, at most
+// kGroupedMaxCin channels a group - RegNet's and ResNeXt's 3x3s - on grids large enough). A
+// group is a small dense conv, so the stem's kernel runs it: grid row blockIdx.y = (group,
+// chunk) takes output channels chunk * kc of that group, kc = 16, 8 or 4 (fewer in its last
+// chunk; a thread's FMAs stop at the block's last channel, in fours), reading only the group's
+// input planes, its weights staged as above (dynamic shared memory, cg * 9 taps x 16). The
+// general path gave one thread one output: a 7x7 plane left 207 of a block's 256 threads idle,
+// and every output re-read its window.
 //
 // Restrictions: none on stride, padding (bottom/right padding only shows in ho/wo), dilation or
 // groups. One input plane (h*w) and one output plane (ho*wo) must fit in int32. No ConvTiles
@@ -613,7 +614,8 @@ struct StemArgs {
   float* y;
   const float* res;  // residual (y's shape) or null
   int cg, kg;        // input and output channels a group (the stem: C and K)
-  int kchunks;       // ceil(kg / kStemK): blockIdx.y = group * kchunks + chunk
+  int kc;            // output channels a block, a multiple of 4 up to kStemK
+  int kchunks;       // ceil(kg / kc): blockIdx.y = group * kchunks + chunk
   int h, w, ho, wo;
   int sh, pt, pl;
   int cgroups;  // ceil(wo / 4)
@@ -631,7 +633,7 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
   extern __shared__ __align__(16) float ws[];
   __shared__ float affine[2 * kStemK];
   const int g = blockIdx.y / a.kchunks, chunk = blockIdx.y - g * a.kchunks;
-  const int k0 = g * a.kg + chunk * kStemK, nk = min(kStemK, a.kg - chunk * kStemK);
+  const int k0 = g * a.kg + chunk * a.kc, nk = min(a.kc, a.kg - chunk * a.kc);
   const int taps = a.cg * 9;
   // The weights and factors are no output of the kernel before this one: staged before
   // waiting for it (programmatic dependent launch).
@@ -705,7 +707,7 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
       for (int j = 0; j < 3; ++j)
 #pragma unroll
         for (int k4 = 0; k4 < kStemK / 4; ++k4) {
-          if (4 * k4 >= nk) break;  // a group of 8 channels: half the FMAs
+          if (4 * k4 >= nk) break;  // fewer channels a block: fewer FMAs a thread
           const float4 w4 = wv[j * kStemK / 4 + k4];
 #pragma unroll
           for (int v = 0; v < kStemV; ++v) {
@@ -756,7 +758,7 @@ __global__ void __launch_bounds__(kThreads, 2) conv_stem_kernel(const StemArgs a
 }
 
 // The stem or the grouped path (`path`), on a shape conv_scalar_stem_fits or
-// conv_scalar_grouped_fits takes; past its int32 item count it throws.
+// conv_scalar_grouped_channels takes; past its int32 item count it throws.
 void launch_stem(ScalarPath path, const ConvShape& s, const float* x, const float* w,
                  const float* scale, const float* shift, Act act, float* y,
                  const ConvResidual& residual, Stream stream) {
@@ -764,7 +766,9 @@ void launch_stem(ScalarPath path, const ConvShape& s, const float* x, const floa
   if (items > INT_MAX - int64_t(kThreads) * detail::max_blocks())
     throw std::invalid_argument("[conv_scalar] the stem path's " + std::to_string(items) +
                                 " items exceed its 32-bit indices");
-  const int64_t kg = s.k / s.groups, kchunks = detail::ceil_div(kg, kStemK);
+  const int64_t kg = s.k / s.groups;
+  const int kc = path == ScalarPath::Stem ? kStemK : conv_scalar_grouped_channels(s);
+  const int64_t kchunks = detail::ceil_div(kg, kc);
   const int64_t chunks = s.groups * kchunks;
   EPILOG_ASSERT(chunks <= 65535 && s.c / s.groups <= kGroupedMaxCin,
                 "conv_scalar's stem kernel: {} groups of {} channels", s.groups, s.c / s.groups);
@@ -775,7 +779,7 @@ void launch_stem(ScalarPath path, const ConvShape& s, const float* x, const floa
   a.shift = shift;
   a.y = y;
   a.res = residual.x;
-  a.cg = int(s.c / s.groups), a.kg = int(kg), a.kchunks = int(kchunks);
+  a.cg = int(s.c / s.groups), a.kg = int(kg), a.kc = kc, a.kchunks = int(kchunks);
   a.h = int(s.h), a.w = int(s.w), a.ho = int(s.ho), a.wo = int(s.wo);
   a.sh = int(s.stride_h), a.pt = int(s.pad_t), a.pl = int(s.pad_l);
   a.cgroups = int(cgroups);

@@ -195,8 +195,10 @@ void dispatch(bool vec, bool small, F&& f) {
 }
 
 // An activation whose kind is known at compile time (K), or, for K == kAnyActivation, only at run
-// time (value.kind). Applied as act(v): for a fixed K, activate()'s switch folds away.
+// time (value.kind); kOtherActivation: at run time, and none of the three with_activation
+// compiles for apart. Applied as act(v): for a fixed K, activate()'s switch folds away.
 constexpr Activation kAnyActivation = Activation(255);
+constexpr Activation kOtherActivation = Activation(254);
 template <Activation K>
 struct ActOf {
   Act value;
@@ -204,6 +206,8 @@ struct ActOf {
   __device__ __forceinline__ float operator()(float v) const {
     if constexpr (K == kAnyActivation)
       return activate(value, v);
+    else if constexpr (K == kOtherActivation)
+      return activate_other(value, v);
     else
       return activate(Act(K, value.a, value.b), v);
   }
@@ -225,7 +229,7 @@ __host__ __device__ __forceinline__ void with_activation(const Act& act, F&& f) 
     case Activation::Relu:
       return f(ActOf<Activation::Relu>(act));
     default:
-      return f(ActOf<kAnyActivation>(act));
+      return f(ActOf<kOtherActivation>(act));
   }
 }
 

@@ -106,13 +106,15 @@ const std::vector<Geometry> kGeometries = {
     {"3x1 stride 1x2",             1,  5, 10,  9,  7, 3, 1, 1, 2, 1, 0, 1, 0, 1, 1, 1},
     {"2x2 stride 2",               3,  6,  8,  9, 37, 2, 2, 2, 2, 0, 0, 0, 1, 1, 1, 1},
     {"3x3 groups 2",               3,  8,  9,  9, 14, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2},
-    // The grouped path (RegNet's groups of 8 channels, ResNeXt's of 4 to 32): 16-byte rows and
-    // not, strides 1 and 2, a group's output channels in one, two and three chunks of 16 (the
-    // last partial); dilated, the general kernel.
-    {"3x3 grouped, groups of 8",   2, 24, 14, 16, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 3},
-    {"3x3 grouped stride 2, odd",  3, 32, 15, 13, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 8},
-    {"3x3 grouped, 3 chunks",      1, 40,  9, 12, 80, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2},
-    {"3x3 grouped, 7x7 planes",    2, 64,  7,  7, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2},
+    // The grouped path (RegNet's groups of 8 channels, ResNeXt's of 4 to 32), grids just past
+    // kGroupedMinItems thread items: 16 channels a block in three chunks (the last partial), 8
+    // on 16-channel groups, 4 on RegNet's 8 (stride 2 on odd planes, and 7x7 planes); 16-byte
+    // rows and not. Smaller grids and dilations: the general kernel.
+    {"3x3 grouped, 3 chunks of 16", 8, 40, 40, 40, 80, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2},
+    {"3x3 grouped, 8 a block",     5, 128, 30, 30, 128, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 8},
+    {"3x3 grouped, 4, stride 2",   3, 192, 47, 47, 192, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 24},
+    {"3x3 grouped, 4, 7x7 planes", 32, 160, 7,  7, 160, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 20},
+    {"3x3 grouped, small grid",    1, 16, 11, 10, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2},
     {"3x3 grouped, dilation 2",    1, 16, 11, 10, 16, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2, 2},
     {"3x3 depthwise",              3, 13, 11,  9, 13, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 13},
     {"3x3 depthwise stride 2",     1, 16, 15, 15, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 16},

@@ -162,7 +162,7 @@ inline std::string conv_pair_tiles_str() {
 
 // -- scalar (cuda::conv_scalar): its stem path where the shape fits it (conv_scalar_stem_fits),
 // the depthwise path on groups == C where a tile one output row high stages within kDwMaxSmem,
-// the grouped path (conv_scalar_grouped_fits), else the kernel that runs every shape --
+// the grouped path (conv_scalar_grouped_channels), else the kernel that runs every shape --
 enum class ScalarPath : uint8_t { General, Stem, Depthwise, Grouped };
 
 // The depthwise path's tile columns (conv_scalar.cu's header comment): items of kDwV outputs
@@ -220,7 +220,7 @@ inline bool conv_scalar_depthwise_fits(const ConvShape& s, bool x_aligned) {
 inline ScalarPath conv_scalar_path(const ConvShape& s, bool x_aligned) {
   if (conv_scalar_stem_fits(s)) return ScalarPath::Stem;
   if (conv_scalar_depthwise_fits(s, x_aligned)) return ScalarPath::Depthwise;
-  if (conv_scalar_grouped_fits(s)) return ScalarPath::Grouped;
+  if (conv_scalar_grouped_channels(s) > 0) return ScalarPath::Grouped;
   return ScalarPath::General;
 }
 // explain's tiles column for it: "stem m=<pixels a block> n=<Cout>", "grouped m=<pixels a
@@ -231,8 +231,9 @@ inline std::string scalar_launch_str(ScalarPath p, const ConvShape& s) {
     case ScalarPath::Stem:
       return "stem " + conv_tiles_str({kScalarThreads * kStemItemOutputs, int(s.k)});
     case ScalarPath::Grouped:
-      return "grouped " + conv_tiles_str({kScalarThreads * kStemItemOutputs,
-                                          int(std::min<int64_t>(s.k / s.groups, kStemMaxCout))});
+      return "grouped " +
+             conv_tiles_str({kScalarThreads * kStemItemOutputs,
+                             int(std::min<int64_t>(s.k / s.groups, conv_scalar_grouped_channels(s)))});
     case ScalarPath::Depthwise:
       return "depthwise";
     case ScalarPath::General:

@@ -256,6 +256,17 @@ EPILOG_HD inline float activate(const Act& act, float v) {
   }
 }
 
+// activate() for any kind but none, silu and relu, which the CUDA epilogues compile apart
+// (cuda::detail::with_activation): the shared copy's code an output is then sigmoid and a call.
+EPILOG_HD inline float activate_other(const Act& act, float v) {
+  if (act.kind == Activation::Sigmoid) return logistic_ratio(1.0f, v);
+#ifdef __CUDA_ARCH__
+  return activate_rare_call(act, v);
+#else
+  return activate_rare(act, v);
+#endif
+}
+
 // -- fused_elementwise (graph/pointwise.h ChainProgram): the CPU and CUDA kernels take the
 // steps through chain_step --
 EPILOG_HD inline float chain_step(const ChainStep& s, float v, float x) {
@@ -306,17 +317,27 @@ inline bool conv_scalar_stem_fits(const ConvShape& s) {
   return s.groups == 1 && s.r == 3 && s.s == 3 && s.c <= kStemMaxCin && s.k <= kStemMaxCout &&
          s.dil_h == 1 && s.dil_w == 1 && (s.stride_w == 1 || s.stride_w == 2);
 }
-// Its grouped path: the same kernel on grouped convs (1 < groups < C; depthwise has a path of its
-// own) with that window, a block on kStemMaxCout output channels of one group at a time, over
-// that group's at most kGroupedMaxCin input channels (RegNet's and ResNeXt's groups read 4 to 64).
-constexpr int kGroupedMaxCin = 64;
-inline bool conv_scalar_grouped_fits(const ConvShape& s) {
-  return s.groups > 1 && s.groups < s.c && s.c / s.groups <= kGroupedMaxCin && s.r == 3 &&
-         s.s == 3 && s.dil_h == 1 && s.dil_w == 1 && (s.stride_w == 1 || s.stride_w == 2);
-}
-// Thread items of either path, one group's.
+// Thread items of the stem path; of the grouped path below, one group's channel chunk's.
 inline int64_t conv_scalar_stem_items(const ConvShape& s) {
   return s.n * s.ho * ((s.wo + kStemItemOutputs - 1) / kStemItemOutputs);
+}
+// Its grouped path: the same kernel on grouped convs (1 < groups < C; depthwise has a path of its
+// own) with that window, over a group's at most kGroupedMaxCin input channels (RegNet's and
+// ResNeXt's groups read 4 to 64), a block on kc of one group's output channels: the most of 16,
+// 8 and 4 whose grid holds kGroupedMinItems thread items. Where even 4 leaves fewer (RegNet at
+// batch 1), the general kernel's one output a thread, more threads on shorter chains, wins:
+// regnet_y_400mf at batch 1 0.475 -> 0.572 ms with every group on this path (H100), at batch 16
+// 1.686 -> 1.103. conv_scalar_grouped_channels: kc, or 0 where the path does not take the shape.
+constexpr int kGroupedMaxCin = 64;
+constexpr int64_t kGroupedMinItems = 16384;
+inline int conv_scalar_grouped_channels(const ConvShape& s) {
+  if (s.groups <= 1 || s.groups >= s.c || s.c / s.groups > kGroupedMaxCin || s.r != 3 ||
+      s.s != 3 || s.dil_h != 1 || s.dil_w != 1 || (s.stride_w != 1 && s.stride_w != 2))
+    return 0;
+  const int64_t items = conv_scalar_stem_items(s) * s.groups, kg = s.k / s.groups;
+  for (int kc : {kStemMaxCout, 8, 4})
+    if (items * ((kg + kc - 1) / kc) >= kGroupedMinItems) return kc;
+  return 0;
 }
 
 // gemm's stem kernel (conv_gemm_stem.cu) takes those shapes with the same stride both ways,
