@@ -656,4 +656,12 @@ TEST_CASE("onnx: --batch rebinds a reshape that carries the exported batch (chan
   for (int64_t img = 0; img < 3; ++img)
     for (int64_t c = 0; c < 6; ++c)
       CHECK(y.f32()[(img * 6 + c) * 4] == x.f32()[(img * 6 + (c % 2) * 3 + c / 2) * 4]);
+  // The dynamo exporter's flatten before the classifier: Reshape to [1, C] with allowzero = 1
+  // (a 0 would be a zero dim, not the input's).
+  Model f(18);
+  f.input("x", {1, 6, 1, 1});
+  f.ints("flat", {1, 6});
+  set_i(f.node("Reshape", {"x", "flat"}, {"y"}, "view"), "allowzero", 1);
+  f.output("y");
+  CHECK(f.load(o).value("y").shape == Shape{3, 6});
 }

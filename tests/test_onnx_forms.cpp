@@ -249,6 +249,12 @@ TEST_CASE("onnx forms: Resize with axes, sizes policies and half_pixel_symmetric
   set_ints(*m.g().mutable_node(0), "axes", {2, 3});
   set_s(*m.g().mutable_node(0), "keep_aspect_ratio_policy", "not_smaller");
   CHECK(test::bit_equal(run1(m.load(), x), want));
+  // Sizes of all four axes, the batch the traced one (the dynamo exporter's): at another batch
+  // the batch stays.
+  m = resize(18, {}, {1, 2, 6, 8});
+  LoadOptions at3;
+  at3.batch = 3;
+  CHECK(m.load(at3).value("y").shape == Shape{3, 2, 6, 8});
 
   // A scale that gives no whole size is refused; linear mode is a resize.
   m = resize(18, {1.5f, 2}, {});
@@ -710,6 +716,17 @@ TEST_CASE("onnx forms: Slice with steps, Softmax and LogSoftmax of opset 11 and 
   Graph g = m.load();
   CHECK(count(g, OpKind::Slice) == 1);
   CHECK(values(run1(g, x)) == std::vector<float>{4, 2, 8, 6});
+  {  // x[:, ::-1]: to the front
+    Model r(17);
+    r.input("x", {2, 4});
+    r.ints("starts", {-1});
+    r.ints("ends", {std::numeric_limits<int64_t>::min()});
+    r.ints("axes", {1});
+    r.ints("steps", {-1});
+    r.node("Slice", {"x", "starts", "ends", "axes", "steps"}, {"y"}, "rev");
+    r.output("y");
+    CHECK(values(run1(r.load(), x)) == std::vector<float>{4, 3, 2, 1, 8, 7, 6, 5});
+  }
   // Softmax-11 over the dims from axis 0 as one (a reshape either side); Softmax-13 over axis 0
   // alone. LogSoftmax alike, its log.
   for (bool log : {false, true})
@@ -1017,6 +1034,68 @@ TEST_CASE("onnx forms: DepthToSpace in both modes and SpaceToDepth", "[onnx]") {
         model("DepthToSpace", {8, 2, 3}, nullptr).load();
       },
       {"node 'd' (DepthToSpace)", "4-D"}, true);
+}
+
+TEST_CASE("onnx forms: Gather from a run-time tensor by evenly stepping indices is a slice",
+          "[onnx]") {
+  // as_strided as the dynamo exporter writes it (ConvNeXt's pooled [1, C, 1, 1]): Reshape to
+  // 1-D, Gather with indices 0..C-1 shaped [1, C, 1, 1].
+  const Tensor x = Tensor::from_vector({1, 4, 1, 1}, {1, 2, 3, 4});
+  {
+    Model m(18);
+    m.input("x", {1, 4, 1, 1});
+    m.ints("flat", {-1});
+    m.node("Reshape", {"x", "flat"}, {"f"}, "view");
+    TensorProto& idx = m.ints("idx", {0, 1, 2, 3});
+    idx.clear_dims();
+    for (int64_t d : {1, 4, 1, 1}) idx.add_dims(d);
+    m.node("Gather", {"f", "idx"}, {"y"}, "as_strided");
+    m.output("y");
+    const Graph g = m.load();
+    CHECK(count(g, OpKind::Slice) == 0);
+    CHECK(g.value(g.outputs[0]).shape == Shape{1, 4, 1, 1});
+    CHECK(values(run1(g, x)) == std::vector<float>{1, 2, 3, 4});
+    // The identity view: x itself, also at another batch.
+    LoadOptions o;
+    o.batch = 2;
+    CHECK(m.load(o).value(g.outputs[0]).shape == Shape{2, 4, 1, 1});
+    // Other indices along an axis that holds the batch: refused at another batch (the traced
+    // indices would take the first image alone).
+    TensorProto* rev = nullptr;
+    for (TensorProto& t : *m.g().mutable_initializer())
+      if (t.name() == "idx") rev = &t;
+    REQUIRE(rev);
+    rev->clear_int64_data();
+    for (int64_t i : {3, 2, 1, 0}) rev->add_int64_data(i);
+    CHECK(values(run1(m.load(), x)) == std::vector<float>{4, 3, 2, 1});
+    check_import_error([&] { m.load(o); }, {"node 'as_strided' (Gather)", "holds the batch"},
+                       true);
+  }
+  // Strided (every other channel, backwards from the last) and a scalar index (the axis goes).
+  const Tensor z = Tensor::from_vector({1, 6, 2}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  for (const auto& [at, want, shape] :
+       {std::tuple<std::vector<int64_t>, std::vector<float>, Shape>{
+            {5, 3, 1}, {10, 11, 6, 7, 2, 3}, {1, 3, 2}},
+        {{-2}, {8, 9}, {1, 2}}}) {
+    INFO("indices " << at.size());
+    Model m(13);
+    m.input("x", {1, 6, 2});
+    TensorProto& idx = m.ints("idx", at);
+    if (at.size() == 1) idx.clear_dims();  // a scalar
+    set_i(m.node("Gather", {"x", "idx"}, {"y"}, "pick"), "axis", 1);
+    m.output("y");
+    const Graph g = m.load();
+    CHECK(count(g, OpKind::Slice) == 1);
+    CHECK(g.value(g.outputs[0]).shape == shape);
+    CHECK(values(run1(g, z)) == want);
+  }
+  // Indices that do not step evenly: one message naming the node.
+  Model m(13);
+  m.input("x", {1, 6, 2});
+  m.ints("idx", {0, 2, 3});
+  set_i(m.node("Gather", {"x", "idx"}, {"y"}, "pick"), "axis", 1);
+  m.output("y");
+  check_import_error([&] { m.load(); }, {"node 'pick' (Gather)", "step evenly"}, true);
 }
 
 #endif  // EPILOG_HAVE_ONNX

@@ -69,6 +69,10 @@
 namespace epilog::onnx_import {
 namespace {
 
+// A slice's end that reaches past the front going backwards at any size of the axis (also the
+// batch's, rebound later): the most negative end an attribute holds.
+constexpr int64_t kBeforeFront = -kMaxDim;
+
 using onnx::AttributeProto;
 using onnx::TensorProto;
 
@@ -811,6 +815,11 @@ void op_resize(Importer& im) {
     if (given.size() != axes.size())
       im.bad("sizes has {} values for {} axes of the {}-D input", given.size(), axes.size(),
              s.size());
+    // Sizes the exporter wrote with the batch it traced (the dynamo exporter's, on a run-time
+    // tensor whose batch was rebound): the batch stays.
+    if (im.batch() > 0 && im.file_batch() > 0 && !axes.empty() && axes[0] == 0 &&
+        given[0] == im.file_batch() && !s.empty() && s[0] == im.batch())
+      given[0] = s[0];
     // keep_aspect_ratio_policy scales every listed axis alike, by the smallest (not_larger)
     // or largest (not_smaller) ratio of sizes to the input; sizes are then rounded.
     const std::string policy = im.attr_string("keep_aspect_ratio_policy", "stretch");
@@ -1285,8 +1294,7 @@ void op_slice(Importer& im) {
     for (const SliceAxis& c : cut) {
       const int64_t last = c.start + (c.count - 1) * c.step;
       b.push_back(c.start);
-      e.push_back(c.step > 0 ? last + 1
-                             : (last == 0 ? std::numeric_limits<int64_t>::min() : last - 1));
+      e.push_back(c.step > 0 ? last + 1 : (last == 0 ? kBeforeFront : last - 1));
       a.push_back(c.axis);
       st.push_back(c.step);
     }
@@ -1397,7 +1405,7 @@ void op_reshape(Importer& im) {
     int64_t known = 1, total = 1;
     for (int64_t d : want) known *= d > 0 ? d : 1;
     for (int64_t d : x) total *= d;
-    if (known != total && std::find(want.begin(), want.end(), -1) == want.end()) want[0] = 0;
+    if (known != total && std::find(want.begin(), want.end(), -1) == want.end()) want[0] = -1;
   }
   Shape target = reshaped(x, want, im.attr_int("allowzero", 0) != 0);
   reshape_to(im, target);
@@ -1579,16 +1587,80 @@ void op_size(Importer& im) {
   im.set_const(0, int_const({}, {n}));
 }
 
+// Gather: a constant folds. From a run-time tensor, indices that step evenly along the axis are
+// a strided slice, reshaped to the indices' dims. PyTorch's dynamo exporter writes as_strided
+// (ConvNeXt's pooled features viewed as [1, C, 1, 1]) as a Reshape to 1-D and a Gather of every
+// index in order: that is the Reshape's input.
 void op_gather(Importer& im) {
   im.allow({"axis"});
   im.arity(2, 2);
-  const Const* data = im.const_in(0);
-  if (!data)
-    im.unsupported("gathering from the run-time tensor '{}' is not supported (only constants fold)",
-                   im.in_name(0));
   const Const& idx = im.cst(1, "indices");
   if (idx.is_float()) im.bad("indices '{}' are float, expected integers", im.in_name(1));
-  im.set_const(0, fold_gather(*data, idx, im.attr_int("axis", 0)));
+  if (const Const* data = im.const_in(0))
+    return im.set_const(0, fold_gather(*data, idx, im.attr_int("axis", 0)));
+  const std::string x = im.dyn(0);
+  const Shape s = im.value_shape(x);
+  const int64_t axis = axis_of(im.attr_int("axis", 0), s.size());
+  const int64_t dim = s[size_t(axis)];
+  // as_strided as an identity view: x is src flattened by a Reshape, the indices 0, 1, .. shaped
+  // as src at the file's batch. The result is src, at any batch.
+  if (s.size() == 1 && !idx.dims.empty() && im.file_batch() > 0 &&
+      idx.dims[0] == im.file_batch()) {
+    const Graph& g = im.graph();
+    for (auto n = g.nodes.rbegin(); n != g.nodes.rend(); ++n) {
+      if (std::find(n->outputs.begin(), n->outputs.end(), x) == n->outputs.end()) continue;
+      if (n->op != OpKind::Reshape) break;
+      const Shape& src = im.value_shape(n->inputs[0]);
+      bool identity = src.size() == idx.dims.size() && !src.empty() &&
+                      std::equal(src.begin() + 1, src.end(), idx.dims.begin() + 1);
+      for (size_t k = 0; identity && k < idx.i.size(); ++k) identity = idx.i[k] == int64_t(k);
+      if (identity) return im.set_alias(0, n->inputs[0]);
+      break;
+    }
+  }
+  // Indices traced at the file's batch say nothing of another's: as_strided's Reshape to 1-D
+  // holds the batch in that one axis.
+  if (axis == 0 && im.batch() > 0 && im.file_batch() > 0 && im.batch() != im.file_batch())
+    im.unsupported(
+        "gathers along axis 0 of the run-time tensor '{}', which holds the batch: supported at "
+        "the file's batch ({}) only, not at {}",
+        x, im.file_batch(), im.batch());
+  std::vector<int64_t> at(idx.i);
+  for (int64_t& i : at) {
+    if (i < -dim || i >= dim) im.bad("index {} is out of range for axis {} of size {}", i, axis, dim);
+    if (i < 0) i += dim;
+  }
+  if (at.empty()) im.unsupported("gathers no index from the run-time tensor '{}'", x);
+  const int64_t step = at.size() > 1 ? at[1] - at[0] : 1;
+  for (size_t k = 1; k < at.size(); ++k)
+    if (step == 0 || at[k] - at[k - 1] != step)
+      im.unsupported(
+          "gathers indices {}, {}, {}.. from the run-time tensor '{}': only indices that step "
+          "evenly (a strided slice) are supported",
+          at[0], at[1], at.size() > 2 ? at[2] : at[1], x);
+  Shape out(s.begin(), s.begin() + axis);
+  out.insert(out.end(), idx.dims.begin(), idx.dims.end());
+  out.insert(out.end(), s.begin() + axis + 1, s.end());
+  const int64_t n = int64_t(at.size()), last = at.back();
+  Shape cut = s;
+  cut[size_t(axis)] = n;
+  std::string y = x;
+  if (n != dim || step != 1) {
+    y = cut == out ? im.out(0) : im.fresh_value(im.node().output(0) + ".slice");
+    const int64_t end =
+        step > 0 ? last + 1 : (last == 0 ? kBeforeFront : last - 1);
+    im.emit(OpKind::Slice, {x},
+            im.attrs({{"starts", std::vector<int64_t>{at[0]}},
+                      {"ends", std::vector<int64_t>{end}},
+                      {"axes", std::vector<int64_t>{axis}},
+                      {"steps", std::vector<int64_t>{step}}}),
+            {y});
+  }
+  if (cut == out) return y == x ? im.set_alias(0, x) : void();
+  std::vector<int64_t> shape(out);
+  if (!s.empty() && !shape.empty() && shape[0] == s[0] && axis > 0) shape[0] = 0;  // the batch
+  im.emit(OpKind::Reshape, {y}, im.attrs({{"shape", std::move(shape)}}), {im.out(0)},
+          y == x ? "" : "reshape");
 }
 
 // Cast and CastLike: a constant folds; a run-time tensor stays float32 ('saturate', from
