@@ -361,13 +361,16 @@ std::vector<Shape> infer_resize(const InferContext& ctx) {
   if (sizes.size() != x.size())
     ctx.fail("sizes has {} values, expected {} (one per dim of {})", sizes.size(), x.size(),
              shape_str(x));
+  // Dim 0 is the batch: it follows x's (a plan for another batch re-infers with these sizes).
   for (size_t d = 0; d < x.size(); ++d) {
     if (sizes[d] < 1) ctx.fail("sizes must be >= 1, got {}", fmt::join(sizes, ","));
-    if (d + 2 < x.size() && sizes[d] != x[d])
+    if (d > 0 && d + 2 < x.size() && sizes[d] != x[d])
       ctx.fail("sizes {} changes dim {} of {}: only the last two dims may be resized",
                fmt::join(sizes, ","), d, shape_str(x));
   }
-  return {Shape(sizes.begin(), sizes.end())};
+  Shape out(sizes.begin(), sizes.end());
+  if (x.size() > 2) out[0] = x[0];
+  return {out};
 }
 
 std::vector<Shape> infer_conv_transpose2d(const InferContext& ctx) {

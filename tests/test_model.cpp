@@ -1,6 +1,7 @@
 // epilog::Model: one model run at many batch sizes, from several threads at once.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <thread>
 
 #include "epilog/epilog.h"
@@ -43,6 +44,27 @@ TEST_CASE("model: each batch size gets a plan once, and the outputs of a fresh c
   CHECK(model.plan(3) == model.plan(3));  // cached
   CHECK(model.plan(3)->graph.value(g.inputs[0]).shape[0] == 3);
   CHECK_THROWS(model.plan(0));
+}
+
+TEST_CASE("model: a resize to sizes runs at another batch, its batch the input's", "[model]") {
+  // Resize's sizes name every dim, the batch too (as imported from ONNX, at the file's batch).
+  Builder b(3);
+  const Val x = b.input("x", {1, 2, 4, 4});
+  b.output(b.resize(x, {1, 2, 8, 8}, "linear", "half_pixel"));
+  const Graph g = b.build();
+  Model model(g, {});
+  const auto inputs = inputs_at(g, 3, 7);
+  const auto got = model.run(inputs);
+  REQUIRE(got.size() == 1);
+  const Tensor& y = got.begin()->second;
+  CHECK(y.shape() == Shape{3, 2, 8, 8});
+  // Each image as the batch-1 model resizes it alone.
+  for (int64_t img = 0; img < 3; ++img) {
+    const float* xi = inputs.at("x").f32() + img * 32;
+    const Tensor one = Tensor::from_vector({1, 2, 4, 4}, std::vector<float>(xi, xi + 32));
+    const Tensor want = model.run({{"x", one}}).begin()->second;
+    CHECK(std::equal(want.f32(), want.f32() + 128, y.f32() + img * 128));
+  }
 }
 
 TEST_CASE("model: 4 threads at mixed batch sizes get the outputs of serial runs",
