@@ -48,7 +48,8 @@ struct Options {
   double copy_gbps = 4250;  // ceilings of the card, PERF.md (measured on an H200)
   double tf32_tflops = 358;
   std::string only;    // run only shapes whose name contains this
-  bool sweep = false;  // also time every built tile combination
+  bool sweep = false;       // also time every built tile combination
+  bool sweep_gemm = false;  // ...of gemm only (tiled's take milliseconds on big shapes)
 };
 
 // Device buffers that free themselves.
@@ -317,7 +318,7 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
   if (opt.sweep) {
     json all = json::array();
     for (ConvKernel kern : {ConvKernel::Tiled, ConvKernel::Gemm}) {
-      if (!conv_supports(kern, s)) continue;
+      if (!conv_supports(kern, s) || (opt.sweep_gemm && kern != ConvKernel::Gemm)) continue;
       const ConvTiles picked = conv_tiles(kern, s, profile);
       ConvTiles best;
       double best_us = INFINITY, picked_us = INFINITY;
@@ -364,12 +365,13 @@ json bench_shape(const json& spec, const Options& opt, const DeviceProfile& prof
 void usage(FILE* to) {
   std::fprintf(to,
                "usage: conv_bench [--shapes FILE] [--json FILE] [--only NAME] [--sweep]\n"
-               "                  [--copy-gbps X] [--tf32-tflops X]\n"
+               "                  [--sweep-gemm] [--copy-gbps X] [--tf32-tflops X]\n"
                "Times conv2d -> batchnorm -> silu per shape: the scalar, tiled and gemm fused\n"
                "kernels, our unfused three-kernel sequence and cuDNN + our batchnorm/silu pass.\n"
                "Defaults: --shapes tools/conv_shapes.json, ceilings 4250 GB/s and 358 TFLOP/s\n"
                "(TF32), measured on an H200 (docs/perf.md). --sweep also times every tile\n"
-               "combination of tiled and gemm against the tiles lowering picks.\n");
+               "combination of tiled and gemm against the tiles lowering picks; --sweep-gemm\n"
+               "those of gemm only.\n");
 }
 
 }  // namespace
@@ -379,8 +381,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") return usage(stdout), 0;
-    if (a == "--sweep") {
+    if (a == "--sweep" || a == "--sweep-gemm") {
       opt.sweep = true;
+      opt.sweep_gemm = a == "--sweep-gemm";
       continue;
     }
     if (i + 1 >= argc) return usage(stderr), 2;

@@ -253,6 +253,8 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   a.vec2_y = (s.ho * s.wo) % 2 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0;
   a.xs = int(s.x_image()), a.ys = int(s.y_image());
   a.res = residual.x, a.r_img = int(s.r_image());
+  a.vec_r = a.vec_y && s.r_image() % 4 == 0 && aligned16(a.res);
+  a.vec2_r = a.vec2_y && s.r_image() % 2 == 0 && reinterpret_cast<uintptr_t>(a.res) % 8 == 0;
   a.act = act, a.res_act = residual.post;
 
   if (up) {

@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
     if (st < ktiles) load_tile(st, st);
     cp_async_commit();  // empty groups keep the count that wait_group relies on
   }
+  if (a.res && split == 0) prefetch_residual<T>(a, int(tile), tid);  // rank 0 adds it
   int read_stage = 0, write_stage = stages - 1;
   for (int kt = 0; kt < ktiles; ++kt) {
     cp_async_wait_stage(stages);
@@ -117,10 +118,12 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
         float4 v = *reinterpret_cast<const float4*>(cs + nr * T::kLdC + col);
         if (rb) {
           const float* r = rb + (n0 + nr) * hwo;
-          v.x = activate(a.res_act, v.x + __ldg(r));
-          v.y = activate(a.res_act, v.y + __ldg(r + 1));
-          v.z = activate(a.res_act, v.z + __ldg(r + 2));
-          v.w = activate(a.res_act, v.w + __ldg(r + 3));
+          const float4 u = a.vec_r ? __ldg(reinterpret_cast<const float4*>(r))
+                                   : make_float4(__ldg(r), __ldg(r + 1), __ldg(r + 2), __ldg(r + 3));
+          v.x = activate(a.res_act, v.x + u.x);
+          v.y = activate(a.res_act, v.y + u.y);
+          v.z = activate(a.res_act, v.z + u.z);
+          v.w = activate(a.res_act, v.w + u.w);
         }
         *reinterpret_cast<float4*>(yb + (n0 + nr) * hwo) = v;
       }

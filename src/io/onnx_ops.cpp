@@ -128,6 +128,17 @@ std::vector<int64_t> padding(Importer& im, const Shape& x, const std::vector<int
 
 // Input 0 given new dims: a constant folds; a run-time tensor is named again when they are its
 // own, flattened when they are a 2-D flatten of it, else reshaped (a view: no kernel).
+// A Reshape node of the run-time tensor x to `target`, the node's output 0. The batch stays free
+// (0: the input's) where the reshape keeps it, so that a plan for another batch size (Model)
+// infers the same reshape; not where dim 0 is not the batch (batch_axis false).
+void emit_reshape(Importer& im, const std::string& x, const Shape& target,
+                  const std::string& label = "", bool batch_axis = true) {
+  const Shape& s = im.value_shape(x);
+  std::vector<int64_t> shape(target);
+  if (batch_axis && !s.empty() && !shape.empty() && shape[0] == s[0]) shape[0] = 0;
+  im.emit(OpKind::Reshape, {x}, im.attrs({{"shape", std::move(shape)}}), {im.out(0)}, label);
+}
+
 void reshape_to(Importer& im, const Shape& target) {
   if (const Const* c = im.const_in(0)) {
     Const r = *c;
@@ -148,11 +159,7 @@ void reshape_to(Importer& im, const Shape& target) {
   if (std::any_of(target.begin(), target.end(), [](int64_t d) { return d < 1; }))
     im.unsupported("reshaping the run-time tensor '{}' from {} to the empty {} is not supported", x,
                    shape_str(s), shape_str(target));
-  // The batch stays free (0: the input's) where the reshape keeps it, so that a plan for another
-  // batch size (Model) infers the same reshape.
-  std::vector<int64_t> shape(target);
-  if (!s.empty() && shape[0] == s[0]) shape[0] = 0;
-  im.emit(OpKind::Reshape, {x}, im.attrs({{"shape", std::move(shape)}}), {im.out(0)});
+  emit_reshape(im, x, target);
 }
 
 // Unsqueeze and Squeeze: their attributes and input counts, and the axes (the attribute before
@@ -1657,10 +1664,7 @@ void op_gather(Importer& im) {
             {y});
   }
   if (cut == out) return y == x ? im.set_alias(0, x) : void();
-  std::vector<int64_t> shape(out);
-  if (!s.empty() && !shape.empty() && shape[0] == s[0] && axis > 0) shape[0] = 0;  // the batch
-  im.emit(OpKind::Reshape, {y}, im.attrs({{"shape", std::move(shape)}}), {im.out(0)},
-          y == x ? "" : "reshape");
+  emit_reshape(im, y, out, y == x ? "" : "reshape", axis > 0);
 }
 
 // Cast and CastLike: a constant folds; a run-time tensor stays float32 ('saturate', from

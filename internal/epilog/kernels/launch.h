@@ -232,8 +232,7 @@ inline std::string scalar_launch_str(ScalarPath p, const ConvShape& s) {
       return "stem " + conv_tiles_str({kScalarThreads * kStemItemOutputs, int(s.k)});
     case ScalarPath::Grouped:
       return "grouped " +
-             conv_tiles_str({kScalarThreads * kStemItemOutputs,
-                             int(std::min<int64_t>(s.k / s.groups, conv_scalar_grouped_channels(s)))});
+             conv_tiles_str({kScalarThreads * kStemItemOutputs, conv_scalar_grouped_block(s)});
     case ScalarPath::Depthwise:
       return "depthwise";
     case ScalarPath::General:

@@ -6,6 +6,7 @@
 // graph/conv_kernel.h.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -338,6 +339,11 @@ inline int conv_scalar_grouped_channels(const ConvShape& s) {
   for (int kc : {kStemMaxCout, 8, 4})
     if (items * ((kg + kc - 1) / kc) >= kGroupedMinItems) return kc;
   return 0;
+}
+// A grouped-path block's output channels: kc, or the group's where it has fewer; 0 off the path.
+inline int conv_scalar_grouped_block(const ConvShape& s) {
+  const int kc = conv_scalar_grouped_channels(s);
+  return kc ? int(std::min<int64_t>(s.k / s.groups, kc)) : 0;
 }
 
 // gemm's stem kernel (conv_gemm_stem.cu) takes those shapes with the same stride both ways,
