@@ -339,9 +339,9 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       if (conv_scalar_stem_fits(s)) {
         t.m = kScalarThreads * kStemItemOutputs;
         t.n = int(s.k);
-      } else if (const int kc = conv_scalar_grouped_channels(s)) {
+      } else if (const int kc = conv_scalar_grouped_block(s)) {
         t.m = kScalarThreads * kStemItemOutputs;
-        t.n = int(std::min<int64_t>(s.k / s.groups, kc));
+        t.n = kc;
       }
       break;
     case ConvKernel::Tiled:
@@ -795,8 +795,10 @@ NodeChoice kernel_and_rule(const Plan& plan, const std::vector<bool>& in_place, 
                                   np.folded_into)};
   }
   if (masked(i))
-    return {"in place", node.op == OpKind::Split ? "no copy: its parts are views of its input"
-                                                 : "no copy: its inputs are made in its buffer"};
+    return {"in place", node.op == OpKind::Split
+                            ? "no copy: its parts are views of its input"
+                            : "no copy: its inputs are made in its buffer, or in that of a "
+                              "longer concat whose start it is"};
   if (!np.chain.empty() && !in_place.empty())
     return {np.kernel, fmt::format("{}; then {}, each pooling the one before", np.rule,
                                    fmt::join(np.chain, ", "))};

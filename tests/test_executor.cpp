@@ -123,6 +123,19 @@ TEST_CASE("executor: an elementwise chain of equal shapes reads and writes strid
   CHECK(r.in_place == std::vector<std::string>{"cat", "parts"});
 }
 
+TEST_CASE("executor: concats that begin a longer one (DenseNet's) are views of its buffer",
+          "[executor]") {
+  // The last concat's buffer holds every feature once; the earlier concats are its first
+  // channels. At batch 2 those are strided slabs, made by convs and an average pool and read by
+  // elementwise chains and convs, all of which take strides.
+  for (const int64_t batch : {1, 2}) {
+    INFO("batch " << batch);
+    Runs r = run_both(test::dense_block(batch, 4, 2, 3, 6));
+    check_equal(r);
+    CHECK(r.in_place == std::vector<std::string>{"cat1", "cat2", "cat_all"});
+  }
+}
+
 TEST_CASE("executor: what cannot be produced in place is copied", "[executor]") {
   Builder b(5);
   Val x = b.input("x", {1, 4, 6, 6});

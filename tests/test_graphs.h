@@ -26,6 +26,25 @@ inline Graph join_graph(bool up_first) {
   return b.build();
 }
 
+// A DenseNet block: each layer reads the concat of every feature before it ("cat<l>") through
+// batchnorm -> relu (an elementwise chain, fused) and a 3x3 conv that adds `growth` channels; the
+// block's input is an average pool. The executor runs the last concat ("cat_all") in place and
+// the others as its first channels; at batch > 1 all of them are strided slabs.
+inline Graph dense_block(int64_t batch, int64_t c0, int64_t growth, int64_t layers, int64_t size) {
+  Builder b(/*seed=*/11);
+  Val x = b.input("x", {batch, 3, 2 * size, 2 * size});
+  Val f0 = b.avgpool2d(b.conv2d(x, "stem", ConvOpts(c0, 3).padding(1)), PoolOpts(2), "pool");
+  std::vector<Val> feats{f0};
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string at = std::to_string(l);
+    Val in = l == 0 ? f0 : b.concat(feats, 1, "cat" + at);
+    Val act = b.relu(b.batchnorm(in, "bn" + at), "relu" + at);
+    feats.push_back(b.conv2d(act, "conv" + at, ConvOpts(growth, 3).padding(1)));
+  }
+  b.output(b.relu(b.batchnorm(b.concat(feats, 1, "cat_all"), "bn_all"), "out"));
+  return b.build();
+}
+
 // A random small conv net from `seed`, for the differential tests: conv -> batchnorm ->
 // activation chains (SiLU as such or as mul(x, sigmoid(x)), ReLU, sigmoid, none; 1x1, 3x3, 5x5,
 // strided, dilated, depthwise, with a bias or not) with residual adds, squeeze-and-excite gates,

@@ -64,8 +64,9 @@ void avgpool2d(const PoolShape& ps, const float* x, float* y) {
   check_pool(ps, x, y);
 #pragma omp parallel for schedule(static) if (detail::worth_threads(window_work(ps)))
   for (int64_t plane = 0; plane < ps.n * ps.c; ++plane) {
-    const float* in = x + plane * ps.h * ps.w;
-    float* out = y + plane * ps.ho * ps.wo;
+    const int64_t b = plane / ps.c, ch = plane % ps.c;
+    const float* in = x + b * ps.x_image() + ch * ps.h * ps.w;
+    float* out = y + b * ps.y_image() + ch * ps.ho * ps.wo;
     for (int64_t oh = 0; oh < ps.ho; ++oh) {
       const Window wh = window(oh, ps.stride_h, ps.pad_t, ps.pad_b, ps.kh, ps.h);
       for (int64_t ow = 0; ow < ps.wo; ++ow) {

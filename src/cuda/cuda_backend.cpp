@@ -524,7 +524,7 @@ const std::array<CudaKernel, kNumOps>& kernels() {
       cuda::maxpool2d_chain(p, dev(in[0]), ys, images, int(out.size()), c.stream);
     };
     at(OpKind::AvgPool2d) = [](const Ctx& c, In in, Out out) {
-      cuda::avgpool2d(pool_shape(c.node, in[0].shape(), out[0].shape()), dev(in[0]), dev(out[0]),
+      cuda::avgpool2d(pool_shape(c.node, in[0], out[0]), dev(in[0]), dev(out[0]),
                       c.stream);
     };
     at(OpKind::GlobalAvgPool) = [](const Ctx& c, In in, Out out) {

@@ -64,7 +64,7 @@ const std::array<CpuKernel, kNumOps>& kernels() {
       cpu::maxpool2d(pool_shape(n, in[0], out[0]), in[0].f32(), out[0].f32());
     };
     at(OpKind::AvgPool2d) = [](const Node& n, In in, Out out) {
-      cpu::avgpool2d(pool_shape(n, in[0].shape(), out[0].shape()), in[0].f32(), out[0].f32());
+      cpu::avgpool2d(pool_shape(n, in[0], out[0]), in[0].f32(), out[0].f32());
     };
     at(OpKind::GlobalAvgPool) = [](const Node&, In in, Out out) {
       cpu::global_avgpool(in[0], out[0]);

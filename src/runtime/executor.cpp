@@ -99,12 +99,13 @@ bool takes_strided(const Graph& g, const Node& node) {
     case OpKind::FusedConv2d:
     case OpKind::Conv2d:
     case OpKind::MaxPool2d:
+    case OpKind::AvgPool2d:
     case OpKind::UpsampleNearest:
     case OpKind::Concat:
     case OpKind::Split:
+    case OpKind::FusedElementwise:  // chain_shape walks every tensor by its item stride
       return true;
-    case OpKind::Add:
-    case OpKind::FusedElementwise: {
+    case OpKind::Add: {
       const Shape& y = g.value(node.outputs[0]).shape;
       return std::all_of(node.inputs.begin(), node.inputs.end(),
                          [&](const std::string& in) { return g.value(in).shape == y; });
@@ -161,13 +162,32 @@ InPlacePlan plan_in_place(const Graph& g) {
     }
   }
 
+  // Concats whose inputs begin a longer concat's on the same axis (DenseNet's: each layer
+  // concatenates every feature before it): views of the longest one's buffer (`top`), whose
+  // slots then hold the shared inputs once. They are planned once it runs in place.
+  std::vector<int> top(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    const Node& a = g.nodes[i];
+    if (a.op != OpKind::Concat) continue;
+    const size_t rank = g.value(a.outputs[0]).shape.size();
+    for (size_t j = i + 1; j < n; ++j) {
+      const Node& b = g.nodes[j];
+      if (b.op == OpKind::Concat && b.inputs.size() > a.inputs.size() &&
+          node_axis(b, rank) == node_axis(a, rank) &&
+          std::equal(a.inputs.begin(), a.inputs.end(), b.inputs.begin()) &&
+          (top[i] < 0 || b.inputs.size() > g.nodes[size_t(top[i])].inputs.size()))
+        top[i] = int(j);
+    }
+  }
+
   // Concats whose inputs can all be written in place: each input is (a run of) a value made by
   // a kernel (not a view, not a concat, not a graph input, weight or output), placed in no other
-  // concat, and the places tile the output's items exactly. With more than one item the value
-  // becomes a strided part of the concat's buffer: its producer and readers must take that.
+  // concat but the views above, and the places tile the output's items exactly. With more than
+  // one item the value becomes a strided part of the concat's buffer: its producer and readers
+  // must take that.
   for (size_t i = 0; i < n; ++i) {
     const Node& node = g.nodes[i];
-    if (node.op != OpKind::Concat) continue;
+    if (node.op != OpKind::Concat || top[i] >= 0) continue;
     const Shape& y = g.value(node.outputs[0]).shape;
     if (!runs_of_items(y, node_axis(node, y.size()))) continue;
     const bool batched = y[0] > 1;
@@ -198,6 +218,14 @@ InPlacePlan plan_in_place(const Graph& g) {
     if (!ok || end != item_count(y)) continue;
     plan.concat[i] = true;
     for (const auto& [base, begin] : at) plan.slots[base] = {node.outputs[0], begin};
+  }
+  // A prefix is the start of each item of its top's buffer; otherwise it copies, from the slots.
+  for (size_t i = 0; i < n; ++i) {
+    if (top[i] < 0 || !plan.concat[size_t(top[i])]) continue;
+    const std::string& out = g.nodes[i].outputs[0];
+    if (g.value(out).shape[0] > 1 ? !may_stride(out) : g.is_output(out)) continue;
+    plan.view[i] = true;
+    plan.base[out] = g.nodes[size_t(top[i])].outputs[0];
   }
   return plan;
 }
@@ -255,6 +283,8 @@ std::map<std::string, ValuePlace> value_places(const Graph& g, const InPlacePlan
     const Node& node = g.nodes[i];
     if (node.op == OpKind::Flatten || node.op == OpKind::Reshape) {
       at[node.outputs[0]] = {place(node.inputs[0]).offset, 0};  // a view of a contiguous input
+    } else if (i < ip.view.size() && ip.view[i] && node.op == OpKind::Concat) {
+      part(ip.base.at(node.outputs[0]), 0, node.outputs[0]);  // a prefix of a longer concat
     } else if (i < ip.view.size() && ip.view[i]) {
       int64_t offset = 0;
       for (const std::string& out : node.outputs) {
@@ -458,7 +488,10 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
         outs.push_back(env[out] = output(out, false));
       }
     auto t0 = Clock::now();
-    if (view) {
+    if (view && node.op == OpKind::Concat) {
+      // A prefix of a longer concat: its inputs are in that one's buffer already.
+      outs[0] = env.at(in_place_.base.at(node.outputs[0])).part(0, graph().value(node.outputs[0]).shape);
+    } else if (view) {
       int64_t offset = 0;
       for (size_t j = 0; j < outs.size(); ++j) {
         const Shape& shape = graph().value(node.outputs[j]).shape;

@@ -256,6 +256,23 @@ TEST_CASE("gpu executor: in-place concats and chunks at batch 2 match copying bi
   }
 }
 
+TEST_CASE("gpu executor: a DenseNet block's concats as views of the last one's buffer",
+          "[gpu][models]") {
+  // At batch 2 every feature and every concat but the last is a strided slab of its buffer: the
+  // pool and the convs write them, the elementwise chains and the convs read them (32-channel
+  // features, so that the gemm kernels take the convs). Against the CPU, and in place against
+  // copying bit for bit.
+  const Graph g = test::dense_block(2, 32, 32, 4, 16);
+  const std::map<std::string, Tensor> inputs = random_inputs(g, 78);
+  check_model("dense_block", g, std::nullopt);
+  const OnOff r = run_on_off(g, inputs);
+  CHECK(r.no_kernel == std::vector<std::string>{"cat1", "cat2", "cat3", "cat_all"});
+  for (const auto& [name, t] : r.off) {
+    INFO("output " << name);
+    CHECK(std::memcmp(r.on.at(name).raw(), t.raw(), t.nbytes()) == 0);
+  }
+}
+
 TEST_CASE("gpu executor: an upsampling folded into the conv that reads it matches the CPU",
           "[gpu][models][upsample][sm90a]") {
   // The YOLO neck's join (test::join_graph), the upsampled part first and second, at a size

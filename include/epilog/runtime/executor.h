@@ -65,7 +65,8 @@ struct InPlacePlan {
   };
   std::vector<bool> view;
   std::vector<bool> concat;
-  std::map<std::string, std::string> base;  // each split part made a view: the value it is part of
+  // Each split part and concat prefix made a view: the value it is part of.
+  std::map<std::string, std::string> base;
   // The nodes whose work another does (NodePlan::folded_into): the upsamplings folded into a
   // conv's loads whose concat runs in place (nothing reads what they would write) and the
   // chained max-pools (empty from the Graph form).
