@@ -27,7 +27,7 @@ namespace {
 // A, As[k][pixel] as staged (pixels contiguous), relabeled as the mma.sync kernels do (file
 // comment): row g (g + 8) of warp w's 16 is pixel 16w + 2g (+ 1), column t (t + 4) of k step s
 // is k row 8s + 2t (+ 1), so (a0, a1) and (a2, a3) are one 8-byte load each and the accumulators
-// hold the pixel pairs direct_epilogue stores. B, the weights packed ahead in that column order
+// hold the pixel pairs direct_store stores. B, the weights packed ahead in that column order
 // (pack_wgmma_weights, rounded to TF32): a stage is 8 runs q of BN rows x 4 channels, runs 2s and
 // 2s + 1 the two halves of k step s, i.e. wgmma's K-major core matrices of 8 rows x 16 bytes,
 // the halves BN * 16 bytes apart; a stage's are one bulk copy completing on the stage's mbarrier,
@@ -160,11 +160,11 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN, Tma>::kThreads,
   int read_stage = 0, write_stage = stages - 1, tile = tile0, kt = 0;
   uint32_t phase = 0;  // of read_stage's mbarrier: flips each time the stages come round
   const auto epilogue = [&] {
-    with_activation(a.act, [&](auto act) {
-      direct_epilogue<Tma, Gather>(a, acc, tile / a.n_tiles * BM + 64 * wg + 16 * w4 + 2 * g,
-                                   tile % a.n_tiles * BN, t, act, Gather ? a.ho * a.wo : a.h * a.w,
-                                   a.plane);
-    });
+    const int n = tile % a.n_tiles * BN;
+    with_activation(a.act,
+                    [&](auto act) { scale_shift_act(acc, a.scale, a.shift, a.k, n, t, act); });
+    direct_store<Tma, Gather>(a, acc, tile / a.n_tiles * BM + 64 * wg + 16 * w4 + 2 * g, n, t,
+                              Gather ? a.ho * a.wo : a.h * a.w, a.plane);
   };
   for (int it = 0; it < total; ++it) {
     if (!Tma) cp_async_wait_stage(stages);

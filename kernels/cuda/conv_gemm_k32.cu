@@ -118,8 +118,9 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
         float4 v = *reinterpret_cast<const float4*>(cs + nr * T::kLdC + col);
         if (rb) {
           const float* r = rb + (n0 + nr) * hwo;
-          const float4 u = a.vec_r ? __ldg(reinterpret_cast<const float4*>(r))
-                                   : make_float4(__ldg(r), __ldg(r + 1), __ldg(r + 2), __ldg(r + 3));
+          const float4 u =
+              a.vec_r ? __ldg(reinterpret_cast<const float4*>(r))
+                      : make_float4(__ldg(r), __ldg(r + 1), __ldg(r + 2), __ldg(r + 3));
           v.x = activate(a.res_act, v.x + u.x);
           v.y = activate(a.res_act, v.y + u.y);
           v.z = activate(a.res_act, v.z + u.z);
@@ -189,9 +190,11 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
         for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
   };
 
-  auto store_tile = [&](int tile, auto act) {
-    direct_epilogue(a, acc, tile / a.n_tiles * BM + wm * T::kWM + 2 * g,
-                    tile % a.n_tiles * BN + wn * T::kWN, t, act, a.h * a.w);
+  auto store_tile = [&](int tile) {
+    const int n = tile % a.n_tiles * BN + wn * T::kWN;
+    with_activation_lean(a.act,
+                         [&](auto act) { scale_shift_act(acc, a.scale, a.shift, a.k, n, t, act); });
+    direct_store(a, acc, tile / a.n_tiles * BM + wm * T::kWM + 2 * g, n, t, a.h * a.w);
   };
 
   // -- mainloop over this block's tiles --
@@ -211,7 +214,7 @@ __global__ void __launch_bounds__(DirectTile<BM, BN>::kThreads, DirectTile<BM, B
     mma_ktile<T>(acc, smem + read_stage * T::kStageFloats, a_frag, b_frag);
     read_stage = read_stage + 1 == stages ? 0 : read_stage + 1;
     if (++kt == ktiles) {
-      with_activation_lean(a.act, [&](auto act) { store_tile(tile, act); });
+      store_tile(tile);
       clear();
       kt = 0;
       tile += step;

@@ -337,7 +337,8 @@ __device__ __forceinline__ void prefetch_residual(const GemmArgs& a, int tile, i
     const int m = m0 + (j + 1 < kPoints ? 32 * j : T::BM - 1);
     if (c >= a.k || m >= a.m) continue;
     const int img = m / plane, p = m - img * plane;
-    if (p < hw) asm volatile("prefetch.global.L2 [%0];" ::"l"(a.res + (img * a.r_img + c * hw + p)));
+    if (p < hw)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(a.res + (img * a.r_img + c * hw + p)));
   }
 }
 
@@ -374,7 +375,7 @@ struct DirectCursor {
   }
 };
 
-// -- the direct kernels' batchnorm + activation epilogue of one tile, from the accumulators --
+// -- the direct kernels' epilogue of one tile, from the accumulators --
 // acc[mi][ni][e] and acc[mi][ni][2 + e]: pixels m + 16 mi and m + 16 mi + 1 (m even), channel
 // n + 8 ni + 2t + e. Where the output plane hw = ho*wo is even a pair never straddles two
 // images, so the second pixel is the first's neighbour; AnyPlane (the gather kernel on odd
@@ -382,9 +383,12 @@ struct DirectCursor {
 // there: with ho*wo ptxas allocated their registers anew and the 1x1 layers got up to 2% slower.
 // PerImage (the tensor-copy tiles): m counts pixels of images `plane` apart (hw rounded up to the
 // tile), and the rows past hw, which the copies zero-filled, are not stored.
-template <bool PerImage = false, bool AnyPlane = false, int MI, int NI, class ActFn>
-__device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[MI][NI][4], int m,
-                                                int n, int t, ActFn act, int hw, int plane = 0) {
+// The kernels run scale_shift_act (batchnorm and activation, in place) in one copy an activation
+// kind, then this: the residual and the stores, compiled once (in every copy, the wgmma file took
+// twice as long to compile).
+template <bool PerImage = false, bool AnyPlane = false, int MI, int NI>
+__device__ __forceinline__ void direct_store(const GemmArgs& a, float (&acc)[MI][NI][4], int m,
+                                             int n, int t, int hw, int plane = 0) {
   // y's and the residual's offsets (channel 0) of the pair's pixels; -1: not stored.
   int pix[MI], rpix[MI], pix1[MI], rpix1[MI];
 #pragma unroll
@@ -408,11 +412,9 @@ __device__ __forceinline__ void direct_epilogue(const GemmArgs& a, float (&acc)[
       rpix1[mi] = rpix[mi] + 1;
     }
   }
-  // Batchnorm and activation in place, then the residual (its loads fly together, no store
-  // between them), then the stores; as in the halo kernel, also the faster order without one.
-  // 32-bit offsets (y and the residual span under 2^31 elements, conv_gemm checks): 64-bit ones
-  // cost about five instructions a store.
-  scale_shift_act(acc, a.scale, a.shift, a.k, n, t, act);
+  // The residual (its loads fly together, no store between them), then the stores; as in the
+  // halo kernel, also the faster order without one. 32-bit offsets (y and the residual span
+  // under 2^31 elements, conv_gemm checks): 64-bit ones cost about five instructions a store.
   if (a.res) {
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni)

@@ -490,7 +490,8 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
     auto t0 = Clock::now();
     if (view && node.op == OpKind::Concat) {
       // A prefix of a longer concat: its inputs are in that one's buffer already.
-      outs[0] = env.at(in_place_.base.at(node.outputs[0])).part(0, graph().value(node.outputs[0]).shape);
+      const std::string& out = node.outputs[0];
+      outs[0] = env.at(in_place_.base.at(out)).part(0, graph().value(out).shape);
     } else if (view) {
       int64_t offset = 0;
       for (size_t j = 0; j < outs.size(); ++j) {
