@@ -134,6 +134,17 @@ TEST_CASE("executor: concats that begin a longer one (DenseNet's) are views of i
     check_equal(r);
     CHECK(r.in_place == std::vector<std::string>{"cat1", "cat2", "cat_all"});
   }
+  // Where the longer concat cannot run in place (here it holds a graph input), the shorter one
+  // is planned on its own.
+  Builder b(12);
+  Val x = b.input("x", {1, 4, 6, 6});
+  Val c1 = b.conv2d(x, "c1", ConvOpts(4, 1));
+  Val c2 = b.conv2d(x, "c2", ConvOpts(4, 1));
+  b.output(b.relu(b.concat({c1, c2}, 1, "short"), "r1"));
+  b.output(b.relu(b.concat({c1, c2, x}, 1, "long"), "r2"));
+  Runs r = run_both(b.build());
+  check_equal(r);
+  CHECK(r.in_place == std::vector<std::string>{"short"});
 }
 
 TEST_CASE("executor: what cannot be produced in place is copied", "[executor]") {

@@ -185,11 +185,10 @@ InPlacePlan plan_in_place(const Graph& g) {
   // concat but the views above, and the places tile the output's items exactly. With more than
   // one item the value becomes a strided part of the concat's buffer: its producer and readers
   // must take that.
-  for (size_t i = 0; i < n; ++i) {
+  const auto place_concat = [&](size_t i) {
     const Node& node = g.nodes[i];
-    if (node.op != OpKind::Concat || top[i] >= 0) continue;
     const Shape& y = g.value(node.outputs[0]).shape;
-    if (!runs_of_items(y, node_axis(node, y.size()))) continue;
+    if (!runs_of_items(y, node_axis(node, y.size()))) return;
     const bool batched = y[0] > 1;
     std::map<std::string, int64_t> at;  // owner -> its offset within an item of the concat
     bool ok = true;
@@ -205,7 +204,7 @@ InPlacePlan plan_in_place(const Graph& g) {
       ok = ok && (fresh || it->second == offset - within);
       offset += item_count(g.value(in).shape);
     }
-    if (!ok) continue;
+    if (!ok) return;
     std::vector<std::pair<int64_t, int64_t>> spans;  // (begin, end) of each owner in an item
     for (const auto& [base, begin] : at)
       spans.push_back({begin, begin + item_count(g.value(base).shape)});
@@ -215,13 +214,20 @@ InPlacePlan plan_in_place(const Graph& g) {
       ok = ok && b == end;
       end = e;
     }
-    if (!ok || end != item_count(y)) continue;
+    if (!ok || end != item_count(y)) return;
     plan.concat[i] = true;
     for (const auto& [base, begin] : at) plan.slots[base] = {node.outputs[0], begin};
-  }
-  // A prefix is the start of each item of its top's buffer; otherwise it copies, from the slots.
+  };
+  for (size_t i = 0; i < n; ++i)
+    if (g.nodes[i].op == OpKind::Concat && top[i] < 0) place_concat(i);
+  // A prefix is the start of each item of its top's buffer where that runs in place (else it
+  // copies, from the slots); where it does not, the prefix is placed on its own.
   for (size_t i = 0; i < n; ++i) {
-    if (top[i] < 0 || !plan.concat[size_t(top[i])]) continue;
+    if (top[i] < 0) continue;
+    if (!plan.concat[size_t(top[i])]) {
+      place_concat(i);
+      continue;
+    }
     const std::string& out = g.nodes[i].outputs[0];
     if (g.value(out).shape[0] > 1 ? !may_stride(out) : g.is_output(out)) continue;
     plan.view[i] = true;
