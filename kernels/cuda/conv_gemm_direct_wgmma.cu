@@ -75,7 +75,6 @@ struct WgDirectTile {
 // pixels of one image by 32 channels; a.plane pixels an image in tile space (direct_tma_plane).
 template <class T>
 struct TmaA {
-  static constexpr bool kPerImage = true;
   int img, p0;
   __device__ __forceinline__ TmaA(const GemmArgs& a, int m0, int) {
     img = m0 / a.plane;

@@ -56,7 +56,6 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
     if (st < ktiles) load_tile(st, st);
     cp_async_commit();  // empty groups keep the count that wait_group relies on
   }
-  if (a.res && split == 0) prefetch_residual<T>(a, int(tile), tid);  // rank 0 adds it
   int read_stage = 0, write_stage = stages - 1;
   for (int kt = 0; kt < ktiles; ++kt) {
     cp_async_wait_stage(stages);

@@ -142,7 +142,6 @@ struct GemmArgs {
 // Direct: thread owns one 4-pixel chunk and every kRowStep-th k row.
 template <class T>
 struct DirectA {
-  static constexpr bool kPerImage = false;  // m counts pixels of images h*w apart
   static constexpr int kChunks = T::BM / 4;
   static constexpr int kRowStep = T::kThreads / kChunks;
   static constexpr int kRows = kBK / kRowStep;
@@ -213,7 +212,6 @@ struct DirectUpA : DirectA<T> {
 // Gather: lane owns pixels lane + 32p (decoded once); warp owns k rows [warp*kRows, +kRows).
 template <class T>
 struct GatherA {
-  static constexpr bool kPerImage = false;
   static constexpr int kPix = T::BM / 32;
   static constexpr int kRows = kBK / (T::kThreads / 32);
   int base[kPix];  // x offset of (img, 0, ih0, iw0); may be negative, valid once a tap is added
@@ -322,31 +320,10 @@ __device__ __forceinline__ void mma_ktile(float (&acc)[T::kMI][T::kNI][4], const
 }
 
 
-// The residual under tile `tile` (n tiles fastest) into L2, ahead of the epilogue that adds it:
-// one prefetch of the 128-byte line at pixels m0, m0 + 32, ... and m0 + BM - 1 of each of the
-// tile's channels. Why: the epilogue's loads start once the mainloop is done, and ResNet's 1x1
-// convs with a residual took 2.6x the time of the same conv without one. PerImage: m counts
-// pixels of images a.plane apart (the tensor-copy tiles).
-template <class T, bool PerImage = false>
-__device__ __forceinline__ void prefetch_residual(const GemmArgs& a, int tile, int tid) {
-  constexpr int kPoints = T::BM / 32 + 1;
-  const int m0 = tile / a.n_tiles * T::BM, n0 = tile % a.n_tiles * T::BN;
-  const int hw = a.ho * a.wo, plane = PerImage ? a.plane : hw;
-  for (int i = tid; i < T::BN * kPoints; i += T::kThreads) {
-    const int c = n0 + i / kPoints, j = i % kPoints;
-    const int m = m0 + (j + 1 < kPoints ? 32 * j : T::BM - 1);
-    if (c >= a.k || m >= a.m) continue;
-    const int img = m / plane, p = m - img * plane;
-    if (p < hw)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(a.res + (img * a.r_img + c * hw + p)));
-  }
-}
-
 // -- the persistent direct kernels' copy position: block b takes tiles b, b + gridDim.x, ...
 // (n tiles fastest, so that the blocks resident together share their A tiles in L2); `tile` and
 // `kt` are the tile and k tile its next copy fills, `n_tile` that tile's n tile and `a_loader`
-// its A loader, all decoded once a tile, when the tile's residual is prefetched (stages - 1 k
-// tiles ahead of its mainloop).
+// its A loader, all decoded once a tile.
 template <class T, class Loader = DirectA<T>>
 struct DirectCursor {
   int tile, kt = 0, n_tile;
@@ -357,9 +334,7 @@ struct DirectCursor {
       : tile(tile0),
         kt(kt0),
         n_tile(tile0 % a.n_tiles),
-        a_loader(a, tile0 / a.n_tiles * T::BM, tid) {
-    if (a.res && kt0 == 0) prefetch_residual<T, Loader::kPerImage>(a, tile, tid);
-  }
+        a_loader(a, tile0 / a.n_tiles * T::BM, tid) {}
   // This block's k tiles, all of its tiles together.
   static __device__ __forceinline__ int block_ktiles(const GemmArgs& a) {
     const int tiles = (a.m + T::BM - 1) / T::BM * a.n_tiles, step = int(gridDim.x);
@@ -371,7 +346,6 @@ struct DirectCursor {
     tile += int(gridDim.x);
     n_tile = tile % a.n_tiles;
     a_loader = Loader(a, tile / a.n_tiles * T::BM, tid);
-    if (a.res) prefetch_residual<T, Loader::kPerImage>(a, tile, tid);
   }
 };
 
