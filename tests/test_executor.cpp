@@ -176,29 +176,36 @@ TEST_CASE("executor: what cannot be produced in place is copied", "[executor]") 
 TEST_CASE("executor: explain marks the nodes the executor runs in place, and only those",
           "[executor]") {
   Builder b(3);
-  Compiled c = compile(yolo::yolo_like(b, /*batch=*/2, /*size=*/64), CompileOptions{});
-  auto backend = make_cpu_backend();
-  Executor ex(c.plan, *backend);
-  const std::vector<bool> mask = in_place_mask(c.plan);
-  REQUIRE(mask.size() == c.plan.graph.nodes.size());
-  std::vector<std::string> marked;
-  for (size_t i = 0; i < mask.size(); ++i)
-    if (mask[i]) marked.push_back(c.plan.graph.nodes[i].name);
-  CHECK(marked == ex.in_place_nodes());
-  REQUIRE(marked.size() == 21);
-  // Every marked node's line of the table, and no other, says "in place".
-  const std::string text = explain(c.plan, mask);
-  size_t lines = 0;
-  for (size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1) {
-    const std::string line = text.substr(at, end - at);
-    if (line.find(" in place ") == std::string::npos) continue;
-    ++lines;
-    CHECK(std::find(marked.begin(), marked.end(), line.substr(0, line.find(' '))) != marked.end());
+  // The YOLO-like model's 13 concats and 8 chunks; a dense block's two concats that begin the
+  // third and that one.
+  const std::pair<Graph, size_t> cases[] = {
+      {yolo::yolo_like(b, /*batch=*/2, /*size=*/64), 21}, {test::dense_block(2, 4, 2, 3, 6), 3}};
+  for (const auto& [g, count] : cases) {
+    Compiled c = compile(g, CompileOptions{});
+    auto backend = make_cpu_backend();
+    Executor ex(c.plan, *backend);
+    const std::vector<bool> mask = in_place_mask(c.plan);
+    REQUIRE(mask.size() == c.plan.graph.nodes.size());
+    std::vector<std::string> marked;
+    for (size_t i = 0; i < mask.size(); ++i)
+      if (mask[i]) marked.push_back(c.plan.graph.nodes[i].name);
+    CHECK(marked == ex.in_place_nodes());
+    REQUIRE(marked.size() == count);
+    // Every marked node's line of the table, and no other, says "in place".
+    const std::string text = explain(c.plan, mask);
+    size_t lines = 0;
+    for (size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1) {
+      const std::string line = text.substr(at, end - at);
+      if (line.find(" in place ") == std::string::npos) continue;
+      ++lines;
+      CHECK(std::find(marked.begin(), marked.end(), line.substr(0, line.find(' '))) !=
+            marked.end());
+    }
+    CHECK(lines == marked.size());
+    CHECK(explain(c.plan).find(" in place ") == std::string::npos);
+    c.plan.in_place = false;
+    CHECK(in_place_mask(c.plan).empty());
   }
-  CHECK(lines == marked.size());
-  CHECK(explain(c.plan).find(" in place ") == std::string::npos);
-  c.plan.in_place = false;
-  CHECK(in_place_mask(c.plan).empty());
 }
 
 TEST_CASE("executor: copy avoidance can be switched off by option and environment", "[executor]") {

@@ -56,8 +56,9 @@ int cuda_probes();
 std::optional<DeviceProfile> cuda_device_profile();
 
 // The copies the executor avoids in `g` (Executor::set_in_place says which): by node index,
-// whether a split returns views of its input and whether a concat finds its inputs already in
-// its buffer; and, for each value made straight into a concat's buffer, where.
+// whether a split returns views of its input, whether a concat finds its inputs already in its
+// buffer, and whether it is the start of a longer concat's (its inputs begin that one's: DenseNet);
+// and, for each value made straight into a concat's buffer, where.
 struct InPlacePlan {
   struct Slot {
     std::string buffer;  // the concat output whose buffer holds the value
