@@ -705,28 +705,22 @@ TEST_CASE("onnx forms: channel shuffle (Reshape to 5-D, Transpose, Reshape back)
 
 TEST_CASE("onnx forms: Slice with steps, Softmax and LogSoftmax of opset 11 and 13", "[onnx]") {
   const Tensor x = Tensor::from_vector({2, 4}, {1, 2, 3, 4, 5, 6, 7, 8});
-  Model m(17);
-  m.input("x", {2, 4});
-  m.ints("starts", {-1});
-  m.ints("ends", {std::numeric_limits<int64_t>::min()});
-  m.ints("axes", {1});
-  m.ints("steps", {-2});
-  m.node("Slice", {"x", "starts", "ends", "axes", "steps"}, {"y"}, "rev");
-  m.output("y");
-  Graph g = m.load();
+  // x[:, -1::step], backwards to the front.
+  const auto reversed = [](int64_t step) {
+    Model m(17);
+    m.input("x", {2, 4});
+    m.ints("starts", {-1});
+    m.ints("ends", {std::numeric_limits<int64_t>::min()});
+    m.ints("axes", {1});
+    m.ints("steps", {step});
+    m.node("Slice", {"x", "starts", "ends", "axes", "steps"}, {"y"}, "rev");
+    m.output("y");
+    return m.load();
+  };
+  Graph g = reversed(-2);
   CHECK(count(g, OpKind::Slice) == 1);
   CHECK(values(run1(g, x)) == std::vector<float>{4, 2, 8, 6});
-  {  // x[:, ::-1]: to the front
-    Model r(17);
-    r.input("x", {2, 4});
-    r.ints("starts", {-1});
-    r.ints("ends", {std::numeric_limits<int64_t>::min()});
-    r.ints("axes", {1});
-    r.ints("steps", {-1});
-    r.node("Slice", {"x", "starts", "ends", "axes", "steps"}, {"y"}, "rev");
-    r.output("y");
-    CHECK(values(run1(r.load(), x)) == std::vector<float>{4, 3, 2, 1, 8, 7, 6, 5});
-  }
+  CHECK(values(run1(reversed(-1), x)) == std::vector<float>{4, 3, 2, 1, 8, 7, 6, 5});
   // Softmax-11 over the dims from axis 0 as one (a reshape either side); Softmax-13 over axis 0
   // alone. LogSoftmax alike, its log.
   for (bool log : {false, true})

@@ -73,6 +73,11 @@ namespace {
 // batch's, rebound later): the most negative end an attribute holds.
 constexpr int64_t kBeforeFront = -kMaxDim;
 
+// The exclusive end of a slice whose last index is `last`, stepping by `step`.
+int64_t slice_end(int64_t last, int64_t step) {
+  return step > 0 ? last + 1 : (last == 0 ? kBeforeFront : last - 1);
+}
+
 using onnx::AttributeProto;
 using onnx::TensorProto;
 
@@ -126,8 +131,6 @@ std::vector<int64_t> padding(Importer& im, const Shape& x, const std::vector<int
   return p;
 }
 
-// Input 0 given new dims: a constant folds; a run-time tensor is named again when they are its
-// own, flattened when they are a 2-D flatten of it, else reshaped (a view: no kernel).
 // A Reshape node of the run-time tensor x to `target`, the node's output 0. The batch stays free
 // (0: the input's) where the reshape keeps it, so that a plan for another batch size (Model)
 // infers the same reshape; not where dim 0 is not the batch (batch_axis false).
@@ -139,6 +142,8 @@ void emit_reshape(Importer& im, const std::string& x, const Shape& target,
   im.emit(OpKind::Reshape, {x}, im.attrs({{"shape", std::move(shape)}}), {im.out(0)}, label);
 }
 
+// Input 0 given new dims: a constant folds; a run-time tensor is named again when they are its
+// own, flattened when they are a 2-D flatten of it, else reshaped (a view: no kernel).
 void reshape_to(Importer& im, const Shape& target) {
   if (const Const* c = im.const_in(0)) {
     Const r = *c;
@@ -1301,7 +1306,7 @@ void op_slice(Importer& im) {
     for (const SliceAxis& c : cut) {
       const int64_t last = c.start + (c.count - 1) * c.step;
       b.push_back(c.start);
-      e.push_back(c.step > 0 ? last + 1 : (last == 0 ? kBeforeFront : last - 1));
+      e.push_back(slice_end(last, c.step));
       a.push_back(c.axis);
       st.push_back(c.step);
     }
@@ -1634,7 +1639,8 @@ void op_gather(Importer& im) {
         x, im.file_batch(), im.batch());
   std::vector<int64_t> at(idx.i);
   for (int64_t& i : at) {
-    if (i < -dim || i >= dim) im.bad("index {} is out of range for axis {} of size {}", i, axis, dim);
+    if (i < -dim || i >= dim)
+      im.bad("index {} is out of range for axis {} of size {}", i, axis, dim);
     if (i < 0) i += dim;
   }
   if (at.empty()) im.unsupported("gathers no index from the run-time tensor '{}'", x);
@@ -1654,11 +1660,9 @@ void op_gather(Importer& im) {
   std::string y = x;
   if (n != dim || step != 1) {
     y = cut == out ? im.out(0) : im.fresh_value(im.node().output(0) + ".slice");
-    const int64_t end =
-        step > 0 ? last + 1 : (last == 0 ? kBeforeFront : last - 1);
     im.emit(OpKind::Slice, {x},
             im.attrs({{"starts", std::vector<int64_t>{at[0]}},
-                      {"ends", std::vector<int64_t>{end}},
+                      {"ends", std::vector<int64_t>{slice_end(last, step)}},
                       {"axes", std::vector<int64_t>{axis}},
                       {"steps", std::vector<int64_t>{step}}}),
             {y});
