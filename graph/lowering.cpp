@@ -749,6 +749,9 @@ Plan lower(Graph graph, const LowerOptions& options) {
       np.kernel = op_name(node.op);
       np.rule = resize_rule(resize_mode(node), graph.value(node.inputs[0]).shape,
                             graph.value(node.outputs[0]).shape);
+    } else if (node.op == OpKind::Flatten || node.op == OpKind::Reshape) {
+      np.kernel = "view";  // both backends return their input renamed (memory.cpp)
+      np.rule = "no kernel: its input under another shape";
     } else {
       np.kernel = op_name(node.op);
       np.rule = "one kernel";
@@ -833,7 +836,9 @@ std::string launch_tiles(const Plan& plan, const std::vector<bool>& in_place,
   const Graph& g = plan.graph;
   const Node& n = g.nodes[i];
   const NodePlan& np = plan.nodes[i];
-  if (plan.device != Device::CUDA || kernel == "folded" || kernel == "in place") return "";
+  if (plan.device != Device::CUDA || kernel == "folded" || kernel == "in place" ||
+      kernel == "view")
+    return "";
   if (kernel == "gemm pair") return conv_pair_tiles_str();
   if (n.op == OpKind::FusedConv2d || n.op == OpKind::Conv2d) {
     ConvShape cs = conv_shape(g, n);

@@ -647,6 +647,17 @@ TEST_CASE("lowering: plans every node, honours a forced kernel, explains the cho
   CHECK_THAT(explain(lower(gr, cuda)),
              Catch::Contains("[1,8,10,10] -> [1,8,10,10] + residual") && Catch::Contains("cr"));
 
+  // flatten and reshape launch nothing: each is its input under another shape.
+  Builder bv(5);
+  const Val flat = bv.flatten(bv.global_avgpool(bv.input("x", {2, 8, 4, 4})), 1, "flat");
+  bv.output(bv.reshape(flat, {2, 2, 4}, "shaped"));
+  const Plan pv = lower(bv.build(), cuda);
+  REQUIRE(pv.nodes.size() == 3);
+  CHECK(pv.nodes[0].kernel == "global_avgpool");
+  CHECK(pv.nodes[1].kernel == "view");
+  CHECK(pv.nodes[2].kernel == "view");
+  CHECK_THAT(explain(pv), Catch::Contains("no kernel: its input under another shape"));
+
   // The persistent halo kernel stages a square's whole reduction: its line shows no stages.
   Builder bq(4);
   Val xq = bq.input("x", {16, 32, 80, 80});

@@ -7,8 +7,8 @@ usage: tools/kernel_profile.py [--bin DIR] [--model FILE] [--batch N] [--csv FIL
 Runs `ncu` on one iteration of `epilog bench MODEL --device cuda` (each kernel timed alone, the
 caches flushed between kernels, clocks not locked) or reads the CSV such a run wrote (--csv), and
 matches the kernels in launch order to the nodes `epilog explain` lists that launch one (not the
-in-place ones). Prints a line per node - time, DRAM bytes, floor, grid, registers, kernel - and
-the totals by kind of node (docs/perf.md, "Where the model's time goes").
+in-place ones or views). Prints a line per node - time, DRAM bytes, floor, grid, registers,
+kernel - and the totals by kind of node (docs/perf.md, "Where the model's time goes").
 
 Floor of a node, as for the conv suite: max(bytes / copy rate, flops / TF32 rate), bytes = its
 inputs and output once (a residual included), flops = 2 x outputs x reduction for a conv, 0
@@ -57,7 +57,7 @@ def launching_nodes(epilog, model, batch):
     nodes, folded = [], {}
     for line in out.splitlines():
         shapes = re.findall(r"\[([\d,]+)\]", line)
-        if len(shapes) < 2 or " in place " in line:
+        if len(shapes) < 2 or " in place " in line or " view " in line:
             continue
         name, op = line.split()[:2]
         dims = [[int(d) for d in s.split(",")] for s in shapes[:2]]

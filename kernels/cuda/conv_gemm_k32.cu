@@ -111,21 +111,38 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
       const int img = m / hwo;
       float* __restrict__ yb = a.y + (img * a.ys + (m - img * hwo));
       const float* __restrict__ rb = a.res ? a.res + (img * a.r_img + (m - img * hwo)) : nullptr;
-#pragma unroll 4
-      for (int nr = nr0; nr < BN; nr += kRowStep) {
-        if (n0 + nr >= a.k) break;
-        float4 v = *reinterpret_cast<const float4*>(cs + nr * T::kLdC + col);
-        if (rb) {
-          const float* r = rb + (n0 + nr) * hwo;
-          const float4 u =
-              a.vec_r ? __ldg(reinterpret_cast<const float4*>(r))
-                      : make_float4(__ldg(r), __ldg(r + 1), __ldg(r + 2), __ldg(r + 3));
-          v.x = activate(a.res_act, v.x + u.x);
-          v.y = activate(a.res_act, v.y + u.y);
-          v.z = activate(a.res_act, v.z + u.z);
-          v.w = activate(a.res_act, v.w + u.w);
+      // Four rows at a time, their residual loads issued before any is used (a row past the
+      // channels loads row 0 instead): as in direct_store, the activation's branches between
+      // them would send them one at a time.
+      for (int nr4 = nr0; nr4 < BN; nr4 += 4 * kRowStep) {
+        float4 u[4];
+        const auto row = [&](int j) {
+          const int nr = nr4 + j * kRowStep;
+          return nr < BN && n0 + nr < a.k ? (n0 + nr) * hwo : 0;
+        };
+        if (rb && a.vec_r) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) u[j] = __ldg(reinterpret_cast<const float4*>(rb + row(j)));
+        } else if (rb) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float* r = rb + row(j);
+            u[j] = make_float4(__ldg(r), __ldg(r + 1), __ldg(r + 2), __ldg(r + 3));
+          }
         }
-        *reinterpret_cast<float4*>(yb + (n0 + nr) * hwo) = v;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int nr = nr4 + j * kRowStep;
+          if (nr >= BN || n0 + nr >= a.k) break;
+          float4 v = *reinterpret_cast<const float4*>(cs + nr * T::kLdC + col);
+          if (rb) {
+            v.x = activate(a.res_act, v.x + u[j].x);
+            v.y = activate(a.res_act, v.y + u[j].y);
+            v.z = activate(a.res_act, v.z + u[j].z);
+            v.w = activate(a.res_act, v.w + u[j].w);
+          }
+          *reinterpret_cast<float4*>(yb + (n0 + nr) * hwo) = v;
+        }
       }
     }
   } else {
@@ -136,11 +153,22 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
       const int img = m / hwo;
       float* __restrict__ yb = a.y + (img * a.ys + (m - img * hwo));
       const float* __restrict__ rb = a.res ? a.res + (img * a.r_img + (m - img * hwo)) : nullptr;
-#pragma unroll 4
-      for (int nr = nr0; nr < BN; nr += kRowStep) {
-        if (n0 + nr >= a.k) break;
-        yb[(n0 + nr) * hwo] =
-            detail::add_residual(cs[nr * T::kLdC + col], rb, (n0 + nr) * hwo, a.res_act);
+      for (int nr4 = nr0; nr4 < BN; nr4 += 4 * kRowStep) {  // as above
+        float u[4];
+        if (rb) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int nr = nr4 + j * kRowStep;
+            u[j] = __ldg(rb + (nr < BN && n0 + nr < a.k ? (n0 + nr) * hwo : 0));
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int nr = nr4 + j * kRowStep;
+          if (nr >= BN || n0 + nr >= a.k) break;
+          const float v = cs[nr * T::kLdC + col];
+          yb[(n0 + nr) * hwo] = rb ? activate(a.res_act, v + u[j]) : v;
+        }
       }
     }
   }
