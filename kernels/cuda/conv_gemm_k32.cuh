@@ -387,15 +387,16 @@ __device__ __forceinline__ void direct_store(const GemmArgs& a, float (&acc)[MI]
     }
   }
   // The residual, then the stores; as in the halo kernel, also the faster order without one.
-  // The residual goes in rounds of 16 floats a thread, each round's loads issued before any is
-  // used, with no branch between them (an output not stored loads the residual's first element).
+  // The residual goes in rounds (16 floats a thread on wgmma, 4 x MI on mma.sync, whose larger
+  // rounds took up to 20 more registers), each round's loads issued before any is used, with no
+  // branch between them (an output not stored loads the residual's first element).
   // With the activation's branches after each load, the loads went out one at a time, a DRAM
   // round trip each: resnet50's residual 1x1 convs ran 3x slower than without one. All of them in
   // one round held as many registers as the accumulators, and the blocks an SM runs fell by a
   // third. 32-bit offsets (y and the residual span under 2^31 elements, conv_gemm checks): 64-bit
   // ones cost about five instructions a store.
   if (a.res) {
-    constexpr int kRound = MI >= 4 ? 1 : 4 / MI;  // ni a round
+    constexpr int kRound = MI >= 2 ? 1 : 4;  // ni a round (wgmma: MI = 1)
     // The offset of the residual under an output (channel of ni, e; pixel of p[mi]), or 0.
     const auto at = [&](int ni, int e, int mi, const int (&rp)[MI], const int (&p)[MI]) {
       const int c = n + 8 * ni + 2 * t + e;
