@@ -23,6 +23,16 @@ bool reads_upsampled(const Plan& plan, const std::vector<bool>& in_place, size_t
   return u < in_place.size() && in_place[u];
 }
 
+// The prologue node i, a fused conv, applies to its input at run time (NodePlan::pro): the
+// executor folds it while copy avoidance is on. Null where none.
+const Node* prologue_node(const Plan& plan, const std::vector<bool>& in_place, size_t i) {
+  const NodePlan& np = plan.nodes[i];
+  if (!np.pro) return nullptr;
+  const Node* ew = plan.graph.find_node(np.pro->node);
+  const size_t e = ew ? size_t(ew - plan.graph.nodes.data()) : in_place.size();
+  return e < in_place.size() && in_place[e] ? ew : nullptr;
+}
+
 // Node i's kernel and the rule that chose it (node_choices adds the tiles).
 NodeChoice kernel_and_rule(const Plan& plan, const std::vector<bool>& in_place, size_t i) {
   const auto masked = [&](size_t j) { return j < in_place.size() && in_place[j]; };
@@ -32,6 +42,9 @@ NodeChoice kernel_and_rule(const Plan& plan, const std::vector<bool>& in_place, 
     return {"folded", fmt::format("no kernel: {} reads its input upsampled", np.folded_into)};
   if (masked(i) && node.op == OpKind::MaxPool2d)
     return {"folded", fmt::format("no kernel: {} makes it on its staged plane", np.folded_into)};
+  if (masked(i) && node.op == OpKind::FusedElementwise)
+    return {"folded", fmt::format("no kernel: {} applies it to the values it loads (a prologue)",
+                                  np.folded_into)};
   if (masked(i) && node.op == OpKind::FusedConv2d) {
     const Node* host = plan.graph.find_node(np.folded_into);
     if (host && plan.nodes[size_t(host - plan.graph.nodes.data())].post)
@@ -67,6 +80,14 @@ NodeChoice kernel_and_rule(const Plan& plan, const std::vector<bool>& in_place, 
                           "outputs never stored",
                           np.rule, np.post->node, np.post->shape.c, np.post->shape.k)};
   }
+  if (const Node* ew = prologue_node(plan, in_place, i)) {
+    const FoldedPrologue& p = *np.pro;
+    const std::string ops = fmt::format(
+        "{}{}{}", p.scale >= 0 ? "scale, " : "", p.shift >= 0 ? "shift, " : "",
+        p.act.kind == Activation::Relu ? "relu" : "no activation");
+    return {np.kernel, fmt::format("{}; applies {} ({}) to {} as it loads it", np.rule, ew->name,
+                                   ops, ew->inputs[0])};
+  }
   return {np.kernel, np.rule};
 }
 
@@ -85,7 +106,8 @@ std::string launch_tiles(const Plan& plan, const std::vector<bool>& in_place,
   if (kernel == "gemm pair") return conv_pair_tiles_str();
   if (n.op == OpKind::FusedConv2d || n.op == OpKind::Conv2d) {
     ConvShape cs = conv_shape(g, n);
-    const auto at = places.find(n.inputs[0]);
+    const Node* pro = prologue_node(plan, in_place, i);  // then it reads that node's input
+    const auto at = places.find(pro ? pro->inputs[0] : n.inputs[0]);
     const ValuePlace x = at == places.end() ? ValuePlace{} : at->second;
     cs.x_stride = x.item_stride;
     const bool aligned = x.offset % 4 == 0;  // allocations are 256-byte aligned (kAlign)
@@ -100,7 +122,8 @@ std::string launch_tiles(const Plan& plan, const std::vector<bool>& in_place,
         const bool chain = kernel == "gemm chain";
         const bool residual = !chain && n.op == OpKind::FusedConv2d && n.inputs.size() > 4;
         const bool up = !chain && reads_upsampled(plan, in_place, i);
-        return gemm_launch_str(conv_gemm_launch(cs, np.tiles, {aligned, residual, up}));
+        return gemm_launch_str(
+            conv_gemm_launch(cs, np.tiles, {aligned, residual, up, pro != nullptr}));
       }
     }
   }

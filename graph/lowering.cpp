@@ -695,6 +695,65 @@ void chain_pools(const Graph& g, std::vector<NodePlan>& nodes) {
   }
 }
 
+// The transform a fused_elementwise applies, where it is x [* scale] [+ shift] [relu] with
+// per-channel float32 constants (C values along dim 1 of a 4-D x) and x is not broadcast.
+std::optional<FoldedPrologue> prologue_of(const Graph& g, const Node& ew, int64_t c) {
+  const Shape& x = g.value(ew.inputs[0]).shape;
+  if (x.size() != 4 || x[1] != c || g.is_weight(ew.inputs[0]) ||
+      x != g.value(ew.outputs[0]).shape)
+    return std::nullopt;
+  const auto per_channel = [&](int operand) {
+    const std::string& name = ew.inputs[size_t(operand)];
+    if (!g.is_weight(name) || g.weights.at(name).data.dtype() != DType::F32) return false;
+    const Shape& s = g.value(name).shape;  // [C, 1, 1] or [1, C, 1, 1] against [N, C, H, W]
+    return (s.size() == 3 || s.size() == 4) && s[s.size() - 3] == c && shape_numel(s) == c;
+  };
+  const ChainProgram prog = node_chain(ew);
+  FoldedPrologue p;
+  p.node = ew.name;
+  int k = 0;
+  const auto binary = [&](Binary op, int& slot) {
+    if (k == prog.steps) return;
+    const ChainStep& st = prog.step[k];
+    if (st.operand > 0 && st.op == op && per_channel(st.operand)) slot = st.operand, ++k;
+  };
+  binary(Binary::Mul, p.scale);
+  binary(Binary::Add, p.shift);
+  if (k < prog.steps && prog.step[k].operand < 0 &&
+      (prog.step[k].act.kind == Activation::Relu || prog.step[k].act.kind == Activation::None))
+    p.act = prog.step[k++].act;
+  if (k != prog.steps || (p.scale < 0 && p.shift < 0)) return std::nullopt;
+  return p;
+}
+
+// DenseNet's batchnorm -> relu before each layer's 1x1 conv, a fused_elementwise only that conv
+// reads: the conv's kernel applies it to x as it loads it (FoldedPrologue), so the elementwise's
+// output, as large as x, is neither written nor read back. Exact for a 1x1 conv without padding
+// (no padded zeros to transform); past the input channels the direct kernel transforms nothing
+// and meets zero weights. Where the conv runs the wgmma direct kernel unsplit with no other fold.
+void fold_prologues(const Graph& g, std::vector<NodePlan>& nodes, const LowerOptions& options) {
+  if (!options.prologue || options.force || !options.profile.wgmma) return;
+  const UseIndex uses(g);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& conv = g.nodes[i];
+    NodePlan& np = nodes[i];
+    if (conv.op != OpKind::FusedConv2d || np.conv != ConvKernel::Gemm || !np.packed.defined() ||
+        np.tiles.splits != 1 || np.up || np.pre || np.post || !np.folded_into.empty())
+      continue;
+    if (conv_gemm_wgmma_kernel(np.tiles, conv_shape(g, conv)) != WgmmaKernel::Direct) continue;
+    const int e = uses.producer(conv.inputs[0]);
+    if (e < 0) continue;
+    const Node& ew = g.nodes[size_t(e)];
+    if (ew.op != OpKind::FusedElementwise || g.is_output(ew.outputs[0]) ||
+        uses.consumers(ew.outputs[0]).size() != 1 || !nodes[size_t(e)].folded_into.empty())
+      continue;
+    std::optional<FoldedPrologue> pro = prologue_of(g, ew, conv_shape(g, conv).c);
+    if (!pro) continue;
+    np.pro = std::move(pro);
+    nodes[size_t(e)].folded_into = conv.name;
+  }
+}
+
 }  // namespace
 
 Plan lower(Graph graph, const LowerOptions& options) {
@@ -762,6 +821,7 @@ Plan lower(Graph graph, const LowerOptions& options) {
     fold_conv_pairs(graph, plan.nodes, options);
     fold_conv_chains(graph, plan.nodes, options);
     chain_pools(graph, plan.nodes);
+    fold_prologues(graph, plan.nodes, options);
   }
   plan.graph = std::move(graph);
   return plan;

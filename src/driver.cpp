@@ -16,6 +16,7 @@ CompileOptions CompileOptions::with_env() const {
     o.in_place = false;
   if (const char* v = std::getenv("EPILOG_DISABLE_MEMORY_PLAN"); v && std::string(v) == "1")
     o.share_memory = false;
+  if (const char* v = std::getenv("EPILOG_PROLOGUE"); v && std::string(v) == "1") o.prologue = true;
   if (const char* v = std::getenv("EPILOG_FORCE_CONV_KERNEL"); v && *v) {
     o.force_conv = parse_conv_kernel(v);
     if (!o.force_conv) fail("EPILOG_FORCE_CONV_KERNEL='{}': expected scalar, tiled or gemm", v);
@@ -52,6 +53,7 @@ void lower_for(Graph graph, const CompileOptions& options, Compiled& c) {
   LowerOptions lo;
   lo.device = options.device;
   lo.force = options.force_conv;
+  lo.prologue = options.prologue;
   // Only a CUDA target asks for the local GPU: a compile for the CPU leaves CUDA uninitialised.
   if (options.device == Device::CUDA)
     if (auto local = cuda_device_profile()) lo.profile = *local;

@@ -29,8 +29,11 @@ inline Graph join_graph(bool up_first) {
 // A DenseNet block: each layer reads the concat of every feature before it ("cat<l>") through
 // batchnorm -> relu (an elementwise chain, fused) and a 3x3 conv that adds `growth` channels; the
 // block's input is an average pool. The executor runs the last concat ("cat_all") in place and
-// the others as its first channels; at batch > 1 all of them are strided slabs.
-inline Graph dense_block(int64_t batch, int64_t c0, int64_t growth, int64_t layers, int64_t size) {
+// the others as its first channels; at batch > 1 all of them are strided slabs. `bottleneck`:
+// DenseNet-BC's layers, batchnorm -> relu -> a 1x1 conv to that many channels -> batchnorm ->
+// relu -> the 3x3.
+inline Graph dense_block(int64_t batch, int64_t c0, int64_t growth, int64_t layers, int64_t size,
+                         int64_t bottleneck = 0) {
   Builder b(/*seed=*/11);
   Val x = b.input("x", {batch, 3, 2 * size, 2 * size});
   Val f0 = b.avgpool2d(b.conv2d(x, "stem", ConvOpts(c0, 3).padding(1)), PoolOpts(2), "pool");
@@ -39,6 +42,10 @@ inline Graph dense_block(int64_t batch, int64_t c0, int64_t growth, int64_t laye
     const std::string at = std::to_string(l);
     Val in = l == 0 ? f0 : b.concat(feats, 1, "cat" + at);
     Val act = b.relu(b.batchnorm(in, "bn" + at), "relu" + at);
+    if (bottleneck > 0) {  // DenseNet-BC's 1x1 first, its batchnorm -> relu fused into it
+      act = b.conv2d(act, "conv1x1_" + at, ConvOpts(bottleneck, 1));
+      act = b.relu(b.batchnorm(act, "bn1x1_" + at), "relu1x1_" + at);
+    }
     feats.push_back(b.conv2d(act, "conv" + at, ConvOpts(growth, 3).padding(1)));
   }
   b.output(b.relu(b.batchnorm(b.concat(feats, 1, "cat_all"), "bn_all"), "out"));

@@ -12,6 +12,7 @@
 #include "epilog/io/builder.h"
 #include "epilog/runtime/executor.h"
 #include "epilog/runtime/params.h"
+#include "test_graphs.h"
 #include "yolo_like.h"
 
 using namespace epilog;
@@ -1205,4 +1206,92 @@ TEST_CASE("kernel geometry: fast_div equals integer division below 2^31", "[lowe
   }
   CHECK(checked > 4000000);
   CHECK(wrong == 0);
+}
+
+TEST_CASE("lowering: DenseNet's batchnorm -> relu folds into the 1x1 conv that reads it (prologue)",
+          "[lowering]") {
+  LowerOptions cuda;
+  cuda.device = Device::CUDA;
+  cuda.prologue = true;
+  // Layers large enough for the wgmma direct kernel's tiles (m >= 64) on the 1x1s; the first
+  // reads 32 channels, too few for its tensor copies, the others 64 and 96.
+  Graph g = test::dense_block(/*batch=*/8, /*c0=*/32, /*growth=*/32, /*layers=*/3, /*size=*/32,
+                              /*bottleneck=*/128);
+  optimize(g);
+  const Plan p = lower(g, cuda);
+  const std::vector<bool> mask = in_place_mask(p);
+  const std::string text = explain(p, mask);
+  INFO(text);
+  const UseIndex uses(p.graph);
+  int folds = 0;
+  for (size_t i = 0; i < p.graph.nodes.size(); ++i) {
+    const Node& n = p.graph.nodes[i];
+    if (!p.nodes[i].pro) continue;
+    ++folds;
+    const int e = uses.producer(n.inputs[0]);
+    REQUIRE(e >= 0);
+    const Node& ew = p.graph.nodes[size_t(e)];
+    CHECK(ew.op == OpKind::FusedElementwise);
+    CHECK(p.nodes[i].pro->node == ew.name);
+    CHECK(p.nodes[size_t(e)].folded_into == n.name);
+    CHECK(p.nodes[i].pro->act == Activation::Relu);
+    CHECK(p.nodes[i].pro->scale > 0);
+    CHECK(p.nodes[i].pro->shift > 0);
+    CHECK(mask[size_t(e)]);
+    CHECK(conv_shape(p.graph, n).r == 1);
+  }
+  CHECK(folds == 3);  // each layer's 1x1; the 3x3s read their 1x1's output, the block's end none
+  CHECK_THAT(text, Catch::Contains("applies it to the values it loads (a prologue)") &&
+                       Catch::Contains("applies relu1 (scale, shift, relu) to cat1 as it loads") &&
+                       Catch::Contains("wgmma pro ") && Catch::Contains("wgmma tma pro "));
+  // Its output is never made: no block of the memory plan holds it.
+  const InPlacePlan ip = plan_in_place(p);
+  const MemoryPlan mp = plan_memory(p, ip, true);
+  for (size_t i = 0; i < p.graph.nodes.size(); ++i)
+    if (p.nodes[i].pro) {
+      const std::string& made = p.graph.nodes[size_t(uses.producer(p.graph.nodes[i].inputs[0]))]
+                                    .outputs[0];
+      CHECK(mp.blocks.count(made) == 0);
+    }
+
+  // Off by default (until its kernels have run on a GPU), on the CPU, under a forced kernel,
+  // without wgmma; with copy avoidance off the executor runs the elementwise.
+  LowerOptions off = cuda, cpu, forced = cuda, sync = cuda;
+  off.prologue = false;
+  cpu.prologue = true;
+  forced.force = ConvKernel::Gemm;
+  sync.profile.wgmma = false;
+  for (const LowerOptions& o : {off, cpu, forced, sync}) {
+    const Plan q = lower(g, o);
+    for (const NodePlan& np : q.nodes) CHECK_FALSE(np.pro);
+  }
+  Plan copies = p;
+  copies.in_place = false;
+  CHECK_THAT(explain(copies, in_place_mask(copies)), !Catch::Contains("prologue"));
+
+  // Refused: the elementwise read twice, a graph output, an activation other than relu, an
+  // operand that is not per channel, a 3x3 conv reading it.
+  const auto folded = [&](Graph h) {
+    optimize(h);
+    const Plan q = lower(h, cuda);
+    return std::any_of(q.nodes.begin(), q.nodes.end(), [](const NodePlan& np) {
+      return np.pro.has_value();
+    });
+  };
+  const auto graph = [](int variant) {
+    Builder b(5);
+    Val x = b.input("x", {8, 64, 32, 32});
+    Val t = b.batchnorm(x, "bn");
+    t = variant == 2 ? b.silu(t, "act") : b.relu(t, "act");
+    if (variant == 3) t = b.add(t, b.input("full", {8, 64, 32, 32}), "plus");
+    const Val y = b.conv2d(t, "conv", ConvOpts(64, variant == 4 ? 3 : 1).padding(variant == 4));
+    b.output(y);
+    if (variant == 1) b.output(t);
+    return b.build();
+  };
+  CHECK(folded(graph(0)));
+  CHECK_FALSE(folded(graph(1)));  // a graph output (and read twice)
+  CHECK_FALSE(folded(graph(2)));  // silu
+  CHECK_FALSE(folded(graph(3)));  // adds a full tensor
+  CHECK_FALSE(folded(graph(4)));  // a 3x3 conv
 }

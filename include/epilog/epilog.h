@@ -29,6 +29,7 @@ struct CompileOptions {
   int sm_count = 0;          // 0: the local GPU's, else the default H200 profile
   bool in_place = true;      // the executor's copy avoidance (Plan::in_place)
   bool share_memory = true;  // the executor's memory plan (Plan::share_memory)
+  bool prologue = false;     // LowerOptions::prologue (EPILOG_PROLOGUE=1)
 
   // Applies the EPILOG_* environment switches on top of these options.
   CompileOptions with_env() const;

@@ -153,7 +153,8 @@ bool wgmma_available() {
 
 void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const float* w,
                const float* scale, const float* shift, Act act, float* y, Stream stream,
-               ConvResidual residual, const float* packed, const ConvUpsampledInput* up) {
+               ConvResidual residual, const float* packed, const ConvUpsampledInput* up,
+               const ConvPrologue* pro) {
   if (s.groups != 1) reject("groups must be 1, got " + std::to_string(s.groups));
   const auto in = [](int v, std::initializer_list<int> set) {
     for (int e : set)
@@ -200,8 +201,8 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   check_ranges(s);
 
   // What runs: conv_gemm_launch's answer, as explain prints it.
-  const GemmLaunch l =
-      conv_gemm_launch(s, tiles, {aligned16(x), residual.x != nullptr, up != nullptr});
+  const GemmLaunch l = conv_gemm_launch(
+      s, tiles, {aligned16(x), residual.x != nullptr, up != nullptr, pro != nullptr});
   const ConvTiles& t = l.tiles;
   if (t.splits > 1 && !detail::device_sm90())
     reject("splits=" + std::to_string(t.splits) +
@@ -218,6 +219,11 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
   // -- the k = 32 kernels: direct or gather --
   const bool direct = l.path == GemmPath::Direct;
   if (up && !direct) reject("an upsampled input needs a 16-byte aligned x");
+  if (pro && !(direct && t.wgmma && t.splits == 1 && !up))
+    reject("a prologue runs on the wgmma direct kernel alone, unsplit, on a 16-byte aligned x; "
+           "got " + gemm_launch_str(l));
+  if (pro && pro->act.kind != Activation::None && pro->act.kind != Activation::Relu)
+    reject("a prologue's activation is relu or none");
   if (l.tma && !(direct && t.wgmma)) reject("tensor copies on another kernel than wgmma's direct");
 
   GemmArgs a{};
@@ -277,7 +283,11 @@ void conv_gemm(const ConvShape& s, const ConvTiles& tiles, const float* x, const
       a.plane = int(direct_tma_plane(s, t));
       a.m = int(s.n) * a.plane;
     }
-    return launch_k32_wgmma(a, t, !direct, up != nullptr, stream);
+    if (pro) {
+      a.pro_scale = pro->scale, a.pro_shift = pro->shift;
+      a.pro_relu = pro->act.kind == Activation::Relu;
+    }
+    return launch_k32_wgmma(a, t, !direct, up != nullptr, pro != nullptr, stream);
   }
   launch_k32(a, t, direct, stream);
 }

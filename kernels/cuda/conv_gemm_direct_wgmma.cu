@@ -82,7 +82,22 @@ struct TmaA {
   }
 };
 
-template <int BM, int BN, bool Gather, bool Split, bool Up = false, bool Tma = false>
+// Pro (GemmArgs::pro_*): channel c's values of x scaled, shifted and activated as the fragments
+// are loaded, before their rounding to TF32; the rows past x's channels, zero, stay so.
+__device__ __forceinline__ void apply_prologue(const GemmArgs& a, int c, float2& v) {
+  if (c >= a.c) return;
+  const float sc = a.pro_scale ? __ldg(a.pro_scale + c) : 1.0f;
+  const float sh = a.pro_shift ? __ldg(a.pro_shift + c) : 0.0f;
+  v.x = fmaf(v.x, sc, sh);
+  v.y = fmaf(v.y, sc, sh);
+  if (a.pro_relu) {
+    v.x = activate(Act(Activation::Relu), v.x);
+    v.y = activate(Act(Activation::Relu), v.y);
+  }
+}
+
+template <int BM, int BN, bool Gather, bool Split, bool Up = false, bool Tma = false,
+          bool Pro = false>
 __global__ void __launch_bounds__(WgDirectTile<BM, BN, Tma>::kThreads,
                                   WgDirectTile<BM, BN, Tma>::kMinBlocks)
     conv_direct_wgmma_kernel(const GemmArgs a, const __grid_constant__ CUtensorMap xmap) {
@@ -176,8 +191,13 @@ __global__ void __launch_bounds__(WgDirectTile<BM, BN, Tma>::kThreads,
     uint32_t af[kBK / 8][4];
 #pragma unroll
     for (int ks = 0; ks < kBK / 8; ++ks) {
-      const float2 lo = *reinterpret_cast<const float2*>(as + a_lo + kStepA * ks);
-      const float2 hi = *reinterpret_cast<const float2*>(as + a_hi + kStepA * ks);
+      float2 lo = *reinterpret_cast<const float2*>(as + a_lo + kStepA * ks);
+      float2 hi = *reinterpret_cast<const float2*>(as + a_hi + kStepA * ks);
+      if constexpr (Pro) {  // rows lo and hi: input channels c and c + 1 (unsplit: kt counts)
+        const int c = kt * kBK + 8 * ks + 2 * t;
+        apply_prologue(a, c, lo);
+        apply_prologue(a, c + 1, hi);
+      }
       af[ks][0] = to_tf32(lo.x);
       af[ks][1] = to_tf32(lo.y);
       af[ks][2] = to_tf32(hi.x);
@@ -242,7 +262,8 @@ CUtensorMap x_tensor_map(const GemmArgs& a) {
 }
 
 // Up: the direct kernel reading channels through a folded upsampling (DirectUpA; unsplit).
-template <int BM, int BN, bool Gather, bool Up = false>
+// Pro: the direct kernel with a prologue (unsplit, not gathered), by cp.async or tensor copies.
+template <int BM, int BN, bool Gather, bool Up = false, bool Pro = false>
 void launch_direct_wgmma(const GemmArgs& a, Stream stream) {
   using T = WgDirectTile<BM, BN>;
   const int64_t tiles = (int64_t(a.m) + BM - 1) / BM * a.n_tiles;
@@ -252,6 +273,14 @@ void launch_direct_wgmma(const GemmArgs& a, Stream stream) {
   if constexpr (Up) {
     launch_persistent<T, conv_direct_wgmma_kernel<BM, BN, false, false, true>>(a, tiles, smem,
                                                                                stream, none);
+  } else if constexpr (Pro) {
+    using TT = WgDirectTile<BM, BN, true>;
+    if (a.tma)
+      launch_persistent<TT, conv_direct_wgmma_kernel<BM, BN, false, false, false, true, true>>(
+          a, tiles, TT::smem_bytes(a.stages), stream, x_tensor_map(a));
+    else
+      launch_persistent<T, conv_direct_wgmma_kernel<BM, BN, false, false, false, false, true>>(
+          a, tiles, smem, stream, none);
   } else if (a.splits > 1) {
     auto kernel = conv_direct_wgmma_kernel<BM, BN, Gather, true>;
     static std::atomic<uint64_t> opted_in{0};
@@ -268,21 +297,21 @@ void launch_direct_wgmma(const GemmArgs& a, Stream stream) {
   }
   check_launch("conv_gemm");
   log_launch("gemm", [&] {
-    const bool split = !Up && a.splits > 1, tma = !Up && !split && !Gather && a.tma;
-    return std::string(Gather ? "gather " : "direct ") +
-           conv_tiles_str({BM, BN, kBK, a.stages, split ? a.splits : 1, true}, tma, Up);
+    const bool split = !Up && !Pro && a.splits > 1, tma = !Up && !split && !Gather && a.tma;
+    const ConvTiles t{BM, BN, kBK, a.stages, split ? a.splits : 1, true};
+    return std::string(Gather ? "gather " : "direct ") + conv_tiles_str(t, tma, Up, false, Pro);
   });
 }
 
-// The wgmma k = 32 tiles (conv_gemm checks them): the direct kernel's, or Gather, or Up.
-template <bool Gather, bool Up = false>
+// The wgmma k = 32 tiles (conv_gemm checks them): the direct kernel's, or Gather, or Up, or Pro.
+template <bool Gather, bool Up = false, bool Pro = false>
 void dispatch_direct_wgmma(const ConvTiles& t, const GemmArgs& a, Stream stream) {
   using detail::Tile;
   using Built = detail::TileList<Tile<64, 32>, Tile<64, 64>, Tile<64, 128>, Tile<128, 32>,
                                  Tile<128, 64>, Tile<128, 128>>;
   const auto run = [&](auto tile) {
     using T = decltype(tile);
-    launch_direct_wgmma<T::m, T::n, Gather, Up>(a, stream);
+    launch_direct_wgmma<T::m, T::n, Gather, Up, Pro>(a, stream);
   };
   if (!detail::dispatch_tile(Built{}, t.m, t.n, run))
     reject("no wgmma k = 32 kernel built for " + std::to_string(t.m) + "x" + std::to_string(t.n));
@@ -290,8 +319,10 @@ void dispatch_direct_wgmma(const ConvTiles& t, const GemmArgs& a, Stream stream)
 
 }  // namespace
 
-void launch_k32_wgmma(const GemmArgs& a, const ConvTiles& t, bool gather, bool up, Stream stream) {
+void launch_k32_wgmma(const GemmArgs& a, const ConvTiles& t, bool gather, bool up, bool pro,
+                      Stream stream) {
   if (up) return dispatch_direct_wgmma<false, true>(t, a, stream);
+  if (pro) return dispatch_direct_wgmma<false, false, true>(t, a, stream);
   return gather ? dispatch_direct_wgmma<true>(t, a, stream)
                 : dispatch_direct_wgmma<false>(t, a, stream);
 }

@@ -134,6 +134,10 @@ struct GemmArgs {
   // plane is up_w wide and up_hw in all, its images up_xs apart.
   const float* up_x;
   int up_c0, up_c, up_sh, up_w, up_hw, up_xs;
+  // The direct wgmma kernel's prologue (cuda::ConvPrologue): x[c] * pro_scale[c] + pro_shift[c],
+  // then relu where pro_relu, for each input channel c < c as it loads A.
+  const float *pro_scale, *pro_shift;
+  bool pro_relu;
 };
 
 
@@ -478,8 +482,10 @@ void launch_persistent(const GemmArgs& a, int64_t tiles, size_t smem, Stream str
 
 
 // The launches of conv_gemm_k32.cu (mma.sync: gather or direct) and conv_gemm_direct_wgmma.cu
-// (gather: GatherA; up: DirectUpA), for the tiles conv_gemm checked and conv_gemm_launch sized.
+// (gather: GatherA; up: DirectUpA; pro: a prologue), for the tiles conv_gemm checked and
+// conv_gemm_launch sized.
 void launch_k32(const GemmArgs& a, const ConvTiles& t, bool direct, Stream stream);
-void launch_k32_wgmma(const GemmArgs& a, const ConvTiles& t, bool gather, bool up, Stream stream);
+void launch_k32_wgmma(const GemmArgs& a, const ConvTiles& t, bool gather, bool up, bool pro,
+                      Stream stream);
 
 }  // namespace epilog::cuda::conv_gemm_detail

@@ -284,10 +284,10 @@ void conv(const Ctx& c, In in, Out out) {
   if (k != ConvKernel::Scalar && (c.plan.tiles.m <= 0 || c.plan.tiles.n <= 0))
     fail("[{}] node '{}': the plan picks the {} kernel but gives no tile sizes", op_name(c.node.op),
          c.node.name, conv_kernel_name(k));
-  if (in.size() > c.node.inputs.size() && (k != ConvKernel::Gemm || !c.plan.up))
+  if (in.size() > c.node.inputs.size() && (k != ConvKernel::Gemm || (!c.plan.up && !c.plan.pro)))
     fail(
-        "[{}] node '{}': handed the source of a folded upsampling, but the plan has the {} "
-        "kernel read none",
+        "[{}] node '{}': handed the operands of a folded node, but the plan has the {} kernel "
+        "read none",
         op_name(c.node.op), c.node.name, conv_kernel_name(k));
   switch (k) {
     case ConvKernel::Scalar:
@@ -304,9 +304,32 @@ void conv(const Ctx& c, In in, Out out) {
         up = {dev(source),        c.plan.up->c0,      c.plan.up->channels,
               c.plan.up->scale_h, c.plan.up->scale_w, source.item_stride()};
       }
+      // A prologue: x is the elementwise's input, its scale and shift follow the conv's inputs.
+      cuda::ConvPrologue pro;
+      const bool transformed = c.plan.pro && in.size() > c.node.inputs.size();
+      if (transformed) {
+        const FoldedPrologue& p = *c.plan.pro;
+        const size_t want = c.node.inputs.size() + (p.scale >= 0) + (p.shift >= 0);
+        if (in.size() != want)
+          fail("[{}] node '{}': its prologue '{}' takes {} operands, handed {}",
+               op_name(c.node.op), c.node.name, p.node, want - c.node.inputs.size(),
+               in.size() - c.node.inputs.size());
+        size_t at = c.node.inputs.size();
+        const auto operand = [&](int k) -> const float* {
+          if (k < 0) return nullptr;
+          const Tensor& t = in[at++];
+          if (t.numel() != cs.c)
+            fail("[{}] node '{}': its prologue's operand has {} values for {} channels",
+                 op_name(c.node.op), c.node.name, t.numel(), cs.c);
+          return dev(t);
+        };
+        pro.scale = operand(p.scale);
+        pro.shift = operand(p.shift);
+        pro.act = p.act;
+      }
       return cuda::conv_gemm(cs, c.plan.tiles, x, w, scale, shift, act, y, c.stream, res,
                              c.plan.packed.defined() ? dev(c.plan.packed) : nullptr,
-                             folded ? &up : nullptr);
+                             folded ? &up : nullptr, transformed ? &pro : nullptr);
     }
   }
 }

@@ -56,13 +56,15 @@ Executor::Executor(Plan plan, Backend& backend,
   in_place_ = plan_in_place(plan_);
   share_memory_ = plan_.share_memory;
   // Free each intermediate right after its last reader (a conv that reads through a folded
-  // upsampling reads its source, a conv pair the folded conv's input).
+  // upsampling reads its source, a conv pair the folded conv's input, a conv with a prologue the
+  // elementwise's).
   std::map<std::string, size_t> last_use;
   for (size_t i = 0; i < graph().nodes.size(); ++i) {
     for (const std::string& in : graph().nodes[i].inputs) last_use[in] = i;
     if (in_place_.up[i] >= 0) last_use[plan_.nodes[i].up->source] = i;
-    if (in_place_.pre[i] >= 0)
-      for (const std::string& in : graph().nodes[size_t(in_place_.pre[i])].inputs) last_use[in] = i;
+    for (const int f : {in_place_.pre[i], in_place_.pro[i]})
+      if (f >= 0)
+        for (const std::string& in : graph().nodes[size_t(f)].inputs) last_use[in] = i;
     for (const std::string& out : graph().nodes[i].outputs) last_use.emplace(out, i);
   }
   release_after_.resize(graph().nodes.size());
@@ -243,8 +245,9 @@ InPlacePlan plan_in_place(const Plan& plan) {
   const UseIndex uses(g);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (plan.nodes[i].folded_into.empty()) continue;
-    // Made by the chain's first pool; made by the conv that reads it.
-    if (g.nodes[i].op == OpKind::MaxPool2d || g.nodes[i].op == OpKind::FusedConv2d) {
+    // Made by the chain's first pool; made by the conv that reads it; applied by the conv.
+    if (g.nodes[i].op == OpKind::MaxPool2d || g.nodes[i].op == OpKind::FusedConv2d ||
+        g.nodes[i].op == OpKind::FusedElementwise) {
       ip.folded[i] = true;
       continue;
     }
@@ -261,10 +264,12 @@ InPlacePlan plan_in_place(const Plan& plan) {
   ip.up.assign(g.nodes.size(), -1);
   ip.pre.assign(g.nodes.size(), -1);
   ip.post.assign(g.nodes.size(), -1);
+  ip.pro.assign(g.nodes.size(), -1);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (plan.nodes[i].up) ip.up[i] = folded_at(plan.nodes[i].up->node);
     if (plan.nodes[i].pre) ip.pre[i] = folded_at(plan.nodes[i].pre->node);
     if (plan.nodes[i].post) ip.post[i] = folded_at(plan.nodes[i].post->node);
+    if (plan.nodes[i].pro) ip.pro[i] = folded_at(plan.nodes[i].pro->node);
   }
   return ip;
 }
@@ -440,23 +445,32 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
   };
   for (size_t i = 0; i < graph().nodes.size(); ++i) {
     const Node& node = graph().nodes[i];
-    if (in_place_on_ && in_place_.folded[i] && node.op == OpKind::FusedConv2d) {
-      // A conv whose work a neighbour's kernel does (a conv pair or chain): nothing runs here.
+    if (in_place_on_ && in_place_.folded[i] &&
+        (node.op == OpKind::FusedConv2d || node.op == OpKind::FusedElementwise)) {
+      // A conv whose work a neighbour's kernel does (a conv pair or chain), an elementwise the
+      // conv reading it applies (a prologue): nothing runs here.
       if (profile_) timings_.push_back({node.name, node.op, 0.0});
       if (progress_) progress_(i + 1, graph().nodes.size());
       continue;
     }
     std::vector<Tensor> ins;
-    const Node* first =
-        in_place_on_ && in_place_.pre[i] >= 0 ? &graph().nodes[size_t(in_place_.pre[i])] : nullptr;
+    // The node folded into this one's loads (a conv pair's first conv, a prologue's elementwise):
+    // its input takes its output's place.
+    const int into = in_place_on_ ? std::max(in_place_.pre[i], in_place_.pro[i]) : -1;
+    const Node* first = into >= 0 ? &graph().nodes[size_t(into)] : nullptr;
     for (const std::string& in : node.inputs)
       ins.push_back(first && in == first->outputs[0] ? value(first->inputs[0]) : value(in));
-    // A folded conv's weight, scale and shift follow (FoldedConv): for a pair its input took its
-    // output's place; a chain makes the 1x1's outputs instead of its own.
+    // Then a prologue's scale and shift (FoldedPrologue), or a folded conv's weight, scale and
+    // shift (FoldedConv): for a pair its input took its output's place; a chain makes the 1x1's
+    // outputs instead of its own.
+    const bool pro = in_place_on_ && in_place_.pro[i] >= 0;
+    if (pro)
+      for (const int k : {plan_.nodes[i].pro->scale, plan_.nodes[i].pro->shift})
+        if (k >= 0) ins.push_back(value(first->inputs[size_t(k)]));
     const Node* second = in_place_on_ && in_place_.post[i] >= 0
                              ? &graph().nodes[size_t(in_place_.post[i])]
                              : nullptr;
-    for (const Node* f : {first, second})
+    for (const Node* f : {pro ? nullptr : first, second})
       if (f)
         for (size_t j = 1; j < f->inputs.size(); ++j) ins.push_back(value(f->inputs[j]));
     const std::vector<std::string>& out_names = second ? second->outputs : node.outputs;

@@ -40,8 +40,11 @@ MemoryPlan plan_memory(const Plan& plan, const InPlacePlan& ip, bool in_place) {
   // What node i reads and makes as Executor::execute runs it.
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& node = g.nodes[i];
-    if (in_place && ip.folded[i] && node.op == OpKind::FusedConv2d) continue;  // a neighbour's
-    const Node* first = in_place && ip.pre[i] >= 0 ? &g.nodes[size_t(ip.pre[i])] : nullptr;
+    if (in_place && ip.folded[i] &&
+        (node.op == OpKind::FusedConv2d || node.op == OpKind::FusedElementwise))
+      continue;  // a neighbour's
+    const int f = in_place ? std::max(ip.pre[i], ip.pro[i]) : -1;  // at most one of them
+    const Node* first = f >= 0 ? &g.nodes[size_t(f)] : nullptr;
     const Node* second = in_place && ip.post[i] >= 0 ? &g.nodes[size_t(ip.post[i])] : nullptr;
     for (const std::string& in : node.inputs)
       touch(first && in == first->outputs[0] ? first->inputs[0] : in, i);

@@ -119,10 +119,20 @@ TEST_CASE("gpu launch: models/*.json and the YOLO-like model at batch 2 launch w
       check_launches(name + (in_place ? "" : ", copied"), c.plan, covered);
     }
   }
+  // A DenseNet-BC block with its batchnorm -> relu folded into the 1x1s' loads (prologues).
+  CompileOptions pro;
+  pro.device = Device::CUDA;
+  pro.prologue = true;
+  check_launches("DenseNet-BC block, prologues",
+                 compile(test::dense_block(8, 32, 32, 3, 32, 128), pro).plan, covered);
   std::string all;
   for (const std::string& f : covered) all += "\n  " + f;
   INFO("covered:" << all);
   CHECK(std::any_of(covered.begin(), covered.end(),
                     [](const std::string& f) { return f.rfind("gemm ", 0) == 0; }));
   CHECK(covered.count("scalar depthwise") == 1);  // effnet_like's depthwise convs
+  if (cuda_device_profile() && cuda_device_profile()->wgmma) {
+    CHECK(covered.count("gemm direct wgmma pro") == 1);
+    CHECK(covered.count("gemm direct wgmma tma pro") == 1);
+  }
 }

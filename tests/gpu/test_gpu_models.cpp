@@ -119,9 +119,11 @@ struct OnOff {
   std::vector<std::string> no_kernel;
   std::map<std::string, Tensor> on, off;
 };
-OnOff run_on_off(const Graph& g, const std::map<std::string, Tensor>& inputs) {
+OnOff run_on_off(const Graph& g, const std::map<std::string, Tensor>& inputs,
+                 bool prologue = false) {
   CompileOptions o;
   o.device = Device::CUDA;
+  o.prologue = prologue;
   Compiled c = compile(g, o);
   std::unique_ptr<Backend> backend = make_backend(Device::CUDA);
   Executor on(c.plan, *backend), off(c.plan, *backend);
@@ -270,6 +272,27 @@ TEST_CASE("gpu executor: a DenseNet block's concats as views of the last one's b
   for (const auto& [name, t] : r.off) {
     INFO("output " << name);
     CHECK(std::memcmp(r.on.at(name).raw(), t.raw(), t.nbytes()) == 0);
+  }
+}
+
+TEST_CASE("gpu executor: DenseNet's batchnorm -> relu as its 1x1 conv's prologue matches the CPU",
+          "[gpu][models][prologue][sm90a]") {
+  // A DenseNet-BC block at batch 8 on 32x32 planes: each layer's batchnorm -> relu folded into
+  // the loads of its 1x1 conv, the wgmma direct kernel (by cp.async on the first layer's 32
+  // channels, by tensor copies on the others' 64 and 96), reading the concats' strided slabs.
+  // The folded run and the run with copy avoidance off (the elementwise as its own kernel) must
+  // both match the CPU.
+  const Graph g = test::dense_block(8, 32, 32, 3, 32, 128);
+  const std::map<std::string, Tensor> inputs = random_inputs(g, 80);
+  const std::map<std::string, Tensor>& ref = reference("dense_block bc", g, inputs);
+  const OnOff r = run_on_off(g, inputs, /*prologue=*/true);
+  for (const char* folded : {"relu0", "relu1", "relu2"}) {
+    INFO(folded);
+    CHECK(std::find(r.no_kernel.begin(), r.no_kernel.end(), folded) != r.no_kernel.end());
+  }
+  for (const auto& [name, want] : ref) {
+    check_output(r.on.at(name), want, test::kTf32Graph, "prologues, " + name);
+    check_output(r.off.at(name), want, test::kTf32Graph, "no prologues, " + name);
   }
 }
 

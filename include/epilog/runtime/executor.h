@@ -74,8 +74,9 @@ struct InPlacePlan {
   std::vector<bool> folded;
   // By node, the node folded into it, or -1 (empty from the Graph form): the upsampling a conv
   // reads through (NodePlan::up), the conv before it whose input it reads (NodePlan::pre), the
-  // 1x1 conv it runs on its accumulators (NodePlan::post).
-  std::vector<int> up, pre, post;
+  // 1x1 conv it runs on its accumulators (NodePlan::post), the elementwise it applies to its
+  // input (NodePlan::pro).
+  std::vector<int> up, pre, post, pro;
   std::map<std::string, Slot> slots;
   // Whether node i runs without a kernel: a view, an in-place concat or a folded node.
   bool no_kernel(size_t i) const {

@@ -47,6 +47,18 @@ struct FoldedConv {
   Act act;
 };
 
+// A fused_elementwise that only scales, shifts (per input channel) and activates the input of
+// the 1x1 conv that alone reads it (DenseNet's batchnorm -> relu before each layer's 1x1): the
+// conv's kernel applies it to the values it loads, so the elementwise writes nothing. Lowering
+// folds where the conv runs the wgmma direct kernel unsplit and LowerOptions::prologue is on; the
+// executor applies it while copy avoidance is on. `scale` and `shift` index the elementwise's
+// inputs (-1: none), each a per-channel constant.
+struct FoldedPrologue {
+  std::string node;  // the fused_elementwise
+  int scale = -1, shift = -1;
+  Act act;  // relu or none
+};
+
 struct NodePlan {
   std::string kernel;  // "scalar", "tiled", "gemm" for fused_conv2d on CUDA; else the op's
   std::string rule;    // why this kernel (the selector's rule, or the override)
@@ -58,13 +70,14 @@ struct NodePlan {
   // fused_conv2d: the 1x1 conv after it, run on its accumulators; `packed` then ends in that
   // conv's weights, scale and shift (pack_conv_chain).
   std::optional<FoldedConv> post;
+  std::optional<FoldedPrologue> pro;  // fused_conv2d: a per-channel transform of its input
   // maxpool2d: the max-pools after it that its kernel computes too (SPPF's cascade: each pools
   // the one before, with the same "same" window; kMaxPoolChain in all at most).
   std::vector<std::string> chain;
   // The node that does this one's work in its place: for an upsample_nearest the fused_conv2d
   // that reads its input, for a folded fused_conv2d the one that reads its output (a pair's
   // first conv) or whose output it reads (a chain's 1x1), for a chained maxpool2d the chain's
-  // first pool.
+  // first pool, for a folded fused_elementwise the conv that applies it (FoldedPrologue).
   std::string folded_into;
 };
 

@@ -50,13 +50,22 @@ struct ConvUpsampledInput {
   int64_t scale_h = 1, scale_w = 1;
   int64_t image = 0;
 };
+// x[c] -> act(x[c] * scale[c] + shift[c]) on each input channel c as the conv loads it (a null
+// scale is 1, a null shift 0; act relu or none): a fused_elementwise folded into its conv
+// (FoldedPrologue).
+struct ConvPrologue {
+  const float* scale = nullptr;
+  const float* shift = nullptr;
+  Act act;
+};
 // t.wgmma (the 3x3 halo and 1x1 direct kernels on warpgroup MMA) also needs `packed`: w packed
 // on the device as pack_wgmma_weights (shapes.h) lays it out for tiles t. `up`, where given,
-// needs tiles and scales that take it (conv_gemm_upsample_fits: 2 across); else it throws.
+// needs tiles and scales that take it (conv_gemm_upsample_fits: 2 across), `pro` tiles that run
+// the wgmma direct kernel unsplit on a 16-byte aligned x; else it throws.
 void conv_gemm(const ConvShape& s, const ConvTiles& t, const float* x, const float* w,
                const float* scale, const float* shift, Act act, float* y, Stream stream,
                ConvResidual residual = {}, const float* packed = nullptr,
-               const ConvUpsampledInput* up = nullptr);
+               const ConvUpsampledInput* up = nullptr, const ConvPrologue* pro = nullptr);
 // Two fused convs in a row as one kernel (conv_pair_fits): y = B(A(x)), A's output never
 // stored. a and b are their shapes (b's input is A's output), the weights as stored. Needs what
 // the wgmma kernels need (wgmma_available); else, or on other shapes, it throws.

@@ -21,13 +21,14 @@ struct ConvOperands {
   bool x_aligned = true;  // x starts on a 16-byte boundary
   bool residual = false;  // a residual is added (fused_conv2d's fifth input)
   bool up = false;        // gemm reads a run of x's channels through a folded upsampling
+  bool pro = false;       // gemm scales, shifts and activates x as it loads it (a prologue)
 };
 
 // The tiles as explain's tiles column shows them and the launchers record them:
-// "m=.. n=.. [k=..] [stages=..] [splits=..] [wgmma] [tma] [up] [wide] [persistent]" (no stages
-// for the persistent halo kernel: it stages a square's whole reduction).
+// "m=.. n=.. [k=..] [stages=..] [splits=..] [wgmma] [tma] [up] [pro] [wide] [persistent]" (no
+// stages for the persistent halo kernel: it stages a square's whole reduction).
 inline std::string conv_tiles_str(const ConvTiles& t, bool tma = false, bool up = false,
-                                  bool wide = false) {
+                                  bool wide = false, bool pro = false) {
   std::string s = "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n);
   if (t.k) s += " k=" + std::to_string(t.k);
   if (t.stages && !t.persistent) s += " stages=" + std::to_string(t.stages);
@@ -35,6 +36,7 @@ inline std::string conv_tiles_str(const ConvTiles& t, bool tma = false, bool up 
   if (t.wgmma) s += " wgmma";
   if (tma) s += " tma";
   if (up) s += " up";
+  if (pro) s += " pro";
   if (wide) s += " wide";
   if (t.persistent) s += " persistent";
   return s;
@@ -70,12 +72,14 @@ struct GemmLaunch {
   ConvTiles tiles;    // as the kernel runs them: its stages and splits, wgmma, persistent
   bool tma = false;   // Direct on wgmma: A by tensor copies
   bool up = false;    // Direct on wgmma: channels read through the folded upsampling
+  bool pro = false;   // Direct on wgmma: x scaled, shifted and activated as it is loaded
   bool wide = false;  // Halo on wgmma: the patch staged as wide rows (halo_wgmma_wide)
 };
 
 // "<path> <tiles>", as explain's tiles column shows a gemm launch.
 inline std::string gemm_launch_str(const GemmLaunch& l) {
-  return std::string(gemm_path_name(l.path)) + " " + conv_tiles_str(l.tiles, l.tma, l.up, l.wide);
+  return std::string(gemm_path_name(l.path)) + " " +
+         conv_tiles_str(l.tiles, l.tma, l.up, l.wide, l.pro);
 }
 
 // The mma.sync halo kernel's deepest pipeline for m / 64 squares by n channels at `stride`
@@ -147,6 +151,7 @@ inline GemmLaunch conv_gemm_launch(const ConvShape& s, const ConvTiles& tiles,
   l.path = direct ? GemmPath::Direct : GemmPath::Gather;
   l.tma = t.wgmma && direct && !o.up && conv_gemm_direct_tma(s, t);
   l.up = o.up;
+  l.pro = o.pro;
   const int64_t ktiles = std::max<int64_t>(1, (s.c * s.r * s.s + kGemmK - 1) / kGemmK);
   while (t.splits > ktiles) t.splits /= 2;
   const int64_t split_ktiles = (ktiles + t.splits - 1) / t.splits;
