@@ -21,7 +21,8 @@ options:
   --build-dir DIR        build directory (default build-gpu)
   --sanitize-filter SPEC Catch test spec for the compute-sanitizer run
                          (default: "[ops],[memory],[wgmma],[scalar],[upsample],[pool],[pair],
-                         [persistent],[chain],gpu models: yolo_like with the kernels the selector picks")
+                         [persistent],[chain],[prologue],gpu models: yolo_like with the kernels
+                         the selector picks")
   --sanitize-all         run every GPU test under compute-sanitizer (slow)
   --racecheck            also run racecheck and synccheck (shared-memory kernels) on the
                          sanitizer filter
@@ -32,7 +33,7 @@ EOF
 
 prebuilt=""
 build_dir="build-gpu"
-san_filter='[ops],[memory],[wgmma],[scalar],[upsample],[pool],[pair],[persistent],[chain],gpu models: yolo_like with the kernels the selector picks'
+san_filter='[ops],[memory],[wgmma],[scalar],[upsample],[pool],[pair],[persistent],[chain],[prologue],gpu models: yolo_like with the kernels the selector picks'
 sanitize=1
 racecheck=0
 while [[ $# -gt 0 ]]; do
