@@ -1,7 +1,7 @@
 // conv_gemm's k = 32 kernel on Hopper's warpgroup MMA (sm_90a builds only): the persistent
-// direct kernel, its gathered (Gather), split-K (Split), upsampled-input (Up) and tensor-copy
-// (Tma) forms. conv_gemm_k32.cuh describes the tiles, loaders and epilogue it shares with the
-// mma.sync kernels.
+// direct kernel, its gathered (Gather), split-K (Split), upsampled-input (Up), tensor-copy (Tma)
+// and prologue (Pro) forms. conv_gemm_k32.cuh describes the tiles, loaders and epilogue it
+// shares with the mma.sync kernels.
 #include <atomic>
 #include <cstdint>
 #include <string>
