@@ -13,24 +13,25 @@ namespace epilog {
 
 namespace {
 
+// The node `name` where the executor folds it into a neighbour (copy avoidance on), else null.
+const Node* folded_node(const Plan& plan, const std::vector<bool>& in_place,
+                        const std::string& name) {
+  const Node* n = plan.graph.find_node(name);
+  const size_t at = n ? size_t(n - plan.graph.nodes.data()) : in_place.size();
+  return at < in_place.size() && in_place[at] ? n : nullptr;
+}
+
 // Whether node i, a fused conv with an upsampling folded in (NodePlan::up), reads through it at
 // run time: the executor folds it only where the concat runs in place.
 bool reads_upsampled(const Plan& plan, const std::vector<bool>& in_place, size_t i) {
   const NodePlan& np = plan.nodes[i];
-  if (!np.up) return false;
-  const Node* up = plan.graph.find_node(np.up->node);
-  const size_t u = up ? size_t(up - plan.graph.nodes.data()) : in_place.size();
-  return u < in_place.size() && in_place[u];
+  return np.up && folded_node(plan, in_place, np.up->node);
 }
 
-// The prologue node i, a fused conv, applies to its input at run time (NodePlan::pro): the
-// executor folds it while copy avoidance is on. Null where none.
+// The elementwise node i, a fused conv, applies to its input at run time (NodePlan::pro), or null.
 const Node* prologue_node(const Plan& plan, const std::vector<bool>& in_place, size_t i) {
   const NodePlan& np = plan.nodes[i];
-  if (!np.pro) return nullptr;
-  const Node* ew = plan.graph.find_node(np.pro->node);
-  const size_t e = ew ? size_t(ew - plan.graph.nodes.data()) : in_place.size();
-  return e < in_place.size() && in_place[e] ? ew : nullptr;
+  return np.pro ? folded_node(plan, in_place, np.pro->node) : nullptr;
 }
 
 // Node i's kernel and the rule that chose it (node_choices adds the tiles).
@@ -65,21 +66,14 @@ NodeChoice kernel_and_rule(const Plan& plan, const std::vector<bool>& in_place, 
     return {np.kernel, fmt::format("{}; channels {}..{} read from {} upsampled {}x{}", np.rule,
                                    np.up->c0, np.up->c0 + np.up->channels - 1, np.up->source,
                                    np.up->scale_h, np.up->scale_w)};
-  if (np.pre) {
-    const Node* first = plan.graph.find_node(np.pre->node);
-    if (first && masked(size_t(first - plan.graph.nodes.data())))
-      return {"gemm pair", fmt::format("also computes {} ({} -> {} channels), its outputs never "
-                                       "stored",
-                                       np.pre->node, np.pre->shape.c, np.pre->shape.k)};
-  }
-  if (np.post) {
-    const Node* second = plan.graph.find_node(np.post->node);
-    if (second && masked(size_t(second - plan.graph.nodes.data())))
-      return {"gemm chain",
-              fmt::format("{}; also runs {} (1x1, {} -> {} channels), its own "
-                          "outputs never stored",
-                          np.rule, np.post->node, np.post->shape.c, np.post->shape.k)};
-  }
+  if (np.pre && folded_node(plan, in_place, np.pre->node))
+    return {"gemm pair", fmt::format("also computes {} ({} -> {} channels), its outputs never "
+                                     "stored",
+                                     np.pre->node, np.pre->shape.c, np.pre->shape.k)};
+  if (np.post && folded_node(plan, in_place, np.post->node))
+    return {"gemm chain",
+            fmt::format("{}; also runs {} (1x1, {} -> {} channels), its own outputs never stored",
+                        np.rule, np.post->node, np.post->shape.c, np.post->shape.k)};
   if (const Node* ew = prologue_node(plan, in_place, i)) {
     const FoldedPrologue& p = *np.pro;
     const std::string ops = fmt::format(

@@ -740,14 +740,15 @@ void fold_prologues(const Graph& g, std::vector<NodePlan>& nodes, const LowerOpt
     if (conv.op != OpKind::FusedConv2d || np.conv != ConvKernel::Gemm || !np.packed.defined() ||
         np.tiles.splits != 1 || np.up || np.pre || np.post || !np.folded_into.empty())
       continue;
-    if (conv_gemm_wgmma_kernel(np.tiles, conv_shape(g, conv)) != WgmmaKernel::Direct) continue;
+    const ConvShape cs = conv_shape(g, conv);
+    if (conv_gemm_wgmma_kernel(np.tiles, cs) != WgmmaKernel::Direct) continue;
     const int e = uses.producer(conv.inputs[0]);
     if (e < 0) continue;
     const Node& ew = g.nodes[size_t(e)];
     if (ew.op != OpKind::FusedElementwise || g.is_output(ew.outputs[0]) ||
         uses.consumers(ew.outputs[0]).size() != 1 || !nodes[size_t(e)].folded_into.empty())
       continue;
-    std::optional<FoldedPrologue> pro = prologue_of(g, ew, conv_shape(g, conv).c);
+    std::optional<FoldedPrologue> pro = prologue_of(g, ew, cs.c);
     if (!pro) continue;
     np.pro = std::move(pro);
     nodes[size_t(e)].folded_into = conv.name;

@@ -102,6 +102,10 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
   __syncthreads();
 
   const int hwo = a.ho * a.wo;
+  // Row nr's offset in y and the residual, or 0 past the tile or the channels: the residual's
+  // loads go four rows at a time, issued before any is used (as in direct_store, the
+  // activation's branches between them would send them one at a time).
+  const auto row_at = [&](int nr) { return nr < BN && n0 + nr < a.k ? (n0 + nr) * hwo : 0; };
   if (a.vec_y) {
     // Four pixels of one image per store: hwo % 4 == 0, so M % 4 == 0 and chunks never straddle.
     constexpr int kChunks = BM / 4, kRowStep = T::kThreads / kChunks;
@@ -111,22 +115,16 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
       const int img = m / hwo;
       float* __restrict__ yb = a.y + (img * a.ys + (m - img * hwo));
       const float* __restrict__ rb = a.res ? a.res + (img * a.r_img + (m - img * hwo)) : nullptr;
-      // Four rows at a time, their residual loads issued before any is used (a row past the
-      // channels loads row 0 instead): as in direct_store, the activation's branches between
-      // them would send them one at a time.
       for (int nr4 = nr0; nr4 < BN; nr4 += 4 * kRowStep) {
         float4 u[4];
-        const auto row = [&](int j) {
-          const int nr = nr4 + j * kRowStep;
-          return nr < BN && n0 + nr < a.k ? (n0 + nr) * hwo : 0;
-        };
         if (rb && a.vec_r) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) u[j] = __ldg(reinterpret_cast<const float4*>(rb + row(j)));
+          for (int j = 0; j < 4; ++j)
+            u[j] = __ldg(reinterpret_cast<const float4*>(rb + row_at(nr4 + j * kRowStep)));
         } else if (rb) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const float* r = rb + row(j);
+            const float* r = rb + row_at(nr4 + j * kRowStep);
             u[j] = make_float4(__ldg(r), __ldg(r + 1), __ldg(r + 2), __ldg(r + 3));
           }
         }
@@ -153,14 +151,11 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kThreads, Tile<BM, BN>::kMinBloc
       const int img = m / hwo;
       float* __restrict__ yb = a.y + (img * a.ys + (m - img * hwo));
       const float* __restrict__ rb = a.res ? a.res + (img * a.r_img + (m - img * hwo)) : nullptr;
-      for (int nr4 = nr0; nr4 < BN; nr4 += 4 * kRowStep) {  // as above
+      for (int nr4 = nr0; nr4 < BN; nr4 += 4 * kRowStep) {
         float u[4];
         if (rb) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int nr = nr4 + j * kRowStep;
-            u[j] = __ldg(rb + (nr < BN && n0 + nr < a.k ? (n0 + nr) * hwo : 0));
-          }
+          for (int j = 0; j < 4; ++j) u[j] = __ldg(rb + row_at(nr4 + j * kRowStep));
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
