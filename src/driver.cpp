@@ -16,10 +16,11 @@ CompileOptions CompileOptions::with_env() const {
     o.in_place = false;
   if (const char* v = std::getenv("EPILOG_DISABLE_MEMORY_PLAN"); v && std::string(v) == "1")
     o.share_memory = false;
-  if (const char* v = std::getenv("EPILOG_PROLOGUE"); v && std::string(v) == "1") o.prologue = true;
+  if (const char* v = std::getenv("EPILOG_DISABLE_PROLOGUE"); v && std::string(v) == "1")
+    o.prologue = false;
   if (const char* v = std::getenv("EPILOG_FORCE_CONV_KERNEL"); v && *v) {
     o.force_conv = parse_conv_kernel(v);
-    if (!o.force_conv) fail("EPILOG_FORCE_CONV_KERNEL='{}': expected scalar, tiled or gemm", v);
+    if (!o.force_conv) fail("EPILOG_FORCE_CONV_KERNEL='{}': expected scalar, tiled, gemm or gemv", v);
   }
   return o;
 }

@@ -3,9 +3,10 @@
 // CompileOptions::with_env() applies the debug switches:
 //   EPILOG_DISABLE_FUSION=1            skip reparameterization and fusion (A/B comparisons)
 //   EPILOG_DUMP_DIR=DIR                dump the graph before and after every pass (text, DOT, JSON)
-//   EPILOG_FORCE_CONV_KERNEL=scalar|tiled|gemm   one kernel for every fused conv on CUDA
+//   EPILOG_FORCE_CONV_KERNEL=scalar|tiled|gemm|gemv   one kernel for every fused conv on CUDA
 //   EPILOG_DISABLE_IN_PLACE=1          copy every concat and split (A/B comparisons)
 //   EPILOG_DISABLE_MEMORY_PLAN=1       every activation in its own buffer (A/B comparisons)
+//   EPILOG_DISABLE_PROLOGUE=1          no batchnorm -> relu folded into a 1x1 conv's loads
 #pragma once
 
 #include <map>
@@ -29,7 +30,7 @@ struct CompileOptions {
   int sm_count = 0;          // 0: the local GPU's, else the default H200 profile
   bool in_place = true;      // the executor's copy avoidance (Plan::in_place)
   bool share_memory = true;  // the executor's memory plan (Plan::share_memory)
-  bool prologue = false;     // LowerOptions::prologue (EPILOG_PROLOGUE=1)
+  bool prologue = true;      // LowerOptions::prologue (EPILOG_DISABLE_PROLOGUE=1)
 
   // Applies the EPILOG_* environment switches on top of these options.
   CompileOptions with_env() const;

@@ -122,7 +122,6 @@ TEST_CASE("gpu launch: models/*.json and the YOLO-like model at batch 2 launch w
   // A DenseNet-BC block with its batchnorm -> relu folded into the 1x1s' loads (prologues).
   CompileOptions pro;
   pro.device = Device::CUDA;
-  pro.prologue = true;
   check_launches("DenseNet-BC block, prologues",
                  compile(test::dense_block(8, 32, 32, 3, 32, 128), pro).plan, covered);
   std::string all;

@@ -119,11 +119,9 @@ struct OnOff {
   std::vector<std::string> no_kernel;
   std::map<std::string, Tensor> on, off;
 };
-OnOff run_on_off(const Graph& g, const std::map<std::string, Tensor>& inputs,
-                 bool prologue = false) {
+OnOff run_on_off(const Graph& g, const std::map<std::string, Tensor>& inputs) {
   CompileOptions o;
   o.device = Device::CUDA;
-  o.prologue = prologue;
   Compiled c = compile(g, o);
   std::unique_ptr<Backend> backend = make_backend(Device::CUDA);
   Executor on(c.plan, *backend), off(c.plan, *backend);
@@ -285,7 +283,7 @@ TEST_CASE("gpu executor: DenseNet's batchnorm -> relu as its 1x1 conv's prologue
   const Graph g = test::dense_block(8, 32, 32, 3, 32, 128);
   const std::map<std::string, Tensor> inputs = random_inputs(g, 80);
   const std::map<std::string, Tensor>& ref = reference("dense_block bc", g, inputs);
-  const OnOff r = run_on_off(g, inputs, /*prologue=*/true);
+  const OnOff r = run_on_off(g, inputs);
   for (const char* folded : {"relu0", "relu1", "relu2"}) {
     INFO(folded);
     CHECK(std::find(r.no_kernel.begin(), r.no_kernel.end(), folded) != r.no_kernel.end());

@@ -42,9 +42,8 @@ struct LowerOptions {
   Device device = Device::CPU;
   DeviceProfile profile = h200_profile();
   std::optional<ConvKernel> force;  // tests and benchmarks: one kernel for every fused conv
-  // Fold per-channel input transforms into the 1x1 convs that read them (FoldedPrologue). Off
-  // until its kernels have run on a GPU.
-  bool prologue = false;
+  // Fold per-channel input transforms into the 1x1 convs that read them (FoldedPrologue).
+  bool prologue = true;
 };
 
 Plan lower(Graph graph, const LowerOptions& options);
