@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "epilog/epilog.h"
 #include "epilog/graph/lowering.h"
 #include "epilog/graph/passes.h"
 #include "epilog/io/builder.h"
@@ -1212,7 +1213,6 @@ TEST_CASE("lowering: DenseNet's batchnorm -> relu folds into the 1x1 conv that r
           "[lowering]") {
   LowerOptions cuda;
   cuda.device = Device::CUDA;
-  cuda.prologue = true;
   // Layers large enough for the wgmma direct kernel's tiles (m >= 64) on the 1x1s; the first
   // reads 32 channels, too few for its tensor copies, the others 64 and 96.
   Graph g = test::dense_block(/*batch=*/8, /*c0=*/32, /*growth=*/32, /*layers=*/3, /*size=*/32,
@@ -1254,8 +1254,15 @@ TEST_CASE("lowering: DenseNet's batchnorm -> relu folds into the 1x1 conv that r
       CHECK(mp.blocks.count(made) == 0);
     }
 
-  // Off by default (until its kernels have run on a GPU), on the CPU, under a forced kernel,
-  // without wgmma; with copy avoidance off the executor runs the elementwise.
+  // On by default, and through compile() unless EPILOG_DISABLE_PROLOGUE=1. Off when asked, on
+  // the CPU, under a forced kernel, without wgmma; with copy avoidance off the executor runs the
+  // elementwise.
+  CHECK(LowerOptions{}.prologue);
+  CHECK(CompileOptions{}.with_env().prologue);
+  ::setenv("EPILOG_DISABLE_PROLOGUE", "1", 1);
+  const CompileOptions from_env = CompileOptions{}.with_env();
+  ::unsetenv("EPILOG_DISABLE_PROLOGUE");
+  CHECK_FALSE(from_env.prologue);
   LowerOptions off = cuda, cpu, forced = cuda, sync = cuda;
   off.prologue = false;
   cpu.prologue = true;
