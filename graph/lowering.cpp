@@ -731,6 +731,7 @@ std::optional<FoldedPrologue> prologue_of(const Graph& g, const Node& ew, int64_
 // output, as large as x, is neither written nor read back. Exact for a 1x1 conv without padding
 // (no padded zeros to transform); past the input channels the direct kernel transforms nothing
 // and meets zero weights. Where the conv runs the wgmma direct kernel unsplit with no other fold.
+// perf-history: "DenseNet prologue".
 void fold_prologues(const Graph& g, std::vector<NodePlan>& nodes, const LowerOptions& options) {
   if (!options.prologue || options.force || !options.profile.wgmma) return;
   const UseIndex uses(g);
