@@ -4,9 +4,13 @@
 //   onnx_node.cpp    what a handler reads and writes: inputs, attributes, emitted nodes
 //   onnx_tensor.cpp  tensor decoding: TensorProto (typed fields, raw_data, external data) -> Const
 //   onnx_fold.cpp    constant folding: the import-time arithmetic on constants
-//   onnx_ops.cpp     the op handlers, one function per ONNX op, and their table
+//   onnx_ops.cpp     the op list, the table of handlers and the helpers they share (onnx_ops.h)
+//   onnx_ops_math.cpp, onnx_ops_nn.cpp, onnx_ops_layout.cpp
+//                    the op handlers, one function per ONNX op, by family: elementwise,
+//                    reductions and linear layers; conv, norms, softmax, pools and resizing;
+//                    layout, constants and shape arithmetic
 //
-// Adding an op handler (onnx_ops.cpp):
+// Adding an op handler (in its family's file):
 //   1. Write `void op_name(Importer& im)`. It states the attributes it reads (im.allow) and its
 //      input and output counts (im.arity), reads inputs as graph values (im.dyn) or constants
 //      (im.cst, im.ints_in, scalar_in), and either emits epilog nodes (im.emit(OpKind::..., ins,
@@ -15,8 +19,9 @@
 //      attribute that became an input, as Split's sizes in 13 or ReduceMean's axes in 18).
 //      Everything it cannot map throws through im.unsupported or im.unsupported_attr, which name
 //      the file, the node and the op; a malformed node throws through im.bad or im.bad_attr.
-//   2. Add one line to the table at the bottom of onnx_ops.cpp and one to the op list at its
-//      top, and a test in tests/test_onnx_forms.cpp (models built with tests/onnx_model.h).
+//   2. Add one line to its family's table (add_*_handlers, at the bottom of the file) and one
+//      to the op list atop onnx_ops.cpp, and a test in tests/test_onnx_forms.cpp (models built
+//      with tests/onnx_model.h).
 //   For instance, an elementwise op of one input is
 //      void op_tanh(Importer& im) { unary(im, OpKind::Tanh); }
 //   Clip, Pad and ReduceMean already read every form of their opsets (reduce_args serves every
@@ -306,7 +311,7 @@ class Importer {
   std::map<std::string, const onnx::AttributeProto*> attrs_;
 };
 
-// -- op handlers (onnx_ops.cpp) --
+// -- op handlers (onnx_ops*.cpp) --
 
 using OpHandler = void (*)(Importer&);
 // ONNX op type -> its handler.

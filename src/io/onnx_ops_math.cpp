@@ -1,0 +1,546 @@
+// The ONNX importer's handlers of elementwise ops (activations, arithmetic), reductions and
+// linear layers: one function per ONNX op (the op list, and what each maps to: onnx_ops.cpp).
+#ifdef EPILOG_HAVE_ONNX
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "epilog/graph/activation.h"
+#include "onnx_ops.h"
+
+namespace epilog::onnx_import {
+namespace {
+
+// -- handlers: elementwise --
+
+void unary(Importer& im, OpKind kind) {
+  im.allow({});
+  im.arity(1, 1);
+  im.emit(kind, {im.dyn(0)}, {}, {im.out(0)});
+}
+
+void op_relu(Importer& im) {
+  unary(im, OpKind::Relu);
+}
+
+void op_sigmoid(Importer& im) {
+  unary(im, OpKind::Sigmoid);
+}
+
+// Neg of a constant folds (shape arithmetic: LayerNormalization's expanded form negates its
+// axis); of a run-time tensor it is the pointwise op.
+void op_neg(Importer& im) {
+  const Const* c = im.const_in(0);
+  if (!c) return unary(im, OpKind::Neg);
+  im.allow({});
+  im.arity(1, 1);
+  Const r = *c;
+  for (float& v : r.f) v = -v;
+  for (int64_t& v : r.i) {
+    if (v == std::numeric_limits<int64_t>::min()) im.bad("integer overflow folding Neg of {}", v);
+    v = -v;
+  }
+  im.set_const(0, std::move(r));
+}
+
+// The pointwise activations (graph/activation.h): each ONNX op is one epilog op, its
+// parameters attributes of the same meaning.
+template <OpKind Kind>
+void op_activation(Importer& im) {
+  unary(im, Kind);
+}
+
+// An activation with float attributes: (onnx name, epilog name, ONNX default) each.
+struct FloatAttr {
+  const char* onnx;
+  const char* name;
+  float fallback;
+};
+// The caller allows the attributes (Importer::allow takes literals).
+void activation_with(Importer& im, OpKind kind, std::initializer_list<FloatAttr> attrs) {
+  im.arity(1, 1);
+  Attrs given;
+  for (const FloatAttr& a : attrs) given.set(a.name, double(im.attr_float(a.onnx, a.fallback)));
+  im.emit(kind, {im.dyn(0)}, given, {im.out(0)});
+}
+
+void op_leaky_relu(Importer& im) {
+  im.allow({"alpha"});
+  activation_with(im, OpKind::LeakyRelu, {{"alpha", "alpha", 0.01f}});
+}
+
+void op_hardsigmoid(Importer& im) {
+  im.allow({"alpha", "beta"});
+  activation_with(im, OpKind::HardSigmoid, {{"alpha", "alpha", 0.2f}, {"beta", "beta", 0.5f}});
+}
+
+void op_elu(Importer& im) {
+  im.allow({"alpha"});
+  activation_with(im, OpKind::Elu, {{"alpha", "alpha", 1.0f}});
+}
+
+// Gelu (opset 20): approximate "none" (erf) or "tanh".
+void op_gelu(Importer& im) {
+  im.allow({"approximate"});
+  im.arity(1, 1);
+  const std::string approximate = im.attr_string("approximate", "none");
+  if (approximate != "none" && approximate != "tanh")
+    im.bad("approximate '{}' is not one of none, tanh", approximate);
+  Attrs given;
+  given.set("approximate", approximate);
+  im.emit(OpKind::Gelu, {im.dyn(0)}, given, {im.out(0)});
+}
+
+// Pow with a constant exponent (one value): x^e; on constants, folded.
+void op_pow(Importer& im) {
+  im.allow({});
+  im.arity(2, 2);
+  const Const& c = im.cst(1, "exponent");
+  if (c.numel() != 1)
+    im.unsupported("exponent '{}' has {} values (epilog raises to one constant power)",
+                   im.in_name(1), c.numel());
+  const double e = scalar_in(im, 1, "exponent");
+  if (e == 1.0) return pass_through(im);
+  Attrs given;
+  given.set("exponent", e);
+  im.emit(OpKind::Pow, {im.dyn(0)}, given, {im.out(0)});
+}
+
+// Clip: 'min' and 'max' attributes before opset 11, optional inputs from then on (absent:
+// unbounded). No bounds is the input itself, min 0 alone is relu, anything else clip.
+void op_clip(Importer& im) {
+  if (im.opset() < 11)
+    im.allow({"min", "max"});
+  else
+    im.allow({});
+  im.arity(1, im.opset() < 11 ? 1 : 3);
+  const float inf = std::numeric_limits<float>::infinity();
+  double lo = im.attr_float("min", -inf), hi = im.attr_float("max", inf);
+  if (im.has_in(1)) lo = scalar_in(im, 1, "min");
+  if (im.has_in(2)) hi = scalar_in(im, 2, "max");
+  // Opset 6's defaults are float32's extremes.
+  if (lo <= std::numeric_limits<float>::lowest()) lo = -inf;
+  if (hi >= std::numeric_limits<float>::max()) hi = inf;
+  if (lo == -inf && hi == inf) return pass_through(im);
+  if (lo == 0 && hi == inf) return im.emit(OpKind::Relu, {im.dyn(0)}, {}, {im.out(0)});
+  if (!(lo <= hi)) im.bad("min {} is above max {}", lo, hi);
+  Attrs given;
+  given.set("min", std::max(lo, double(std::numeric_limits<float>::lowest())));
+  given.set("max", std::min(hi, double(std::numeric_limits<float>::max())));
+  im.emit(OpKind::Clip, {im.dyn(0)}, given, {im.out(0)});
+}
+
+// Add(MatMul(x, W), b) with a bias per output feature: the bias joins the linear node that
+// MatMul became, unless the product has other readers.
+bool take_bias(Importer& im) {
+  for (int side = 0; side < 2; ++side) {
+    const std::string& mm = im.in_name(side);
+    auto lin = im.linear_of().find(mm);
+    const Const* bias = im.const_in(1 - side);
+    if (lin == im.linear_of().end() || !bias || im.uses(mm) != 1 || !bias->is_float()) continue;
+    Node& node = im.graph().nodes[lin->second];
+    const int64_t n = im.value_shape(node.inputs[1])[0];
+    if (bias->dims != Shape{n} && bias->dims != Shape{1, n}) continue;
+    std::string b = im.in_name(1 - side);
+    if (bias->dims.size() != 1) {
+      b = im.fresh_value(b + ".bias");
+      Const flat = *bias;
+      flat.dims = {n};
+      im.add_weight(b, flat);
+    } else {
+      b = im.materialize(b, *bias);
+    }
+    std::string y = im.out(0);
+    im.graph().values[y] = im.graph().values.at(node.outputs[0]);
+    im.graph().values.erase(node.outputs[0]);
+    im.dyn_values().erase(mm);
+    node.outputs[0] = y;
+    node.inputs.push_back(b);
+    im.linear_of().erase(lin);
+    return true;
+  }
+  return false;
+}
+
+void binary(Importer& im, char op) {
+  if (im.opset() < 7)
+    im.allow({"broadcast", "axis"});
+  else
+    im.allow({});
+  im.arity(2, 2);
+  // Before opset 7, B broadcasts to A only with broadcast=1, aligned at 'axis' (by default
+  // at the back, which is NumPy's rule).
+  std::optional<Shape> b_dims;
+  if (im.opset() < 7 && im.attr_int("broadcast", 0) != 0 && im.has_attr("axis")) {
+    Shape a = im.shape_in(0), b = im.shape_in(1);
+    int64_t axis = axis_of(im.attr_int("axis", 0), a.size());
+    if (size_t(axis) + b.size() > a.size())
+      im.bad_attr("axis", "{} does not fit B {} into A {}", axis, shape_str(b), shape_str(a));
+    b.resize(a.size() - size_t(axis), 1);
+    if (b != im.shape_in(1)) b_dims = b;
+  }
+  const Const* ca = im.const_in(0);
+  const Const* cb = im.const_in(1);
+  if (ca && cb) {
+    Const b = *cb;
+    if (b_dims) b.dims = *b_dims;
+    return im.set_const(0, fold_binary(*ca, b, op));
+  }
+  std::string b_value;
+  if (b_dims) {
+    if (!cb)
+      im.unsupported_attr("axis", "legacy broadcasting of the run-time tensor '{}' at axis {}",
+                          im.in_name(1), im.attr_int("axis", 0));
+    Const b = *cb;
+    b.dims = *b_dims;
+    b_value = im.fresh_value(im.in_name(1) + ".broadcast");
+    im.add_weight(b_value, b);
+  }
+  if (op == '+' && !b_dims && take_bias(im)) return;
+  std::string a = im.dyn(0), b = b_dims ? b_value : im.dyn(1);
+  const OpKind kind = op == '+'   ? OpKind::Add
+                      : op == '*' ? OpKind::Mul
+                      : op == '-' ? OpKind::Sub
+                                  : OpKind::Div;
+  im.emit(kind, {a, b}, {}, {im.out(0)});
+}
+
+void op_add(Importer& im) {
+  binary(im, '+');
+}
+void op_sub(Importer& im) {
+  binary(im, '-');
+}
+void op_mul(Importer& im) {
+  binary(im, '*');
+}
+void op_div(Importer& im) {
+  binary(im, '/');
+}
+
+// Sum and Mean of one or more inputs: a chain of adds, for Mean then a mul by 1/n.
+void sum_of(Importer& im, bool mean) {
+  im.allow({});
+  im.arity(std::max(im.n_in(), 1), INT_MAX);
+  const int n = im.n_in();
+  if (im.all_const()) {
+    Const acc = *im.const_in(0);
+    for (int k = 1; k < n; ++k) acc = fold_binary(acc, *im.const_in(k), '+');
+    if (mean) acc = fold_binary(acc, Const{TensorProto::FLOAT, {}, {float(1.0 / n)}, {}}, '*');
+    return im.set_const(0, acc);
+  }
+  if (n == 1) return pass_through(im);
+  std::string acc = im.dyn(0);
+  for (int k = 1; k < n; ++k) {
+    const std::string y = k == n - 1 && !mean
+                              ? im.out(0)
+                              : im.fresh_value(fmt::format("{}.sum{}", im.node().output(0), k));
+    im.emit(OpKind::Add, {acc, im.dyn(k)}, {}, {y}, k == 1 ? "" : fmt::format("add{}", k));
+    acc = y;
+  }
+  if (!mean) return;
+  const std::string scale = im.fresh_value(im.node().output(0) + ".scale");
+  im.add_weight(scale, Const{TensorProto::FLOAT, {1}, {float(1.0 / n)}, {}});
+  im.emit(OpKind::Mul, {acc, scale}, {}, {im.out(0)}, "scale");
+}
+
+// Max and Min of one or more run-time tensors: a chain of max or min.
+void extremum(Importer& im, OpKind kind) {
+  im.allow({});
+  im.arity(std::max(im.n_in(), 1), INT_MAX);
+  const int n = im.n_in();
+  if (n == 1) return pass_through(im);
+  std::string acc = im.dyn(0);
+  for (int k = 1; k < n; ++k) {
+    const std::string y =
+        k == n - 1 ? im.out(0) : im.fresh_value(fmt::format("{}.{}", im.node().output(0), k));
+    im.emit(kind, {acc, im.dyn(k)}, {}, {y}, k == 1 ? "" : fmt::format("{}", k));
+    acc = y;
+  }
+}
+void op_max(Importer& im) {
+  extremum(im, OpKind::Max);
+}
+void op_min(Importer& im) {
+  extremum(im, OpKind::Min);
+}
+
+void op_sum(Importer& im) {
+  sum_of(im, false);
+}
+void op_mean(Importer& im) {
+  sum_of(im, true);
+}
+
+// -- handlers: reductions --
+
+// The axes of a Reduce* node, sorted and within [0, rank), and keepdims. The axes are an
+// attribute before opset `input_from` (13 for ReduceSum, 18 for the others) and input 1 from
+// then on. No axes reduce every axis, unless noop_with_empty_axes (from `input_from`) makes
+// the node an identity.
+struct ReduceArgs {
+  std::vector<int64_t> axes;
+  bool keepdims = true;
+  bool noop = false;
+};
+
+ReduceArgs reduce_args(Importer& im, int64_t input_from) {
+  const bool as_input = im.opset() >= input_from;
+  if (as_input)
+    im.allow({"keepdims", "noop_with_empty_axes"});
+  else
+    im.allow({"axes", "keepdims"});
+  im.arity(1, as_input ? 2 : 1);
+  const size_t rank = im.shape_in(0).size();
+  std::vector<int64_t> given;
+  if (!as_input) {
+    if (auto a = im.attr_ints("axes")) given = *a;
+  } else if (im.has_in(1)) {
+    given = im.ints_in(1, "axes");
+  }
+  ReduceArgs r;
+  r.keepdims = im.attr_int("keepdims", 1) != 0;
+  r.noop = given.empty() && as_input && im.attr_int("noop_with_empty_axes", 0) != 0;
+  std::vector<bool> reduced(rank, given.empty() && !r.noop);
+  for (int64_t a : given) {
+    const int64_t k = axis_of(a, rank, "axes value");
+    if (reduced[size_t(k)]) im.bad("axis {} is given twice", a);
+    reduced[size_t(k)] = true;
+  }
+  for (size_t d = 0; d < rank; ++d)
+    if (reduced[d]) r.axes.push_back(int64_t(d));
+  return r;
+}
+
+// A reduction node over the axes, keepdims as given, or nothing (noop_with_empty_axes and no
+// axes); the axes are an input from opset `input_from` on.
+template <OpKind Kind, int64_t input_from>
+void op_reduce(Importer& im) {
+  const ReduceArgs r = reduce_args(im, input_from);
+  if (r.noop) return pass_through(im);
+  im.emit(Kind, {im.dyn(0)}, im.attrs({{"axes", r.axes}, {"keepdims", int64_t(r.keepdims)}}),
+          {im.out(0)});
+}
+
+// An activation's op on `x` into `y`, as a helper node "<name>.<its activation>".
+void emit_activation(Importer& im, const Act& act, const std::string& x, const std::string& y) {
+  const auto [kind, attrs] = activation_op(act);
+  im.emit(kind, {x}, attrs, {y}, activation_name(act.kind));
+}
+
+// ReduceSumSquare, ReduceL1, ReduceL2 and ReduceLogSum: y = post(reduce_sum(pre(x))), pre and
+// post activations (None: left out). With noop_with_empty_axes and no axes, post(pre(x)), as
+// ONNX's reference computes it (the square of x for ReduceSumSquare).
+void reduce_sum_between(Importer& im, const Act& pre, const Act& post) {
+  const ReduceArgs r = reduce_args(im, 18);
+  const std::string base = im.node().output(0);
+  const bool has_pre = pre.kind != Activation::None, has_post = post.kind != Activation::None;
+  if (r.noop && !has_pre && !has_post) return pass_through(im);
+  std::string v = im.dyn(0);
+  if (has_pre) {
+    const std::string to =
+        r.noop && !has_post ? im.out(0) : im.fresh_value(base + "." + activation_name(pre.kind));
+    emit_activation(im, pre, v, to);
+    v = to;
+  }
+  if (!r.noop) {
+    const std::string to = has_post ? im.fresh_value(base + ".sum") : im.out(0);
+    im.emit(OpKind::ReduceSum, {v}, im.attrs({{"axes", r.axes}, {"keepdims", int64_t(r.keepdims)}}),
+            {to});
+    v = to;
+  }
+  if (has_post) emit_activation(im, post, v, im.out(0));
+}
+
+void op_reduce_sum_square(Importer& im) {
+  reduce_sum_between(im, Act(Activation::Pow, 2.0f), Activation::None);
+}
+
+void op_reduce_l1(Importer& im) {
+  reduce_sum_between(im, Activation::Abs, Activation::None);
+}
+
+void op_reduce_l2(Importer& im) {
+  reduce_sum_between(im, Act(Activation::Pow, 2.0f), Activation::Sqrt);
+}
+
+void op_reduce_log_sum(Importer& im) {
+  reduce_sum_between(im, Activation::None, Activation::Log);
+}
+
+// ReduceLogSumExp without overflow: m = the max over the axes (dims kept), clipped to the finite
+// floats, and y = log(reduce_sum(exp(x - m))) + m (m reshaped to y's dims without keepdims). The
+// clip stands in for ONNX's shift by 0 where the max is infinite: a run of -inf gives -inf, one
+// with +inf gives +inf, not NaN. With noop_with_empty_axes and no axes, x itself.
+void op_reduce_log_sum_exp(Importer& im) {
+  const ReduceArgs r = reduce_args(im, 18);
+  if (r.noop) return pass_through(im);
+  const std::string base = im.node().output(0), x = im.dyn(0);
+  auto value = [&](const char* what) { return im.fresh_value(base + "." + what); };
+  const std::string top = value("max"), shift = value("shift"), d = value("shifted"),
+                    e = value("exp"), sum = value("sum"), log_sum = value("log");
+  const float big = std::numeric_limits<float>::max();
+  im.emit(OpKind::ReduceMax, {x}, im.attrs({{"axes", r.axes}, {"keepdims", int64_t(1)}}), {top},
+          "max");
+  emit_activation(im, Act(Activation::Clip, -big, big), top, shift);
+  im.emit(OpKind::Sub, {x, shift}, {}, {d}, "sub");
+  emit_activation(im, Activation::Exp, d, e);
+  im.emit(OpKind::ReduceSum, {e}, im.attrs({{"axes", r.axes}, {"keepdims", int64_t(r.keepdims)}}),
+          {sum});
+  emit_activation(im, Activation::Log, sum, log_sum);
+  std::string add = shift;
+  if (!r.keepdims) {
+    add = value("shift_dims");
+    im.emit(OpKind::Reshape, {shift},
+            im.attrs({{"shape", std::vector<int64_t>(im.value_shape(sum))}}), {add}, "reshape");
+  }
+  im.emit(OpKind::Add, {log_sum, add}, {}, {im.out(0)}, "add");
+}
+
+// -- handlers: linear layers --
+
+// linear takes its weight as [N, K]; ONNX's B is [K, N].
+std::string transposed_weight(Importer& im, const std::string& name, const Const& b) {
+  if (!b.is_float()) im.bad("input B '{}' is {}, expected float", name, dtype_str(b.dtype));
+  if (b.dims.size() != 2)
+    im.bad("input B '{}' has shape {}, expected 2 dims", name, shape_str(b.dims));
+  Const t = fold_transpose(b, {1, 0});
+  std::string w = im.fresh_value(name + ".T");
+  if (checked_numel(t.dims, kMaxNumel) == 0) im.unsupported("input B '{}' is empty", name);
+  im.add_weight(w, t);
+  return w;
+}
+
+void op_gemm(Importer& im) {
+  im.allow({"alpha", "beta", "transA", "transB", "broadcast"});
+  im.arity(2, 3);
+  if (im.attr_int("transA", 0) != 0)
+    im.unsupported_attr("transA", "is 1; epilog imports Gemm with transA=0 only");
+  if (im.attr_float("alpha", 1) != 1)
+    im.unsupported_attr("alpha", "is {}; epilog imports Gemm with alpha=1 only",
+                        im.attr_float("alpha", 1));
+  // beta = 0 drops C (PyTorch's mm exports so); any other beta but 1 would scale it.
+  const float beta = im.attr_float("beta", 1);
+  const bool with_c = im.has_in(2) && beta != 0;
+  if (with_c && beta != 1)
+    im.unsupported_attr("beta", "is {}; epilog imports Gemm with beta 0 or 1 only", beta);
+  std::string a = im.dyn(0);
+  if (im.value_shape(a).size() != 2)
+    im.bad("input A '{}' has shape {}, expected 2 dims", im.in_name(0),
+           shape_str(im.value_shape(a)));
+  std::string w;
+  if (im.attr_int("transB", 0) != 0) {
+    w = im.dyn(1);
+  } else {
+    const Const* b = im.const_in(1);
+    if (!b)
+      im.unsupported_attr("transB",
+                          "is 0 and B '{}' is computed at run time; epilog needs B "
+                          "constant to transpose it at import",
+                          im.in_name(1));
+    w = transposed_weight(im, im.in_name(1), *b);
+  }
+  if (im.value_shape(w).size() != 2)
+    im.bad("input B '{}' has shape {}, expected 2 dims", im.in_name(1),
+           shape_str(im.value_shape(w)));
+  const int64_t n = im.value_shape(w)[0];
+  std::vector<std::string> ins = {a, w};
+  std::string add;  // a bias that is not one value per output feature
+  if (with_c) {
+    const Shape cs = im.shape_in(2);
+    const Const* c = im.const_in(2);
+    if (c && c->is_float() && cs.size() <= 2 &&
+        std::all_of(cs.begin(), cs.end() - (cs.empty() ? 0 : 1),
+                    [](int64_t d) { return d == 1; }) &&
+        (cs.empty() || cs.back() == 1 || cs.back() == n)) {
+      // One value per output feature (or one for all): the linear bias, spread to [N].
+      Const bias;
+      bias.dims = {n};
+      check_folded(bias.dims, c->numel());
+      for (int64_t k = 0; k < n; ++k) bias.f.push_back(c->numel() == 1 ? c->f[0] : c->f[size_t(k)]);
+      std::string b = cs == Shape{n} ? im.materialize(im.in_name(2), *c)
+                                     : im.fresh_value(im.in_name(2) + ".bias");
+      if (!im.graph().values.count(b)) im.add_weight(b, bias);
+      ins.push_back(b);
+    } else if (!c && cs == Shape{n}) {
+      ins.push_back(im.dyn(2));
+    } else {
+      add = im.dyn(2);
+    }
+  }
+  if (add.empty()) return im.emit(OpKind::Linear, ins, {}, {im.out(0)});
+  std::string y = im.fresh_value(im.node().output(0) + ".mm");
+  im.emit(OpKind::Linear, ins, {}, {y});
+  im.emit(OpKind::Add, {y, add}, {}, {im.out(0)}, "bias");
+}
+
+void op_matmul(Importer& im) {
+  im.allow({});
+  im.arity(2, 2);
+  std::string a = im.dyn(0);
+  const Const* b = im.const_in(1);
+  // A tensor of 2 dims or more by a constant matrix is a linear layer (which takes a following
+  // bias in); anything else of at least 2 dims each a batched matmul.
+  if (im.value_shape(a).size() < 2 || !b || b->dims.size() != 2) {
+    if (im.value_shape(a).size() < 2 || im.shape_in(1).size() < 2)
+      im.unsupported("MatMul of {} by {}: epilog multiplies tensors of at least 2 dims",
+                     shape_str(im.value_shape(a)), shape_str(im.shape_in(1)));
+    return im.emit(OpKind::MatMul, {a, im.dyn(1)}, {}, {im.out(0)});
+  }
+  std::string w = transposed_weight(im, im.in_name(1), *b);
+  im.linear_of()[im.node().output(0)] = im.graph().nodes.size();
+  im.emit(OpKind::Linear, {a, w}, {}, {im.out(0)});
+}
+
+}  // namespace
+
+void add_math_handlers(std::map<std::string, OpHandler>& table) {
+  table.insert({
+      {"Abs", op_activation<OpKind::Abs>},
+      {"Add", op_add},
+      {"Clip", op_clip},
+      {"Div", op_div},
+      {"Elu", op_elu},
+      {"Erf", op_activation<OpKind::Erf>},
+      {"Exp", op_activation<OpKind::Exp>},
+      {"Gelu", op_gelu},
+      {"HardSigmoid", op_hardsigmoid},
+      {"HardSwish", op_activation<OpKind::HardSwish>},
+      {"LeakyRelu", op_leaky_relu},
+      {"Log", op_activation<OpKind::Log>},
+      {"Mish", op_activation<OpKind::Mish>},
+      {"Neg", op_neg},
+      {"Pow", op_pow},
+      {"Reciprocal", op_activation<OpKind::Reciprocal>},
+      {"Softplus", op_activation<OpKind::Softplus>},
+      {"Sqrt", op_activation<OpKind::Sqrt>},
+      {"Tanh", op_activation<OpKind::Tanh>},
+      {"Gemm", op_gemm},
+      {"MatMul", op_matmul},
+      {"Max", op_max},
+      {"Mean", op_mean},
+      {"Min", op_min},
+      {"Mul", op_mul},
+      {"ReduceL1", op_reduce_l1},
+      {"ReduceL2", op_reduce_l2},
+      {"ReduceLogSum", op_reduce_log_sum},
+      {"ReduceLogSumExp", op_reduce_log_sum_exp},
+      {"ReduceMax", op_reduce<OpKind::ReduceMax, 18>},
+      {"ReduceMean", op_reduce<OpKind::ReduceMean, 18>},
+      {"ReduceMin", op_reduce<OpKind::ReduceMin, 18>},
+      {"ReduceProd", op_reduce<OpKind::ReduceProd, 18>},
+      {"ReduceSum", op_reduce<OpKind::ReduceSum, 13>},
+      {"ReduceSumSquare", op_reduce_sum_square},
+      {"Relu", op_relu},
+      {"Sigmoid", op_sigmoid},
+      {"Sub", op_sub},
+      {"Sum", op_sum},
+  });
+}
+
+}  // namespace epilog::onnx_import
+
+#endif  // EPILOG_HAVE_ONNX
