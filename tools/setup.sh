@@ -72,9 +72,10 @@ fi
 step "tests (build/)"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
-step "tools: the zoo and op_bench harnesses' own tests (no PyTorch needed)"
+step "tools: the zoo, op_bench and plan_diff tools' own tests (no PyTorch needed)"
 python3 tools/test_zoo.py
 python3 tools/test_op_bench.py
+python3 tools/test_plan_diff.py
 
 step "installed package: examples/hello built against it with find_package(epilog)"
 start=$SECONDS

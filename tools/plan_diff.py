@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Which nodes two builds plan differently, and with --time how fast each runs the models whose
+plans differ, the two builds taking turns.
+
+  tools/plan_diff.py --a OLD/bin/epilog --b NEW/bin/epilog MODEL... [--batches 1,16]
+                     [--time] [--rounds 2] [--iters 100]
+
+`epilog explain --device cuda` needs no GPU (without one it plans for the default H200
+profile), so the comparison runs anywhere: for each model and batch, the nodes whose explain
+line (kernel, tiles, rule) differs between the builds. With --time, on a CUDA machine, each
+model and batch that differs is timed by `epilog bench` (the graph replay's median), A then B,
+for --rounds rounds; unchanged ones cost no device time. A change to lowering's rules is then
+measured where it acts, and nowhere else.
+"""
+import argparse
+import re
+import subprocess
+import sys
+import time
+
+REPLAY = re.compile(r"graph replay: median ([\d.]+) ms")
+END_TO_END = re.compile(r"end to end: median ([\d.]+) ms")
+
+
+def plan_lines(explain_text):
+    """explain's node table -> {node name: its line}; the lines before the table are left out."""
+    lines, table = {}, False
+    for line in explain_text.splitlines():
+        if line.startswith("node "):
+            table = True
+        elif table and line.strip():
+            lines[line.split()[0]] = line.rstrip()
+    return lines
+
+
+def plan_changes(a_text, b_text):
+    """[(node, A's line or None, B's line or None)] for every node planned differently, in B's
+    order, then the nodes only A has."""
+    a, b = plan_lines(a_text), plan_lines(b_text)
+    out = [(n, a.get(n), line) for n, line in b.items() if a.get(n) != line]
+    return out + [(n, line, None) for n, line in a.items() if n not in b]
+
+
+def median_ms(bench_text):
+    m = REPLAY.search(bench_text) or END_TO_END.search(bench_text)
+    return float(m.group(1)) if m else None
+
+
+def run(argv, timeout=600):
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"'{' '.join(argv)}' failed (rc {r.returncode}): "
+                           f"{(r.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return r.stdout
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                epilog="See the header of this file for what is compared.")
+    p.add_argument("models", nargs="+", help="model files (JSON or ONNX)")
+    p.add_argument("--a", required=True, help="build A's epilog CLI (the baseline)")
+    p.add_argument("--b", required=True, help="build B's epilog CLI")
+    p.add_argument("--batches", default="1,16", help="default: %(default)s")
+    p.add_argument("--time", action="store_true", help="time the changed ones (CUDA machine)")
+    p.add_argument("--rounds", type=int, default=2, help="turns each build takes (default 2)")
+    p.add_argument("--iters", type=int, default=100, help="epilog bench --iters (default 100)")
+    a = p.parse_args()
+    batches = [b for b in a.batches.split(",") if b]
+    changed, failed, start = [], False, time.time()
+    for model in a.models:
+        for batch in batches:
+            try:
+                texts = [run([cli, "explain", model, "--device", "cuda", "--batch", batch])
+                         for cli in (a.a, a.b)]
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                print(f"{model} batch {batch}: {e}", file=sys.stderr)
+                failed = True
+                continue
+            diff = plan_changes(*texts)
+            print(f"{model} batch {batch}: {len(diff)} node(s) planned differently")
+            for node, old, new in diff:
+                print(f"  A {old or '(none)'}\n  B {new or '(none)'}")
+            if diff:
+                changed.append((model, batch))
+    if a.time:
+        for model, batch in changed:
+            times = {"A": [], "B": []}
+            for _ in range(a.rounds):
+                for tag, cli in (("A", a.a), ("B", a.b)):
+                    try:
+                        times[tag].append(median_ms(run(
+                            [cli, "bench", model, "--device", "cuda", "--batch", batch, "--iters",
+                             str(a.iters), "--warmup", "10"])))
+                    except (RuntimeError, subprocess.TimeoutExpired) as e:
+                        print(f"{model} batch {batch}: {e}", file=sys.stderr)
+                        failed = True
+            fmt = lambda v: "-" if v is None else f"{v:.3f}"
+            print(f"time {model} batch {batch}: A {' '.join(map(fmt, times['A']))} ms, "
+                  f"B {' '.join(map(fmt, times['B']))} ms "
+                  f"({time.time() - start:.0f} s)", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
