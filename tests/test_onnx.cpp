@@ -631,6 +631,26 @@ TEST_CASE("onnx: the CLI runs and dumps an ONNX model", "[onnx][cli]") {
   CHECK(std::system(cmd.c_str()) == 0);
 }
 
+TEST_CASE("onnx: bench sweeps the batch sizes of a model with a symbolic batch dim",
+          "[onnx][cli]") {
+  // Exported with a dynamic batch: --batch 1,3 loads it at the first size and plans each.
+  Model m;
+  m.input("x", {-1, 3});
+  m.node("Relu", {"x"}, {"y"});
+  m.output("y");
+  const std::string path = m.save("dynamic_batch.onnx");
+  const std::string out = (scratch() / "sweep.txt").string();
+  const std::string cmd =
+      fmt::format("'{}' bench '{}' --device cpu --batch 1,3 --iters 2 --warmup 0 > '{}' 2>&1",
+                  test::cli_path(), path, out);
+  const int rc = std::system(cmd.c_str());
+  std::ifstream f(out);
+  const std::string text((std::istreambuf_iterator<char>(f)), {});
+  INFO(text);
+  CHECK(rc == 0);
+  CHECK_THAT(text, Contains("batch 1 ") && Contains("batch 3 "));
+}
+
 #endif  // EPILOG_HAVE_ONNX
 
 TEST_CASE("onnx: --batch rebinds a reshape that carries the exported batch (channel shuffle)",

@@ -328,6 +328,8 @@ std::vector<double> time_runs(const std::function<void()>& run, int64_t warmup, 
 int bench_sweep(const Parsed& p, const std::vector<int64_t>& sizes) {
   LoadOptions lo;
   lo.weights_file = p.get("--weights");
+  // A symbolic batch dim needs a size to load at; the Model plans each batch from there.
+  lo.batch = sizes[0];
   Graph g = load_model(p.model, lo);
   const Device device = resolve_device(p.get("--device", "auto"));
   Model model(g, options_for(p, device));
