@@ -100,6 +100,24 @@ TEST_CASE("cli: run reads .npy inputs and writes .npy outputs", "[cli]") {
   CHECK_THAT(u.out, Catch::Contains("removed 0 dead nodes") && !Catch::Contains("fused 1"));
   epilog::Tensor z = epilog::read_npy((dir / "unfused" / "block.act.npy").string());
   CHECK(epilog::test::max_rel_err(y, z) <= 1e-5);
+  // An input at another batch names the fix; with it the model runs at that batch. Another
+  // shape is refused naming both.
+  epilog::write_npy((dir / "x2.npy").string(), epilog::Tensor::randn({2, 16, 160, 160}, 78));
+  epilog::write_npy((dir / "c8.npy").string(), epilog::Tensor::randn({1, 8, 160, 160}, 79));
+  const std::string x2 =
+      fmt::format("run {} --device cpu --input x={}", kDemo, (dir / "x2.npy").string());
+  Result batch = cli(x2);
+  CHECK(batch.status == 1);
+  CHECK_THAT(batch.err, Catch::Contains("a batch of 2, the model is loaded at batch 1: add "
+                                        "--batch 2"));
+  Result rebound = cli(x2 + " --batch 2");
+  CHECK(rebound.status == 0);
+  CHECK_THAT(rebound.out, Catch::Contains("[2,16,160,160]"));
+  Result other =
+      cli(fmt::format("run {} --device cpu --input x={}", kDemo, (dir / "c8.npy").string()));
+  CHECK(other.status == 1);
+  CHECK_THAT(other.err,
+             Catch::Contains("shape [1,8,160,160], the model's input 'x' is [1,16,160,160]"));
 }
 
 TEST_CASE("cli: --batch rebinds the batch dimension", "[cli]") {

@@ -181,7 +181,19 @@ std::map<std::string, Tensor> make_inputs(const Parsed& p, const Graph& g) {
     if (!g.is_input(name))
       fail("--input {}: the model has no input '{}' (inputs: {})", spec, name,
            fmt::join(g.inputs, ", "));
-    inputs[name] = read_npy(spec.substr(eq + 1));
+    Tensor t = read_npy(spec.substr(eq + 1));
+    const Shape& want = g.value(name).shape;
+    const Shape& got = t.shape();
+    if (got != want) {
+      const bool batch_only = got.size() == want.size() && !got.empty() &&
+                              std::equal(got.begin() + 1, got.end(), want.begin() + 1);
+      if (batch_only)
+        fail("--input {}: a batch of {}, the model is loaded at batch {}: add --batch {}", spec,
+             got[0], want[0], got[0]);
+      fail("--input {}: shape {}, the model's input '{}' is {}", spec, shape_str(got), name,
+           shape_str(want));
+    }
+    inputs[name] = std::move(t);
   }
   uint64_t seed = p.flag("--seed") ? uint64_t(to_int("--seed", p.get("--seed"), 0)) : 0;
   for (const std::string& name : g.inputs)
