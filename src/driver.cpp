@@ -20,7 +20,8 @@ CompileOptions CompileOptions::with_env() const {
     o.prologue = false;
   if (const char* v = std::getenv("EPILOG_FORCE_CONV_KERNEL"); v && *v) {
     o.force_conv = parse_conv_kernel(v);
-    if (!o.force_conv) fail("EPILOG_FORCE_CONV_KERNEL='{}': expected scalar, tiled, gemm or gemv", v);
+    if (!o.force_conv)
+      fail("EPILOG_FORCE_CONV_KERNEL='{}': expected scalar, tiled, gemm or gemv", v);
   }
   return o;
 }
