@@ -3,7 +3,10 @@
 plans differ, the two builds taking turns.
 
   tools/plan_diff.py --a OLD/bin/epilog --b NEW/bin/epilog MODEL... [--batches 1,16]
-                     [--time] [--rounds 2] [--iters 100]
+                     [--time] [--rounds 2] [--iters 100] [--work DIR]
+
+MODEL: a model file (JSON or ONNX), or a name tools/zoo.py takes (resnet50, timm:NAME), which
+is exported with PyTorch's legacy exporter at batch 1 into --work (where PyTorch is installed).
 
 `epilog explain --device cuda` needs no GPU (without one it plans for the default H200
 profile), so the comparison runs anywhere: for each model and batch, the nodes whose explain
@@ -13,6 +16,7 @@ for --rounds rounds; unchanged ones cost no device time. A change to lowering's 
 measured where it acts, and nowhere else.
 """
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -46,6 +50,27 @@ def median_ms(bench_text):
     return float(m.group(1)) if m else None
 
 
+def model_file(model, work):
+    """A model file as given, else the ONNX file of the zoo model so named (exported once)."""
+    if os.path.isfile(model):
+        return model
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import zoo
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if not hasattr(torch, "nn"):  # tools/torch, a folder of scripts, is no PyTorch
+        raise RuntimeError(f"'{model}' is not a file, and without PyTorch no zoo model can be "
+                           "exported")
+    path = os.path.join(work, zoo.file_safe(model) + ".onnx")
+    if not os.path.isfile(path):
+        os.makedirs(work, exist_ok=True)
+        net, size = zoo.build_model(model, 0)
+        zoo.export(net, zoo.make_input(size, 1, 0), "legacy", path)
+    return path
+
+
 def run(argv, timeout=600):
     r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
@@ -57,17 +82,25 @@ def run(argv, timeout=600):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog="See the header of this file for what is compared.")
-    p.add_argument("models", nargs="+", help="model files (JSON or ONNX)")
+    p.add_argument("models", nargs="+", help="model files (JSON or ONNX) or zoo names")
     p.add_argument("--a", required=True, help="build A's epilog CLI (the baseline)")
     p.add_argument("--b", required=True, help="build B's epilog CLI")
     p.add_argument("--batches", default="1,16", help="default: %(default)s")
     p.add_argument("--time", action="store_true", help="time the changed ones (CUDA machine)")
     p.add_argument("--rounds", type=int, default=2, help="turns each build takes (default 2)")
     p.add_argument("--iters", type=int, default=100, help="epilog bench --iters (default 100)")
+    p.add_argument("--work", default="/tmp/plan_diff",
+                   help="folder of the exported zoo models (default: %(default)s)")
     a = p.parse_args()
     batches = [b for b in a.batches.split(",") if b]
     changed, failed, start = [], False, time.time()
-    for model in a.models:
+    for name in a.models:
+        try:
+            model = model_file(name, a.work)
+        except Exception as e:  # an export that fails is reported; the others go on
+            print(f"{name}: {e}", file=sys.stderr)
+            failed = True
+            continue
         for batch in batches:
             try:
                 texts = [run([cli, "explain", model, "--device", "cuda", "--batch", batch])

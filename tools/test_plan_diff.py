@@ -58,6 +58,19 @@ class PlanDiff(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.count("0 node(s) planned differently"), 2, r.stdout)
 
+    def test_zoo_name_without_pytorch(self):
+        try:
+            import torch
+            if hasattr(torch, "nn"):
+                self.skipTest("PyTorch is installed: the name would be exported")
+        except ImportError:
+            pass
+        r = subprocess.run([sys.executable, os.path.join(HERE, "plan_diff.py"), "--a", "x",
+                            "--b", "y", "no_such_model"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("'no_such_model' is not a file, and without PyTorch", r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
