@@ -17,13 +17,12 @@ measured where it acts, and nowhere else.
 """
 import argparse
 import os
-import re
-import subprocess
 import sys
 import time
 
-REPLAY = re.compile(r"graph replay: median ([\d.]+) ms")
-END_TO_END = re.compile(r"end to end: median ([\d.]+) ms")
+sys.dont_write_bytecode = True  # no tools/__pycache__
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import zoo  # noqa: E402  (its runner, bench parser and exporter; PyTorch only to export)
 
 
 def plan_lines(explain_text):
@@ -45,17 +44,10 @@ def plan_changes(a_text, b_text):
     return out + [(n, line, None) for n, line in a.items() if n not in b]
 
 
-def median_ms(bench_text):
-    m = REPLAY.search(bench_text) or END_TO_END.search(bench_text)
-    return float(m.group(1)) if m else None
-
-
 def model_file(model, work):
     """A model file as given, else the ONNX file of the zoo model so named (exported once)."""
     if os.path.isfile(model):
         return model
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import zoo
     try:
         import torch
     except ImportError:
@@ -72,11 +64,10 @@ def model_file(model, work):
 
 
 def run(argv, timeout=600):
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        raise RuntimeError(f"'{' '.join(argv)}' failed (rc {r.returncode}): "
-                           f"{(r.stderr.strip().splitlines() or ['no output'])[-1]}")
-    return r.stdout
+    rc, out, err = zoo.run_cmd(argv, timeout)
+    if rc != 0:
+        raise RuntimeError(f"'{' '.join(argv)}': {zoo.command_error(rc, err, timeout)}")
+    return out
 
 
 def main():
@@ -105,7 +96,7 @@ def main():
             try:
                 texts = [run([cli, "explain", model, "--device", "cuda", "--batch", batch])
                          for cli in (a.a, a.b)]
-            except (RuntimeError, subprocess.TimeoutExpired) as e:
+            except RuntimeError as e:
                 print(f"{model} batch {batch}: {e}", file=sys.stderr)
                 failed = True
                 continue
@@ -121,15 +112,15 @@ def main():
             for _ in range(a.rounds):
                 for tag, cli in (("A", a.a), ("B", a.b)):
                     try:
-                        times[tag].append(median_ms(run(
+                        replay, _ = zoo.parse_bench(run(
                             [cli, "bench", model, "--device", "cuda", "--batch", batch, "--iters",
-                             str(a.iters), "--warmup", "10"])))
-                    except (RuntimeError, subprocess.TimeoutExpired) as e:
+                             str(a.iters), "--warmup", "10"]))
+                        times[tag].append(replay)
+                    except (RuntimeError, ValueError) as e:
                         print(f"{model} batch {batch}: {e}", file=sys.stderr)
                         failed = True
-            fmt = lambda v: "-" if v is None else f"{v:.3f}"
-            print(f"time {model} batch {batch}: A {' '.join(map(fmt, times['A']))} ms, "
-                  f"B {' '.join(map(fmt, times['B']))} ms "
+            ms = {tag: " ".join(f"{v:.3f}" for v in t) or "-" for tag, t in times.items()}
+            print(f"time {model} batch {batch}: A {ms['A']} ms, B {ms['B']} ms "
                   f"({time.time() - start:.0f} s)", flush=True)
     return 1 if failed else 0
 

@@ -1,5 +1,5 @@
 """Unit tests of tools/plan_diff.py: the reading of `epilog explain`'s node table, the nodes two
-plans differ on, the times read from `epilog bench`, and a run against the CLI where it is built.
+plans differ on, a run against the CLI where it is built, and a zoo name without PyTorch.
 Run: python3 tools/test_plan_diff.py"""
 import os
 import subprocess
@@ -39,13 +39,6 @@ class PlanDiff(unittest.TestCase):
         self.assertIsNone(diff[1][1])  # only B has it
         self.assertIsNone(diff[2][2])  # only A has it
         self.assertEqual(plan_diff.plan_changes(A, A), [])
-
-    def test_times(self):
-        self.assertEqual(plan_diff.median_ms(
-            "end to end: median 1.204 ms, min 1.1 ms\ngraph replay: median 0.412 ms, min 0.4"),
-            0.412)
-        self.assertEqual(plan_diff.median_ms("end to end: median 1.204 ms, min 1.1 ms"), 1.204)
-        self.assertIsNone(plan_diff.median_ms("no numbers"))
 
     def test_cli(self):
         cli = os.environ.get("EPILOG_CLI", os.path.join(HERE, "..", "build", "bin", "epilog"))

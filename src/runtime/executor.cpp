@@ -454,8 +454,8 @@ void Executor::execute(std::map<std::string, Tensor>& env, bool keep) {
       continue;
     }
     std::vector<Tensor> ins;
-    // The node folded into this one's loads (a conv pair's first conv, a prologue's elementwise):
-    // its input takes its output's place.
+    // The node folded into this one's loads (a conv pair's first conv, a prologue's elementwise;
+    // never both, fold_prologues): its input takes its output's place.
     const int into = in_place_on_ ? std::max(in_place_.pre[i], in_place_.pro[i]) : -1;
     const Node* first = into >= 0 ? &graph().nodes[size_t(into)] : nullptr;
     for (const std::string& in : node.inputs)
