@@ -424,12 +424,15 @@ ConvTiles conv_tiles(ConvKernel kernel, const ConvShape& s, const DeviceProfile&
       t.k = 32;
       t.stages = deep ? 3 : 2;
       t.m = t.n = 32;
-      // The largest tile m x n (n not past the Cout cover) for which fill(m, n) holds.
+      // The largest tile m x n (n not past the Cout cover, m not past the pixels') for which
+      // fill(m, n) holds: rows past the last pixel are zeros the MMAs still multiply (a linear
+      // layer's few rows). perf-history: "tiles no taller than the pixels".
+      const int m_cover = smallest_covering({32, 64, 128}, pixels);
       const auto largest = [&](auto fill) {
         int best_area = 0;
         for (int n : {128, 64, 32})
           for (int m : {128, 64, 32})
-            if (n <= cover && m * n > best_area && fill(m, n)) {
+            if (n <= cover && m <= m_cover && m * n > best_area && fill(m, n)) {
               best_area = m * n;
               t.m = m;
               t.n = n;

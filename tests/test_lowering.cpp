@@ -177,6 +177,9 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
       // 3x3 stride 2 with 25 blocks (1 x 10 x 10 squares, n = 64): under 66, gather; 100
       // blocks of 64 x 64, whole (9 k tiles), in 4 stages.
       {ConvKernel::Gemm, shape(1, 32, 160, 64, 3, 2), 132, {64, 64, 32, 4}},
+      // A linear layer of 16 rows (vgg11_bn's first classifier layer, batch 16): no tile taller
+      // than 32 rows; 32 tiles of 32 x 128 in 8 splits of 98 k tiles (256 blocks).
+      {ConvKernel::Gemm, shape(16, 25088, 1, 4096, 1), 132, {32, 128, 32, 4, 8}},
       // tiled: Cout 16 -> 16 channels; 25600 pixels -> 400 blocks of 64 >= 264.
       {ConvKernel::Tiled, shape(1, 16, 160, 16, 3), 132, {64, 16, 8, 0}},
       // tiled: Cout 64 -> 32-channel blocks (2); 6400 pixels: 64 -> 100 x 2 = 200 < 264.

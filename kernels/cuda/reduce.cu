@@ -12,8 +12,8 @@
 // Cluster rows (normalizations of rows over kWarpRowMax, up to kClusterRowMax): a row split over
 //   a thread-block cluster of up to 8 blocks (Hopper; one block elsewhere, rows up to
 //   kThreads * kClusterPer), each thread holding up to kClusterPer of its elements in registers;
-//   the blocks' sums meet through distributed shared memory (the mean, then the sum of squared
-//   deviations from it: two exact passes over registers). x read once, y written once, and
+//   each block's mean and squared deviations (two exact passes over registers) merge across the
+//   cluster through distributed shared memory in one round. x read once, y written once, and
 //   group_norm's few long groups (512 of 25088 floats at [16, 256, 56, 56]) fill the GPU.
 // Columns (reductions whose kept dims end with x's innermost, e.g. over the channels of NCHW; and
 //   layer_norm over dims that have inner dims after them): a block takes 8 to 32 neighbouring
@@ -399,66 +399,101 @@ __global__ void __launch_bounds__(kThreads)
 
 // Cluster rows: row r = blockIdx.x / splits, block rank = blockIdx.x % splits (its rank in the
 // cluster of `splits` consecutive blocks) owning elements [rank * chunk, min(len, + chunk)), chunk
-// <= kThreads * kClusterPer, len < 2^31. Thread t holds elements rank * chunk + t + kThreads * i.
-// Each block's sums go to its shared memory; every block adds all `splits` of them in rank order
-// (the same total in each), through distributed shared memory on a cluster (splits > 1).
+// a multiple of 4 and <= kThreads * kClusterPer, len < 2^31. Thread t holds the kClusterPer / 4
+// runs of 4 elements at rank * chunk + 4 * (t + kThreads * i), loaded as float4 when kVec4 (the
+// row and chunk 16-byte aligned). Each block takes its mean and sum of squared deviations from it
+// in two exact passes over registers; the cluster merges them in one round through distributed
+// shared memory (Chan et al.'s pairwise update, every block in rank order: the same total in
+// each): one cluster barrier for the statistics, not one a pass.
 constexpr int kClusterPer = 16;
 constexpr int kClusterMax = 8;  // blocks a cluster (the portable limit)
 constexpr int64_t kClusterRowMax = int64_t(kClusterMax) * kThreads * kClusterPer;
 
+template <bool kVec4>
 __global__ void __launch_bounds__(kThreads)
     row_norm_cluster_kernel(RowNorm s, int splits, int chunk, const float* __restrict__ x,
                             const float* __restrict__ scale, const float* __restrict__ bias,
                             float* __restrict__ y) {
   pdl_begin();
   __shared__ float scratch[kWarps];
-  __shared__ float part[2];  // this block's sum, then its sum of squared deviations
+  __shared__ float part[2];  // this block's mean and sum of squared deviations
   const int64_t r = blockIdx.x / splits;
   const int rank = int(blockIdx.x % splits);
   const int len = int(s.len), lo = rank * chunk, hi = min(len, lo + chunk);
   const float* __restrict__ row = x + r * s.len;
-  // The total of each block's `which` sum, in rank order.
-  const auto cluster_total = [&](float v, int which) {
-    v = row_all<true>(Reduce::Sum, v, scratch);
-    if (splits == 1) return v;
-    float t = 0.0f;
-#if __CUDA_ARCH__ >= 900  // clusters; the launcher splits rows on Hopper only
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    if (threadIdx.x == 0) part[which] = v;
-    cluster.sync();
-    for (int q = 0; q < splits; ++q) t += cluster.map_shared_rank(part, q)[which];
-#endif
-    return t;
-  };
+  const auto at = [&](int i, int e) { return lo + 4 * (int(threadIdx.x) + kThreads * i) + e; };
   float v[kClusterPer];
   float sum = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kClusterPer; ++i) {
-    const int j = lo + int(threadIdx.x) + kThreads * i;
-    v[i] = j < hi ? __ldg(row + j) : 0.0f;
-    sum += v[i];
-  }
-  const float mean = cluster_total(sum, 0) / float(len);
-  float var = 0.0f;
+  for (int i = 0; i < kClusterPer / 4; ++i) {
+    if constexpr (kVec4) {
+      const float4 q = at(i, 0) < hi ? __ldg(reinterpret_cast<const float4*>(row + at(i, 0)))
+                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
+    } else {
 #pragma unroll
-  for (int i = 0; i < kClusterPer; ++i) {
-    const int j = lo + int(threadIdx.x) + kThreads * i;
-    const float d = j < hi ? v[i] - mean : 0.0f;
-    var += d * d;
+      for (int e = 0; e < 4; ++e) v[4 * i + e] = at(i, e) < hi ? __ldg(row + at(i, e)) : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sum += v[4 * i + e];
   }
-  const float rstd = rsqrtf(cluster_total(var, 1) / float(len) + s.eps);
+  const float n_block = float(max(hi - lo, 0));
+  const float block_mean = row_all<true>(Reduce::Sum, sum, scratch) / fmaxf(n_block, 1.0f);
+  float m2 = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kClusterPer / 4; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float d = at(i, e) < hi ? v[4 * i + e] - block_mean : 0.0f;
+      m2 += d * d;
+    }
+  m2 = row_all<true>(Reduce::Sum, m2, scratch);
+  float mean = block_mean;
+#if __CUDA_ARCH__ >= 900  // clusters; the launcher splits rows on Hopper only
+  namespace cg = cooperative_groups;
+  if (splits > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) part[0] = block_mean, part[1] = m2;
+    cluster.sync();
+    // Merge the blocks' (count, mean, M2) in rank order: n = na + nb, mean += (mb - mean) nb / n,
+    // M2 += M2b + (mb - mean_a)^2 na nb / n.
+    float n = 0.0f;
+    mean = 0.0f;
+    m2 = 0.0f;
+    for (int q = 0; q < splits; ++q) {
+      const float* pq = cluster.map_shared_rank(part, q);
+      const float nq = float(max(min(len, (q + 1) * chunk) - q * chunk, 0));
+      if (nq == 0.0f) continue;
+      const float total = n + nq, d = pq[0] - mean;
+      mean += d * (nq / total);
+      m2 += pq[1] + d * d * (n * nq / total);
+      n = total;
+    }
+  }
+#endif
+  const float rstd = rsqrtf(m2 / float(len) + s.eps);
   // -- normalize: channel c0 + j / inner (group_norm, instance_norm) or j (layer_norm) --
   const int per_group = s.groups ? int(s.len / s.inner) : 0, inner = int(s.inner);
   const int c0 = s.groups ? int(r % s.groups) * per_group : 0;
   float* __restrict__ out = y + r * s.len;
 #pragma unroll
-  for (int i = 0; i < kClusterPer; ++i) {
-    const int j = lo + int(threadIdx.x) + kThreads * i;
-    if (j >= hi) continue;
-    const int p = s.groups ? c0 + j / inner : j;
-    const float b = bias ? __ldg(bias + p) : 0.0f;
-    out[j] = (v[i] - mean) * rstd * __ldg(scale + p) + b;
+  for (int i = 0; i < kClusterPer / 4; ++i) {
+    if (at(i, 0) >= hi) continue;
+    float o[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = at(i, e);
+      const int p = s.groups ? c0 + j / inner : j;
+      const float b = bias ? __ldg(bias + p) : 0.0f;
+      o[e] = (v[4 * i + e] - mean) * rstd * __ldg(scale + p) + b;
+    }
+    if constexpr (kVec4) {
+      *reinterpret_cast<float4*>(out + at(i, 0)) = make_float4(o[0], o[1], o[2], o[3]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (at(i, e) < hi) out[at(i, e)] = o[e];
+    }
   }
 #if __CUDA_ARCH__ >= 900
   // No block may leave while the others still read its shared memory.
@@ -568,10 +603,14 @@ void row_norm(const RowNorm& s, const float* x, const float* scale, const float*
     constexpr int64_t kHeld = int64_t(kThreads) * kClusterPer;
     const int64_t least = ceil_div(s.len, kHeld), enough = ceil_div(max_blocks() / 4, s.rows);
     const int splits = device_sm90() ? int(std::clamp<int64_t>(enough, least, kClusterMax)) : 1;
-    const int chunk = int(ceil_div(s.len, splits));
-    EPILOG_CUDA_REQUIRE(s.rows * splits < (int64_t(1) << 31));
-    launch_pdl(row_norm_cluster_kernel, dim3(unsigned(s.rows * splits)), dim3(kThreads), 0, stream,
-               unsigned(splits), s, splits, chunk, x, scale, bias, y);
+    const int chunk = int(ceil_div(ceil_div(s.len, splits), 4) * 4);
+    EPILOG_CUDA_REQUIRE(s.rows * splits < (int64_t(1) << 31) && chunk <= kHeld);
+    // float4 where every row starts 16-byte aligned (the buffers are).
+    const bool vec4 = s.len % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    launch_pdl(vec4 ? row_norm_cluster_kernel<true> : row_norm_cluster_kernel<false>,
+               dim3(unsigned(s.rows * splits)), dim3(kThreads), 0, stream, unsigned(splits), s,
+               splits, chunk, x, scale, bias, y);
   } else {
     EPILOG_LAUNCH_ROWS(row_norm_kernel, s.rows, s.len, stream, s, x, scale, bias, y);
   }
