@@ -9,6 +9,7 @@
 //   LayerNorm as reduce_mean, sub, pow, ..., add       -> layer_norm
 //   reduce_mean over every dim after N and C           -> global_avgpool (+ flatten)
 //   reshape, transpose, reshape on the channels        -> channel_shuffle
+//   channel_shuffle of a concat on the channels        -> channel_shuffle of its inputs
 //   reshape to 6-D, transpose, reshape (pixel_shuffle) -> depth_to_space
 //   transpose to NHWC, layer_norm / linear / activation -> their NCHW twins, transposes that
 //   cancel                                               -> none
@@ -262,7 +263,7 @@ void layer_norm_rules(std::vector<Rule>& rules) {
   }
 }
 
-// -- global_avgpool, channel_shuffle --
+// -- global_avgpool, channel_shuffle, its concat --
 
 // The mean over every dim after N and C is global_avgpool; without keepdims a flatten to [N, C]
 // follows (a view: its output lives in its input's storage).
@@ -331,6 +332,36 @@ Rule channel_shuffle_rule() {
             Attrs a;
             a.set("groups", m.graph->value(m.value("split")).shape[1]);
             return unary(m, OpKind::ChannelShuffle, a);
+          }};
+}
+
+// channel_shuffle of a concat on the channels (ShuffleNet's cat(x1, branch(x2)) -> shuffle)
+// reads the concat's inputs: the concat is never stored, and an input that is a split's part
+// is read where it lies.
+Rule shuffle_concat_rule() {
+  return {"channel_shuffle(concat)->channel_shuffle",
+          op(OpKind::ChannelShuffle, {op(OpKind::Concat, {}, "cat")}, "shuffle"),
+          OpKind::ChannelShuffle,
+          [](const Match& m) -> std::string {
+            const Node &cat = m.node("cat"), &shuffle = m.node("shuffle");
+            const size_t rank = m.graph->value(cat.outputs[0]).shape.size();
+            const int64_t axis = cat.attrs.i("axis");
+            if (axis != 1 && axis != 1 - int64_t(rank))
+              return fmt::format("concat '{}' is on axis {}, not the channels", cat.name, axis);
+            if (shuffle.inputs.size() != 1)
+              return fmt::format("'{}' already reads {} inputs", shuffle.name,
+                                 shuffle.inputs.size());
+            if (cat.inputs.size() > size_t(kMaxShuffleInputs))
+              return fmt::format("concat '{}' has {} inputs, a shuffle reads at most {}", cat.name,
+                                 cat.inputs.size(), kMaxShuffleInputs);
+            return "";
+          },
+          [](const Match& m) {
+            const Node &cat = m.node("cat"), &shuffle = m.node("shuffle");
+            return Replacement{
+                {Node{shuffle.name, OpKind::ChannelShuffle, shuffle.attrs, cat.inputs,
+                      shuffle.outputs}},
+                {}};
           }};
 }
 
@@ -692,6 +723,7 @@ std::vector<Rule> canonicalize_rules() {
   layer_norm_rules(rules);
   rules.push_back(global_avgpool_rule());
   rules.push_back(channel_shuffle_rule());
+  rules.push_back(shuffle_concat_rule());
   rules.push_back(depth_to_space_rule());
   channels_last_rules(rules);
   rules.push_back(sub_pixel_rule());

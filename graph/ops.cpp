@@ -226,18 +226,29 @@ std::vector<Shape> infer_transpose(const InferContext& ctx) {
 }
 
 // x [N, C, ...] whose C the `groups` attribute divides.
-void expect_channel_groups(const InferContext& ctx) {
-  const Shape& x = ctx.inputs[0];
+void expect_channel_groups(const InferContext& ctx, const Shape& x) {
   const int64_t groups = ctx.attrs.i("groups");
   if (groups < 1 || x[1] % groups != 0)
     ctx.fail("groups={} does not divide the {} channels of {}", groups, x[1], shape_str(x));
 }
 
+// channel_shuffle's inputs, concatenated on dim 1, are its output's shape.
 std::vector<Shape> infer_channel_shuffle(const InferContext& ctx) {
-  const Shape& x = ctx.inputs[0];
-  if (x.size() < 2) ctx.fail("input 'x' has shape {}, expected at least 2 dims", shape_str(x));
-  expect_channel_groups(ctx);
-  return {x};
+  if (ctx.inputs.size() > size_t(kMaxShuffleInputs))
+    ctx.fail("{} inputs, at most {}", ctx.inputs.size(), kMaxShuffleInputs);
+  Shape y = ctx.inputs[0];
+  if (y.size() < 2) ctx.fail("input 'x' has shape {}, expected at least 2 dims", shape_str(y));
+  for (size_t i = 1; i < ctx.inputs.size(); ++i) {
+    const Shape& s = ctx.inputs[i];
+    bool ok = s.size() == y.size();
+    for (size_t d = 0; ok && d < s.size(); ++d) ok = d == 1 || s[d] == y[d];
+    if (!ok)
+      ctx.fail("input {} has shape {}, which does not match {} outside dim 1", i, shape_str(s),
+               shape_str(ctx.inputs[0]));
+    y[1] += s[1];
+  }
+  expect_channel_groups(ctx, y);
+  return {y};
 }
 
 // depth_to_space: [N, C' * bh * bw, H, W] -> [N, C', H * bh, W * bw]; space_to_depth back.
@@ -350,7 +361,7 @@ std::vector<Shape> infer_layer_norm(const InferContext& ctx) {
 // x [N, C, ...] with per-channel scale and bias, as batchnorm's parameters.
 std::vector<Shape> infer_group_norm(const InferContext& ctx) {
   const Shape& x = ctx.inputs[0];
-  if (ctx.op == OpKind::GroupNorm && x.size() >= 2) expect_channel_groups(ctx);
+  if (ctx.op == OpKind::GroupNorm && x.size() >= 2) expect_channel_groups(ctx, x);
   return infer_batchnorm(ctx);
 }
 

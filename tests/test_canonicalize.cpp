@@ -124,6 +124,32 @@ TEST_CASE("canonicalize: reshape, transpose, reshape on the channels is channel_
   untouched(build({2, 3, 4, 3, 5}, {0, 2, 1, 4, 3}, {2, 12, 5, 3}), "is no channel shuffle");
 }
 
+TEST_CASE("canonicalize: channel_shuffle of a concat on the channels reads the concat's inputs",
+          "[canonicalize]") {
+  const auto build = [](int64_t axis, bool cat_out) {
+    Builder b;
+    Val x = b.input("x", {2, 6, 4, 4}), z = b.input("z", {2, 6, 4, 4});
+    Val cat = b.concat({x, z}, axis, "cat");
+    b.output(b.channel_shuffle(cat, 2, "cs"));
+    if (cat_out) b.output(cat);
+    return b.build();
+  };
+  for (int64_t axis : {1, -3}) {
+    const Graph g = canonical(build(axis, false), OpKind::ChannelShuffle, 0);
+    CHECK(g.nodes[0].inputs == std::vector<std::string>{"x", "z"});
+    CHECK(g.nodes[0].name == "cs");
+  }
+  untouched(build(1, true), "'cat' is a graph output");
+  Builder b;
+  Val x = b.input("x", {2, 6, 4, 4});
+  b.output(b.channel_shuffle(b.concat({x, x}, 2, "cat"), 2, "cs"));
+  untouched(b.build(), "concat 'cat' is on axis 2, not the channels");
+  Builder many;
+  Val y = many.input("x", {2, 2, 4, 4});
+  many.output(many.channel_shuffle(many.concat(std::vector<Val>(9, y), 1, "cat"), 2, "cs"));
+  untouched(many.build(), "concat 'cat' has 9 inputs, a shuffle reads at most 8");
+}
+
 #ifdef EPILOG_HAVE_ONNX
 
 namespace {

@@ -116,8 +116,7 @@ TEST_CASE("cpu ops: reshape keeps the elements, 0 and -1 as ONNX", "[cpu][reshap
                          test::Says({"[transpose]", "'t'", "not a permutation"}));
 }
 
-TEST_CASE("cpu ops: channel_shuffle against its index formula, and as the gather CUDA runs",
-          "[cpu][channel_shuffle]") {
+TEST_CASE("cpu ops: channel_shuffle against its index formula", "[cpu][channel_shuffle]") {
   const std::vector<std::pair<Shape, int64_t>> cases = {
       {{2, 12, 3, 5}, 3}, {{1, 6, 4}, 2}, {{3, 8}, 4}, {{2, 6, 2, 2, 3}, 6}, {{2, 5, 3, 3}, 1}};
   uint64_t seed = 30;
@@ -132,24 +131,36 @@ TEST_CASE("cpu ops: channel_shuffle against its index formula, and as the gather
     });
     const Tensor y = run1(x, [&](Builder& b, Val v) { return b.channel_shuffle(v, groups); });
     test::expect_exact(y.f32(), ref);
-    // The CUDA backend runs it as a gather of this view (runtime/params.h); the CPU's gather of
-    // the same view must give the same elements.
-    Attrs a;
-    a.set("groups", groups);
-    const Node node{"cs",
-                    OpKind::ChannelShuffle,
-                    normalize_attrs(OpKind::ChannelShuffle, "cs", a),
-                    {"x"},
-                    {"y"}};
-    const GatherView v = gather_view(node, shape);
-    Tensor view = test::poisoned(v.sizes);
-    cpu::gather(x, v.offset, v.strides, view);
-    test::expect_exact(view.f32(), ref);
   }
   Builder b;
   Val v = b.input("x", {2, 12, 3, 5});
   REQUIRE_THROWS_MATCHES(b.channel_shuffle(v, 5, "cs"), Error,
                          test::Says({"[channel_shuffle]", "'cs'", "groups=5", "12 channels"}));
+}
+
+TEST_CASE("cpu ops: channel_shuffle of parts is the shuffle of their concat, split views too",
+          "[cpu][channel_shuffle]") {
+  // x's split parts are views whose items lie apart (batch 2): the shuffle reads them in place.
+  const Tensor x = Tensor::randn({2, 10, 3, 4}, 41), z = Tensor::randn({2, 2, 3, 4}, 42);
+  for (int64_t groups : {2, 3, 4, 6}) {
+    INFO(groups << " groups");
+    const Tensor y = run1({{"x", x}, {"z", z}}, [&](Builder& b, const std::vector<Val>& v) {
+      const std::vector<Val> s = b.split(v[0], 1, {4, 6});
+      return b.channel_shuffle({s[1], v[1], s[0]}, groups);
+    });
+    const Tensor want = run1({{"x", x}, {"z", z}}, [&](Builder& b, const std::vector<Val>& v) {
+      const std::vector<Val> s = b.split(v[0], 1, {4, 6});
+      return b.channel_shuffle(b.concat({s[1], v[1], s[0]}, 1), groups);
+    });
+    REQUIRE(y.shape() == Shape{2, 12, 3, 4});
+    test::expect_exact(y.f32(), std::vector<double>(want.f32(), want.f32() + want.numel()));
+  }
+  Builder b;
+  Val a = b.input("a", {2, 4, 3}), c = b.input("c", {2, 4, 5});
+  REQUIRE_THROWS_MATCHES(b.channel_shuffle({a, c}, 2, "cs"), Error,
+                         test::Says({"[channel_shuffle]", "'cs'", "input 1", "outside dim 1"}));
+  REQUIRE_THROWS_MATCHES(b.channel_shuffle(std::vector<Val>(9, a), 2, "cs"), Error,
+                         test::Says({"[channel_shuffle]", "'cs'", "9 inputs, at most 8"}));
 }
 
 // -- depth_to_space, space_to_depth --

@@ -81,8 +81,8 @@ class Tensor {
   // The items of dim 0 lie item_stride() elements apart: numel() / dim(0) for a contiguous
   // tensor, more for a part of a larger tensor's items (a channel slab of an NCHW batch).
   // Such a tensor goes only to the kernels that take a stride (convolutions, add, elementwise
-  // chains, max-pooling, upsampling, concat, split); copies and to() handle it, reshape() refuses
-  // it.
+  // chains, max-pooling, upsampling, concat, split, channel shuffle); copies and to() handle
+  // it, reshape() refuses it.
   bool contiguous() const { return item_stride_ == 0; }
   int64_t item_stride() const;
   // Elements [offset, offset + numel(shape) / shape[0]) of every item along dim 0, as a

@@ -59,19 +59,34 @@ void gather(const Tensor& x, int64_t offset, const std::vector<int64_t>& strides
   });
 }
 
-void channel_shuffle(const Tensor& x, int64_t groups, Tensor& y) {
-  const Shape& xs = x.shape();
-  EPILOG_ASSERT(xs.size() >= 2 && groups >= 1 && xs[1] % groups == 0 && y.shape() == xs &&
-                    x.contiguous() && y.contiguous(),
-                "channel_shuffle {} in {} groups", shape_str(xs), groups);
-  const int64_t c = xs[1], per = c / groups, inner = x.numel() / (xs[0] * c);
-  const float* xp = x.f32();
+void channel_shuffle(const std::vector<const Tensor*>& parts, int64_t groups, Tensor& y) {
+  const Shape& ys = y.shape();
+  EPILOG_ASSERT(ys.size() >= 2 && groups >= 1 && ys[1] % groups == 0 && !parts.empty(),
+                "channel_shuffle of {} parts into {} in {} groups", parts.size(), shape_str(ys),
+                groups);
+  const int64_t c = ys[1], per = c / groups, inner = y.numel() / (ys[0] * c);
+  // part of each channel of x, and its first channel
+  std::vector<const Tensor*> owner;
+  std::vector<int64_t> first;
+  for (const Tensor* p : parts) {
+    EPILOG_ASSERT(p->rank() == y.rank() && p->dim(0) == ys[0] &&
+                      p->numel() == ys[0] * p->dim(1) * inner,
+                  "channel_shuffle part {} into {}", shape_str(p->shape()), shape_str(ys));
+    for (int64_t ch = 0; ch < p->dim(1); ++ch) {
+      owner.push_back(p);
+      first.push_back(int64_t(owner.size()) - 1 - ch);
+    }
+  }
+  EPILOG_ASSERT(int64_t(owner.size()) == c, "channel_shuffle parts of {} channels into {}",
+                owner.size(), shape_str(ys));
   float* yp = y.f32();
-  for (int64_t n = 0; n < xs[0]; ++n)
+  for (int64_t n = 0; n < ys[0]; ++n)
     for (int64_t i = 0; i < groups; ++i)
       for (int64_t j = 0; j < per; ++j) {
-        const float* from = xp + (n * c + i * per + j) * inner;
-        std::copy(from, from + inner, yp + (n * c + j * groups + i) * inner);
+        const int64_t q = i * per + j;
+        const Tensor& x = *owner[size_t(q)];
+        const float* from = x.f32() + n * x.item_stride() + (q - first[size_t(q)]) * inner;
+        std::copy(from, from + inner, yp + n * y.item_stride() + (j * groups + i) * inner);
       }
 }
 

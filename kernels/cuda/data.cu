@@ -1,19 +1,24 @@
-// Data-movement CUDA kernels: the slab copies behind concat and split, nearest upsampling.
+// Data-movement CUDA kernels: the slab copies behind concat and split, the channel shuffle,
+// nearest upsampling.
 //
 // copy_slabs  for each slab k: dst_k[o * dst_row_k + dst_start_k + j] =
 //             src_k[o * src_row_k + src_start_k + j] for o < outer, j < len_k: each o one
 //             contiguous run of len_k floats in both tensors. concat and split are one launch
 //             for all their parts (up to kMaxSlabs a launch): a launch each cost the four
 //             4 x [16,256,20,20] parts of YOLOv5's SPPF concat more than their copies.
+// channel_shuffle  y[img, o, :] = x[img, (o % groups) * (C / groups) + o / groups, :], x the
+//             parts concatenated on dim 1: each output row (img, o) one contiguous run of inner
+//             floats copied from its part.
 // upsample    y[p, oh, ow] = x[p, oh / scale_h, ow / scale_w] over planes p < n * c, with
 //             y's planes (h * scale_h) x (w * scale_w).
 // Layout: float32, device pointers; src and dst must not overlap. Slab rows may lie apart
-//   (src_row, dst_row); upsample's images x_image and y_image floats apart (channel slabs of a
-//   larger batch); everything else is contiguous.
+//   (src_row, dst_row); channel_shuffle's parts' and y's images part.item and y_item floats
+//   apart, upsample's x_image and y_image (channel slabs of a larger batch); everything else is
+//   contiguous.
 // Grid: copy_slabs: blocks of kThreads x kUnroll items, each in one slab: slab k owns blocks
 //   [first_block[k], first_block[k + 1]), every block of every slab launched at once, and a
 //   thread's kUnroll items kThreads apart, all loaded before the first store. upsample: 1-D and
-//   grid-stride, kThreads per block, at most one full wave (grid_for). A work item is V = 4
+//   grid-stride, kThreads per block, at most one full wave (grid_for), and so is channel_shuffle. A work item is V = 4
 //   consecutive floats of one row (float4 loads and stores) when the row length and every row
 //   start are multiples of 4 and the pointers are 16-byte aligned, else one float (copy_slabs
 //   launches the slabs that allow float4 apart from those that do not). Slab item w is row
@@ -99,6 +104,38 @@ __global__ void __launch_bounds__(kThreads) copy_slabs_kernel(SlabSet<I> s) {
     if (base + I(u) * kThreads < items) *reinterpret_cast<T*>(dst + at[u]) = v[u];
 }
 
+// -- channel_shuffle --
+
+// One launch's parts: pointers, each one's first channel of x and item stride.
+template <class I>
+struct ShuffleSet {
+  int n;
+  const float* x[kMaxSlabs];
+  I first[kMaxSlabs], item[kMaxSlabs];
+};
+
+template <int V, class I>
+__global__ void __launch_bounds__(kThreads)
+    shuffle_kernel(ShuffleSet<I> s, I items, Divisor<I> chunks, Divisor<I> c, Divisor<I> groups,
+                   I per, I inner, float* __restrict__ y, I y_item) {
+  pdl_begin();
+  using T = std::conditional_t<V == 4, float4, float>;
+  const I step = I(gridDim.x) * kThreads;
+  for (I w = I(blockIdx.x) * kThreads + threadIdx.x; w < items; w += step) {
+    const I row = chunks.div(w), col = (w - row * chunks.d) * V;
+    const I img = c.div(row), o = row - img * c.d;
+    const I j = groups.div(o), q = (o - j * groups.d) * per + j;
+    // -- q's part, by unrolled selects (s stays in the parameter bank) --
+    const float* x = s.x[0];
+    I first = s.first[0], item = s.item[0];
+#pragma unroll
+    for (int k = 1; k < kMaxSlabs; ++k)
+      if (k < s.n && q >= s.first[k]) x = s.x[k], first = s.first[k], item = s.item[k];
+    const T v = __ldg(reinterpret_cast<const T*>(x + img * item + (q - first) * inner + col));
+    *reinterpret_cast<T*>(y + img * y_item + o * inner + col) = v;
+  }
+}
+
 // -- upsample_nearest --
 
 template <int V, class I>
@@ -173,6 +210,35 @@ void copy_slabs(int64_t outer, const Slab* slabs, int n, Stream stream) {
     }
     flush();
   }
+}
+
+void channel_shuffle(int64_t n, int64_t inner, int64_t groups, const ShufflePart* parts, int count,
+                     float* y, int64_t y_item, Stream stream) {
+  EPILOG_CUDA_REQUIRE(count >= 1 && count <= kMaxSlabs && groups >= 1);
+  int64_t c = 0, span = n * y_item;  // every index is below the largest tensor's extent
+  bool vec = inner % 4 == 0 && y_item % 4 == 0 && aligned16(y);
+  for (int k = 0; k < count; ++k) {
+    c += parts[k].channels;
+    span = std::max(span, n * parts[k].item);
+    vec = vec && parts[k].item % 4 == 0 && aligned16(parts[k].x);
+  }
+  EPILOG_CUDA_REQUIRE(c % groups == 0);
+  const int64_t chunks = vec ? inner / 4 : inner, items = n * c * chunks;
+  if (items == 0) return;
+  dispatch(vec, fits32(std::max(span, items)), [&](auto v, auto i) {
+    using I = decltype(i);
+    ShuffleSet<I> s{};
+    s.n = count;
+    int64_t first = 0;
+    for (int k = 0; k < count; ++k) {
+      s.x[k] = parts[k].x, s.first[k] = I(first), s.item[k] = I(parts[k].item);
+      first += parts[k].channels;
+    }
+    launch_pdl(shuffle_kernel<decltype(v)::value, I>, grid_for(items, kThreads), kThreads, 0,
+               stream, 1, s, I(items), Divisor<I>(I(chunks)), Divisor<I>(I(c)),
+               Divisor<I>(I(groups)), I(c / groups), I(inner), y, I(y_item));
+  });
+  check_launch("channel_shuffle");
 }
 
 void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_h, int64_t scale_w,

@@ -402,6 +402,17 @@ void concat(const Ctx& c, In in, Out out) {
   cuda::copy_slabs(v.outer, slabs.data(), int(slabs.size()), c.stream);
 }
 
+// channel_shuffle: its inputs (the concat it reads through) in one launch.
+void channel_shuffle(const Ctx& c, In in, Out out) {
+  static_assert(kMaxShuffleInputs <= cuda::kMaxSlabs, "a shuffle's parts fit one launch");
+  Tensor& y = out[0];
+  if (y.numel() == 0) return;
+  std::vector<cuda::ShufflePart> parts;
+  for (const Tensor& x : in) parts.push_back({dev(x), x.dim(1), x.item_stride()});
+  cuda::channel_shuffle(y.dim(0), y.numel() / (y.dim(0) * y.dim(1)), c.node.attrs.i("groups"),
+                        parts.data(), int(parts.size()), dev(y), y.item_stride(), c.stream);
+}
+
 void split(const Ctx& c, In in, Out out) {
   const Tensor& x = in[0];
   const int64_t axis = norm_axis(c.node, x.rank());
@@ -424,7 +435,7 @@ void check_rank(const Ctx& c, const Shape& s) {
          cuda::kMaxRank);
 }
 
-// transpose, slice and channel_shuffle: a strided view of x (GatherView) copied out.
+// transpose and slice: a strided view of x (GatherView) copied out.
 void gather(const Ctx& c, In in, Out out) {
   const GatherView g = gather_view(c.node, in[0].shape());
   check_rank(c, g.sizes);
@@ -572,7 +583,7 @@ const std::array<CudaKernel, kNumOps>& kernels() {
     };
     at(OpKind::Transpose) = gather;
     at(OpKind::Slice) = gather;
-    at(OpKind::ChannelShuffle) = gather;
+    at(OpKind::ChannelShuffle) = channel_shuffle;
     for (OpKind op : {OpKind::DepthToSpace, OpKind::SpaceToDepth})
       at(op) = [](const Ctx& c, In in, Out out) {
         const bool to_space = c.node.op == OpKind::DepthToSpace;

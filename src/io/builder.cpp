@@ -285,9 +285,14 @@ Val Builder::transpose(Val x, const std::vector<int64_t>& perm, const std::strin
 }
 
 Val Builder::channel_shuffle(Val x, int64_t groups, const std::string& name) {
+  return channel_shuffle(std::vector<Val>{x}, groups, name);
+}
+
+Val Builder::channel_shuffle(const std::vector<Val>& parts, int64_t groups,
+                             const std::string& name) {
   Attrs a;
   a.set("groups", groups);
-  return single(OpKind::ChannelShuffle, {x}, a, name);
+  return single(OpKind::ChannelShuffle, parts, a, name);
 }
 
 Val Builder::depth_space(OpKind op, Val x, const std::vector<int64_t>& blocksize,

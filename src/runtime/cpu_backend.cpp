@@ -86,7 +86,9 @@ const std::array<CpuKernel, kNumOps>& kernels() {
       };
     at(OpKind::Reshape) = at(OpKind::Flatten);
     at(OpKind::ChannelShuffle) = [](const Node& n, In in, Out out) {
-      cpu::channel_shuffle(in[0], n.attrs.i("groups"), out[0]);
+      std::vector<const Tensor*> parts;
+      for (const Tensor& x : in) parts.push_back(&x);
+      cpu::channel_shuffle(parts, n.attrs.i("groups"), out[0]);
     };
     for (OpKind op : {OpKind::DepthToSpace, OpKind::SpaceToDepth})
       at(op) = [](const Node& n, In in, Out out) {

@@ -105,6 +105,7 @@ bool takes_strided(const Graph& g, const Node& node) {
     case OpKind::UpsampleNearest:
     case OpKind::Concat:
     case OpKind::Split:
+    case OpKind::ChannelShuffle:
     case OpKind::FusedElementwise:  // chain_shape walks every tensor by its item stride
       return true;
     case OpKind::Add: {

@@ -115,12 +115,6 @@ GatherView gather_view(const Node& node, const Shape& x) {
     }
     return v;
   }
-  if (node.op == OpKind::ChannelShuffle) {
-    const int64_t groups = node.attrs.i("groups"), per = x[1] / groups, inner = stride[1];
-    v.sizes = {x[0], per, groups, inner};
-    v.strides = {stride[0], inner, per * inner, 1};
-    return v;
-  }
   EPILOG_ASSERT(node.op == OpKind::Slice, "gather_view of a {}", op_name(node.op));
   const SliceDims s = slice_dims(ctx);
   v.sizes = s.out;

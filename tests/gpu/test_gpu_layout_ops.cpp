@@ -87,6 +87,30 @@ TEST_CASE("gpu layout ops: channel_shuffle, the gather of a 4-D view of x", "[gp
         kExact);
 }
 
+TEST_CASE("gpu layout ops: channel_shuffle of parts, one a split's strided view", "[gpu][ops]") {
+  // ShuffleNetV2's stride-1 block reads the first half of a split (a view whose images lie apart)
+  // and its branch's output; odd sizes take the one-float path.
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> cases = {{58, 28, 2}, {6, 5, 3}};
+  for (const auto& [c, hw, groups] : cases) {
+    INFO(c << " + " << c << " channels of " << hw << "x" << hw << " in " << groups << " groups");
+    Builder b(5);
+    const Shape part{2, c, hw, hw};
+    b.output(b.channel_shuffle({b.input("x1", part), b.input("x2", part)}, groups));
+    const Graph g = b.build();
+    const Tensor whole = Tensor::randn({2, 2 * c, hw, hw}, 7);
+    Tensor x1 = Tensor::empty(part);  // whole's second half, contiguous
+    const int64_t item = c * hw * hw;
+    for (int64_t n = 0; n < 2; ++n)
+      std::copy(whole.f32() + (2 * n + 1) * item, whole.f32() + (2 * n + 2) * item,
+                x1.f32() + n * item);
+    const Tensor device_whole = whole.to(Device::CUDA);
+    const Tensor view = device_whole.part(item, part);
+    REQUIRE_FALSE(view.contiguous());
+    const test::Outputs o = test::run_node(g, {{"x1", x1}}, {{"x1", view}});
+    test::require_close(o.gpu[0], o.cpu[0], "shuffle of parts", kExact);
+  }
+}
+
 TEST_CASE("gpu layout ops: reshape is a view on the device too", "[gpu][ops]") {
   check_op(
       {{2, 116, 28, 28}},

@@ -23,6 +23,9 @@ constexpr int kNumOps = 0
 #undef EPILOG_OP
     ;
 
+// channel_shuffle's inputs (ops.def): the parts one CUDA launch reads.
+constexpr int kMaxShuffleInputs = 8;
+
 using AttrValue = std::variant<int64_t, double, std::vector<int64_t>, std::string>;
 enum class AttrType : uint8_t { Int, Float, Ints, String };
 const char* attr_type_name(AttrType type);

@@ -118,8 +118,10 @@ class Builder {
   Val sub(Val a, Val b, const std::string& name = "");
   Val div(Val a, Val b, const std::string& name = "");
   Val transpose(Val x, const std::vector<int64_t>& perm, const std::string& name = "");
-  // ShuffleNet's channel shuffle of x [N, C, ...] in `groups` groups.
+  // ShuffleNet's channel shuffle of x [N, C, ...] in `groups` groups; of parts, of their concat
+  // on dim 1 (at most kMaxShuffleInputs).
   Val channel_shuffle(Val x, int64_t groups, const std::string& name = "");
+  Val channel_shuffle(const std::vector<Val>& parts, int64_t groups, const std::string& name = "");
   // OpKind::DepthToSpace or SpaceToDepth (ONNX's) in blocks of blocksize [bh, bw] (one value:
   // square), mode "DCR" or "CRD" (PyTorch's pixel_shuffle and pixel_unshuffle).
   Val depth_space(OpKind op, Val x, const std::vector<int64_t>& blocksize,

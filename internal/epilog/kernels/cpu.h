@@ -60,10 +60,11 @@ void conv_transpose2d(const ConvShape& s, const float* x, const float* w, const 
 // y = x viewed as y's shape with element strides `strides` from element `offset`:
 // y[i_0, ..., i_r] = x[offset + sum_d i_d * strides[d]]. Transpose and slice are such views.
 void gather(const Tensor& x, int64_t offset, const std::vector<int64_t>& strides, Tensor& y);
-// x [N, C, ...] with its channels in `groups` groups of C / groups, each channel j of group i
-// moved to j * groups + i: y[n, j * groups + i, ...] = x[n, i * (C / groups) + j, ...]
-// (ShuffleNet's channel shuffle).
-void channel_shuffle(const Tensor& x, int64_t groups, Tensor& y);
+// x [N, C, ...], the parts concatenated on dim 1, with its channels in `groups` groups of
+// C / groups, each channel j of group i moved to j * groups + i:
+// y[n, j * groups + i, ...] = x[n, i * (C / groups) + j, ...] (ShuffleNet's channel shuffle).
+// Parts and y may be strided along dim 0.
+void channel_shuffle(const std::vector<const Tensor*>& parts, int64_t groups, Tensor& y);
 // depth_to_space (to_space: x deep [N, C * bh * bw, H, W], y wide [N, C, H * bh, W * bw]) and
 // space_to_depth (x wide, y deep): wide[n, ch, h * bh + i, w * bw + j] is deep[n, dc, h, w] with
 // dc = ch * bh * bw + i * bw + j (crd) or (i * bw + j) * C + ch (DCR).

@@ -130,6 +130,15 @@ constexpr int kMaxSlabs = 8;  // a launch's; copy_slabs launches again for more
 // All the slabs (any number) of one outer count, in one launch where up to kMaxSlabs of them
 // allow the same vector width: concat and split.
 void copy_slabs(int64_t outer, const Slab* slabs, int n, Stream stream);
+// channel_shuffle: x [n, C, inner], the parts concatenated on dim 1 (up to kMaxSlabs), each
+// part's items part.item floats apart and y's y_item apart; channel j of group i of `groups` moves
+// to j * groups + i: y[img, j * groups + i, :] = x[img, i * (C / groups) + j, :].
+struct ShufflePart {
+  const float* x;
+  int64_t channels, item;
+};
+void channel_shuffle(int64_t n, int64_t inner, int64_t groups, const ShufflePart* parts, int count,
+                     float* y, int64_t y_item, Stream stream);
 // x_image, y_image: floats between consecutive images (c*h*w and c*ho*wo when contiguous).
 void upsample_nearest(int64_t n, int64_t c, int64_t h, int64_t w, int64_t scale_h, int64_t scale_w,
                       const float* x, int64_t x_image, float* y, int64_t y_image, Stream stream);

@@ -29,10 +29,9 @@ ChainShape chain_shape(const Node& node, const std::vector<Tensor>& in, const Te
 PoolShape pool_shape(const Node& node, const Shape& x, const Shape& y);
 PoolShape pool_shape(const Node& node, const Tensor& x, const Tensor& y);  // with image strides
 
-// transpose, slice and channel_shuffle as a strided view of x (contiguous, shape x): the view's
-// element i_0, ..., i_r (over `sizes`, in row-major order) is x[offset + sum_d i_d * strides[d]],
-// and y (contiguous) holds them in that order. sizes is y's shape, except channel_shuffle's:
-// [N, C / groups, groups, the product of the dims after C].
+// transpose and slice as a strided view of x (contiguous, shape x): the view's element i_0, ...,
+// i_r (over `sizes`, in row-major order) is x[offset + sum_d i_d * strides[d]], and y
+// (contiguous) holds them in that order; sizes is y's shape.
 struct GatherView {
   int64_t offset = 0;
   Shape sizes;
