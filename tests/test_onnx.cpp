@@ -684,4 +684,18 @@ TEST_CASE("onnx: --batch rebinds a reshape that carries the exported batch (chan
   set_i(f.node("Reshape", {"x", "flat"}, {"y"}, "view"), "allowzero", 1);
   f.output("y");
   CHECK(f.load(o).value("y").shape == Shape{3, 6});
+  // timm's ResNeSt: x.reshape(batch, -1) with the batch traced as 1 keeps the batch, not
+  // [1, 3 * 8]; the reshape after it to [1, 2, 4, 1, 1] then finds [3, 8, 1, 1].
+  Model r;
+  r.input("x", {1, 2, 4});
+  r.ints("rows", {1, -1});
+  r.ints("cols", {1, 8, 1, 1});
+  r.ints("radix", {1, 2, 4, 1, 1});
+  r.node("Reshape", {"x", "rows"}, {"a"}, "rows");
+  r.node("Reshape", {"a", "cols"}, {"b"}, "cols");
+  r.node("Reshape", {"b", "radix"}, {"y"}, "radix");
+  r.output("y");
+  const Graph rg = r.load(o);
+  CHECK(rg.value("a").shape == Shape{3, 8});
+  CHECK(rg.value("y").shape == Shape{3, 2, 4, 1, 1});
 }

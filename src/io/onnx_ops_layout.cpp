@@ -279,13 +279,17 @@ void op_reshape(Importer& im) {
   std::vector<int64_t> want = im.ints_in(1, "shape");
   const Shape& x = im.shape_in(0);
   // A shape the exporter wrote with the batch it traced (shufflenet's channel shuffle at
-  // batch 1), on a run-time tensor whose batch was rebound: its first dim is the batch.
-  if (im.batch() > 0 && im.file_batch() > 0 && !want.empty() && want[0] == im.file_batch() &&
-      !x.empty() && x[0] == im.batch() && !im.const_in(0)) {
+  // batch 1, ResNeSt's reshape(batch, -1)), on a run-time tensor whose batch was rebound: its
+  // first dim is the batch, else the batch would fold into the other dims.
+  if (im.batch() > 0 && im.file_batch() > 0 && im.batch() != im.file_batch() && !want.empty() &&
+      want[0] == im.file_batch() && !x.empty() && x[0] == im.batch() && !im.const_in(0)) {
     int64_t known = 1, total = 1;
     for (int64_t d : want) known *= d > 0 ? d : 1;
     for (int64_t d : x) total *= d;
-    if (known != total && std::find(want.begin(), want.end(), -1) == want.end()) want[0] = -1;
+    if (std::find(want.begin(), want.end(), -1) != want.end())
+      want[0] = x[0];
+    else if (known != total)
+      want[0] = -1;
   }
   Shape target = reshaped(x, want, im.attr_int("allowzero", 0) != 0);
   reshape_to(im, target);
