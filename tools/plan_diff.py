@@ -3,7 +3,7 @@
 plans differ, the two builds taking turns.
 
   tools/plan_diff.py --a OLD/bin/epilog --b NEW/bin/epilog MODEL... [--batches 1,16]
-                     [--time] [--rounds 2] [--iters 100] [--work DIR]
+                     [--time [--all]] [--rounds 2] [--iters 100] [--work DIR]
 
 MODEL: a model file (JSON or ONNX), or a name tools/zoo.py takes (resnet50, timm:NAME), which
 is exported with PyTorch's legacy exporter at batch 1 into --work (where PyTorch is installed).
@@ -13,7 +13,8 @@ profile), so the comparison runs anywhere: for each model and batch, the nodes w
 line (kernel, tiles, rule) differs between the builds. With --time, on a CUDA machine, each
 model and batch that differs is timed by `epilog bench` (the graph replay's median), A then B,
 for --rounds rounds; unchanged ones cost no device time. A change to lowering's rules is then
-measured where it acts, and nowhere else.
+measured where it acts, and nowhere else. --all times every model and batch: a change inside a
+kernel leaves the plans as they were.
 """
 import argparse
 import os
@@ -78,11 +79,15 @@ def main():
     p.add_argument("--b", required=True, help="build B's epilog CLI")
     p.add_argument("--batches", default="1,16", help="default: %(default)s")
     p.add_argument("--time", action="store_true", help="time the changed ones (CUDA machine)")
+    p.add_argument("--all", action="store_true",
+                   help="with --time, time the unchanged ones too (kernel changes)")
     p.add_argument("--rounds", type=int, default=2, help="turns each build takes (default 2)")
     p.add_argument("--iters", type=int, default=100, help="epilog bench --iters (default 100)")
     p.add_argument("--work", default="/tmp/plan_diff",
                    help="folder of the exported zoo models (default: %(default)s)")
     a = p.parse_args()
+    if a.all and not a.time:
+        p.error("--all says what --time times: give --time too")
     batches = [b for b in a.batches.split(",") if b]
     changed, failed, start = [], False, time.time()
     for name in a.models:
@@ -104,7 +109,7 @@ def main():
             print(f"{model} batch {batch}: {len(diff)} node(s) planned differently")
             for node, old, new in diff:
                 print(f"  A {old or '(none)'}\n  B {new or '(none)'}")
-            if diff:
+            if diff or a.all:
                 changed.append((model, batch))
     if a.time:
         for model, batch in changed:

@@ -51,6 +51,13 @@ class PlanDiff(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stdout.count("0 node(s) planned differently"), 2, r.stdout)
 
+    def test_all_needs_time(self):
+        r = subprocess.run([sys.executable, os.path.join(HERE, "plan_diff.py"), "--a", "x",
+                            "--b", "y", "m.json", "--all"], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--all says what --time times", r.stderr)
+
     def test_zoo_name_without_pytorch(self):
         try:
             import torch
