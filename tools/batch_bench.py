@@ -8,10 +8,11 @@ For each model (default: resnet50 and the YOLO-like model) and batch size:
   - epilog's, from `epilog bench MODEL --device cuda --batch N,M,...` (one model, a cached plan
     per batch size): peak activations + workspace + outputs (inputs and outputs less the
     input), and images/s end to end.
-  - Cached-plan latency at --latency-batch: a Model that planned another batch first
-    (`epilog bench --batch 1,N`, its second plan) against a fresh single-batch executor
-    (`epilog bench --batch N`), end to end, taking turns for --rounds rounds in the same call:
-    one round cannot tell a difference of a few percent from the card's drift.
+  - Cached-plan latency at --latency-batch N: one Model at N, then at another batch, then at N
+    again (`epilog bench --batch N,M,N`): its first plan at N and that plan cached, seen before,
+    against a fresh single-batch executor (`epilog bench --batch N`), end to end, taking turns
+    for --rounds rounds in the same call: one round cannot tell a difference of a few percent
+    from the card's drift. The first plan tells the Model's path apart from the cache.
 
 Writes batch_bench.md and batch_bench.jsonl under --out. Needs a CUDA machine with PyTorch
 (and torchvision for resnet50). The YOLO-like model runs from models/yolo_like.json in epilog
@@ -45,6 +46,11 @@ def parse_sweep(text):
                    "activations_mib": float(m.group(4)), "workspace_mib": float(m.group(5)),
                    "io_mib": float(m.group(6))}
     return rows
+
+
+def sweep_times(text, batch):
+    """`epilog bench --batch N,M,...` output -> the medians at `batch`, in the order run."""
+    return [float(m.group(2)) for m in SWEEP_LINE.finditer(text) if int(m.group(1)) == batch]
 
 
 def parse_single(text):
@@ -146,13 +152,15 @@ def main():
         rows = parse_sweep(sweep.stdout)
         lb = a.latency_batch
         first = next((b for b in batches + big if b != lb), lb + 1)
-        cached, fresh = [], []
+        model_first, cached, fresh = [], [], []
         for _ in range(a.rounds):
-            c = run([a.epilog, "bench", path, "--device", "cuda", "--batch", f"{first},{lb}",
+            c = run([a.epilog, "bench", path, "--device", "cuda", "--batch", f"{lb},{first},{lb}",
                      "--iters", str(a.iters)], a.timeout)
             f = run([a.epilog, "bench", path, "--device", "cuda", "--batch", str(lb), "--iters",
                      str(a.iters)], a.timeout)
-            cached.append(parse_sweep(c.stdout).get(lb, {}).get("ms"))
+            at_lb = sweep_times(c.stdout, lb)
+            model_first.append(at_lb[0] if at_lb else None)
+            cached.append(at_lb[1] if len(at_lb) > 1 else None)
             fresh.append(parse_single(f.stdout))
         for b in batches + big:
             e = rows.get(b)
@@ -164,6 +172,7 @@ def main():
                 "epilog_peak_mib": None if e is None else
                 e["activations_mib"] + e["workspace_mib"] + e["io_mib"] -
                 b * chw[0] * chw[1] * chw[2] * 4 / MIB,
+                "model_first_ms": model_first if b == lb else None,
                 "cached_ms": cached if b == lb else None,
                 "fresh_ms": fresh if b == lb else None,
                 "error": None if e else (sweep.stderr.strip().splitlines() or ["no output"])[-1],
@@ -173,11 +182,12 @@ def main():
             f.write(json.dumps(r) + "\n")
     lines = [f"card: {card}, PyTorch {torch.__version__}", "",
              "| model | batch | PyTorch peak (MiB) | epilog peak (MiB) | epilog images/s | "
-             "epilog ms | cached plan / fresh executor ms, by round |",
+             "epilog ms | Model's first plan / cached plan / fresh executor ms, by round |",
              "|---|---|---|---|---|---|---|"]
     fmt = lambda v, f="{:.1f}": "-" if v is None else f.format(v)
     pairs = lambda r: "-" if not r["fresh_ms"] else ", ".join(
-        f"{fmt(c, '{:.3f}')} / {fmt(f, '{:.3f}')}" for c, f in zip(r["cached_ms"], r["fresh_ms"]))
+        " / ".join(fmt(v, "{:.3f}") for v in t)
+        for t in zip(r["model_first_ms"], r["cached_ms"], r["fresh_ms"]))
     for r in results:
         e = r["epilog"] or {}
         lines.append(f"| {r['model']} | {r['batch']} | {fmt(r['torch_peak_mib'])} | "
