@@ -64,6 +64,7 @@ void channel_shuffle(const std::vector<const Tensor*>& parts, int64_t groups, Te
   EPILOG_ASSERT(ys.size() >= 2 && groups >= 1 && ys[1] % groups == 0 && !parts.empty(),
                 "channel_shuffle of {} parts into {} in {} groups", parts.size(), shape_str(ys),
                 groups);
+  if (y.numel() == 0) return;
   const int64_t c = ys[1], per = c / groups, inner = y.numel() / (ys[0] * c);
   // part of each channel of x, and its first channel
   std::vector<const Tensor*> owner;
