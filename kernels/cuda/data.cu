@@ -17,12 +17,13 @@
 //   contiguous.
 // Grid: copy_slabs: blocks of kThreads x kUnroll items, each in one slab: slab k owns blocks
 //   [first_block[k], first_block[k + 1]), every block of every slab launched at once, and a
-//   thread's kUnroll items kThreads apart, all loaded before the first store. upsample: 1-D and
-//   grid-stride, kThreads per block, at most one full wave (grid_for), and so is channel_shuffle. A work item is V = 4
-//   consecutive floats of one row (float4 loads and stores) when the row length and every row
-//   start are multiples of 4 and the pointers are 16-byte aligned, else one float (copy_slabs
-//   launches the slabs that allow float4 apart from those that do not). Slab item w is row
-//   w / chunks, column (w % chunks) * V. upsample: item w is output row w / chunks (plane
+//   thread's kUnroll items kThreads apart, all loaded before the first store. upsample and
+//   channel_shuffle: 1-D and grid-stride, kThreads per block, at most one full wave (grid_for).
+//   A work item is V = 4 consecutive floats of one row (float4 loads and stores) when the row
+//   length and every row start are multiples of 4 and the pointers are 16-byte aligned, else one
+//   float (copy_slabs launches the slabs that allow float4 apart from those that do not). Slab
+//   item w is row w / chunks, column (w % chunks) * V; channel_shuffle's the same over y's rows
+//   (image, channel). upsample: item w is output row w / chunks (plane
 //   row / ho, oh = row % ho), columns (w % chunks) * V .. + V, each read from
 //   x[iw = ow / scale_w]: neighbouring outputs share inputs, so a warp's reads hit 1 / scale_w
 //   as many addresses as it writes.
