@@ -126,9 +126,9 @@ std::vector<Shape> infer_fused_elementwise(const InferContext& ctx) {
   return infer_broadcast(ctx);
 }
 
-std::vector<Shape> infer_concat(const InferContext& ctx) {
+// The inputs concatenated on `axis` (normalized): concat's output, channel_shuffle's.
+Shape concat_shape(const InferContext& ctx, int64_t axis) {
   Shape out = ctx.inputs[0];
-  int64_t axis = normalize_axis(ctx, ctx.attrs.i("axis"), static_cast<int>(out.size()));
   for (size_t i = 1; i < ctx.inputs.size(); ++i) {
     const Shape& s = ctx.inputs[i];
     bool ok = s.size() == out.size();
@@ -138,7 +138,12 @@ std::vector<Shape> infer_concat(const InferContext& ctx) {
                shape_str(ctx.inputs[0]), axis);
     out[axis] += s[axis];
   }
-  return {out};
+  return out;
+}
+
+std::vector<Shape> infer_concat(const InferContext& ctx) {
+  return {concat_shape(
+      ctx, normalize_axis(ctx, ctx.attrs.i("axis"), static_cast<int>(ctx.inputs[0].size())))};
 }
 
 std::vector<Shape> infer_split(const InferContext& ctx) {
@@ -236,17 +241,9 @@ void expect_channel_groups(const InferContext& ctx, const Shape& x) {
 std::vector<Shape> infer_channel_shuffle(const InferContext& ctx) {
   if (ctx.inputs.size() > size_t(kMaxShuffleInputs))
     ctx.fail("{} inputs, at most {}", ctx.inputs.size(), kMaxShuffleInputs);
-  Shape y = ctx.inputs[0];
-  if (y.size() < 2) ctx.fail("input 'x' has shape {}, expected at least 2 dims", shape_str(y));
-  for (size_t i = 1; i < ctx.inputs.size(); ++i) {
-    const Shape& s = ctx.inputs[i];
-    bool ok = s.size() == y.size();
-    for (size_t d = 0; ok && d < s.size(); ++d) ok = d == 1 || s[d] == y[d];
-    if (!ok)
-      ctx.fail("input {} has shape {}, which does not match {} outside dim 1", i, shape_str(s),
-               shape_str(ctx.inputs[0]));
-    y[1] += s[1];
-  }
+  if (ctx.inputs[0].size() < 2)
+    ctx.fail("input 'x' has shape {}, expected at least 2 dims", shape_str(ctx.inputs[0]));
+  const Shape y = concat_shape(ctx, 1);
   expect_channel_groups(ctx, y);
   return {y};
 }

@@ -158,7 +158,7 @@ TEST_CASE("cpu ops: channel_shuffle of parts is the shuffle of their concat, spl
   Builder b;
   Val a = b.input("a", {2, 4, 3}), c = b.input("c", {2, 4, 5});
   REQUIRE_THROWS_MATCHES(b.channel_shuffle({a, c}, 2, "cs"), Error,
-                         test::Says({"[channel_shuffle]", "'cs'", "input 1", "outside dim 1"}));
+                         test::Says({"[channel_shuffle]", "'cs'", "input 1", "outside axis 1"}));
   REQUIRE_THROWS_MATCHES(b.channel_shuffle(std::vector<Val>(9, a), 2, "cs"), Error,
                          test::Says({"[channel_shuffle]", "'cs'", "9 inputs, at most 8"}));
 }

@@ -66,27 +66,22 @@ void channel_shuffle(const std::vector<const Tensor*>& parts, int64_t groups, Te
                 groups);
   if (y.numel() == 0) return;
   const int64_t c = ys[1], per = c / groups, inner = y.numel() / (ys[0] * c);
-  // part of each channel of x, and its first channel
-  std::vector<const Tensor*> owner;
-  std::vector<int64_t> first;
+  // x's channels: the part of each and its channel there
+  std::vector<std::pair<const Tensor*, int64_t>> src;
   for (const Tensor* p : parts) {
     EPILOG_ASSERT(p->rank() == y.rank() && p->dim(0) == ys[0] &&
                       p->numel() == ys[0] * p->dim(1) * inner,
                   "channel_shuffle part {} into {}", shape_str(p->shape()), shape_str(ys));
-    for (int64_t ch = 0; ch < p->dim(1); ++ch) {
-      owner.push_back(p);
-      first.push_back(int64_t(owner.size()) - 1 - ch);
-    }
+    for (int64_t ch = 0; ch < p->dim(1); ++ch) src.push_back({p, ch});
   }
-  EPILOG_ASSERT(int64_t(owner.size()) == c, "channel_shuffle parts of {} channels into {}",
-                owner.size(), shape_str(ys));
+  EPILOG_ASSERT(int64_t(src.size()) == c, "channel_shuffle parts of {} channels into {}",
+                src.size(), shape_str(ys));
   float* yp = y.f32();
   for (int64_t n = 0; n < ys[0]; ++n)
     for (int64_t i = 0; i < groups; ++i)
       for (int64_t j = 0; j < per; ++j) {
-        const int64_t q = i * per + j;
-        const Tensor& x = *owner[size_t(q)];
-        const float* from = x.f32() + n * x.item_stride() + (q - first[size_t(q)]) * inner;
+        const auto [x, ch] = src[size_t(i * per + j)];
+        const float* from = x->f32() + n * x->item_stride() + ch * inner;
         std::copy(from, from + inner, yp + n * y.item_stride() + (j * groups + i) * inner);
       }
 }
