@@ -550,3 +550,15 @@ TEST_CASE("executor: a flatten or reshape runs no copy, its output a view of its
   CHECK(witness.viewed == std::map<std::string, bool>{
                               {"fc.to_4d", true}, {"fc.to_nd", true}, {"flat", true}, {"rs", true}});
 }
+
+TEST_CASE("executor: a conv split by groups reads split views and writes its concat in place",
+          "[executor]") {
+  Builder b(23);
+  Val x = b.input("x", {2, 64, 6, 6});
+  b.output(b.relu(b.conv2d(b.relu(x, "pre"), "radix", ConvOpts(128, 3).padding(1).groups(2)),
+                  "act"));
+  Runs r = run_both(b.build());
+  check_equal(r);
+  CHECK(std::count(r.in_place.begin(), r.in_place.end(), "radix.groups") == 1);
+  CHECK(std::count(r.in_place.begin(), r.in_place.end(), "radix.concat") == 1);
+}
