@@ -22,9 +22,10 @@
 //   memory (column_all). layer_norm keeps a thread's elements in registers from the one read
 //   where they are at most kColumnHeld.
 // Strided (reduce when the reduced dims are not innermost and the columns do not apply, or
-//   an output reduces under kColumnMinCount elements; softmax over an inner axis): one output (reduce) or one (outer, inner) column (softmax) per thread,
-//   looping over the reduced elements; consecutive threads read consecutive elements of the kept
-//   inner dims, so the reads stay coalesced.
+//   an output reduces under kColumnMinCount elements; softmax over an inner axis): one output
+//   (reduce) or one (outer, inner) column (softmax) per thread, looping over the reduced
+//   elements; consecutive threads read consecutive elements of the kept inner dims, so the
+//   reads stay coalesced.
 // Math: float32 sums and products (the CPU reference works in double; the tests bound the
 //   difference). Max and min propagate NaN. softmax: y = e^(x - max) / sum e^(x - max);
 //   log_softmax y = x - max - log(sum e^(x - max)). Normalization: mean, then the biased variance
