@@ -19,8 +19,7 @@
 //   layer_norm over dims that have inner dims after them): a block takes 8 to 32 neighbouring
 //   columns of one outer index (a warp reads 8 to 32 consecutive floats an element, coalesced)
 //   and splits each column's elements among kThreads / kCols threads; the parts meet in shared
-//   memory (column_all). layer_norm keeps a thread's elements in registers from the one read
-//   where they are at most kColumnHeld.
+//   memory (column_all).
 // Strided (reduce when the reduced dims are not innermost and the columns do not apply, or
 //   an output reduces under kColumnMinCount elements; softmax over an inner axis): one output
 //   (reduce) or one (outer, inner) column (softmax) per thread, looping over the reduced
@@ -368,10 +367,7 @@ __global__ void __launch_bounds__(kThreads)
 // takes kCols neighbouring columns of one o and splits each column's len elements among
 // kThreads / kCols threads, so even a 7x7 plane at batch 1 fills many threads; a warp reads
 // kCols consecutive floats per element (coalesced), and partial sums meet in shared memory.
-// kHeld > 0: a thread's (at most kHeld) elements stay in registers from the one read, all its
-// loads in flight at once; else it reads them once a pass (three passes). A 7x7 plane at batch 1
-// is 7 blocks: the passes' load chains, not bandwidth, set its time.
-template <int kCols, int kHeld>
+template <int kCols>
 __global__ void __launch_bounds__(kThreads)
     row_norm_columns_kernel(RowNorm s, const float* __restrict__ x, const float* __restrict__ scale,
                             const float* __restrict__ bias, float* __restrict__ y) {
@@ -385,60 +381,26 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = tile % tiles_per_outer * kCols + col;
     const bool live = i < s.inner;  // dead threads still join the block's barriers
     const int64_t base = tile / tiles_per_outer * s.len * s.inner + i;
-    float held[kHeld > 0 ? kHeld : 1];
     float sum = 0.0f;
-    if constexpr (kHeld > 0) {
-#pragma unroll
-      for (int k = 0; k < kHeld; ++k) {
-        const int64_t j = part + int64_t(k) * kParts;
-        held[k] = live && j < s.len ? __ldg(x + base + j * s.inner) : 0.0f;
-      }
-#pragma unroll
-      for (int k = 0; k < kHeld; ++k) sum += held[k];  // the loop form's order: j ascending
-    } else if (live) {
+    if (live)
       for (int64_t j = part; j < s.len; j += kParts) sum += __ldg(x + base + j * s.inner);
-    }
     const float mean = column_all<kCols>(Reduce::Sum, sum, partial, column) / float(s.len);
     float var = 0.0f;
-    if constexpr (kHeld > 0) {
-#pragma unroll
-      for (int k = 0; k < kHeld; ++k) {
-        const float d = held[k] - mean;
-        if (part + int64_t(k) * kParts < s.len) var += d * d;
-      }
-    } else if (live) {
+    if (live)
       for (int64_t j = part; j < s.len; j += kParts) {
         const float d = __ldg(x + base + j * s.inner) - mean;
         var += d * d;
       }
-    }
     const float rstd =
         rsqrtf(column_all<kCols>(Reduce::Sum, var, partial, column) / float(s.len) + s.eps);
-    if (!live) continue;
-    if constexpr (kHeld > 0) {
-#pragma unroll
-      for (int k = 0; k < kHeld; ++k) {
-        const int64_t j = part + int64_t(k) * kParts;
-        if (j < s.len)
-          y[base + j * s.inner] =
-              (held[k] - mean) * rstd * __ldg(scale + j) + (bias ? __ldg(bias + j) : 0.0f);
-      }
-    } else {
+    if (live)
       for (int64_t j = part; j < s.len; j += kParts) {
         const float b = bias ? __ldg(bias + j) : 0.0f;
         y[base + j * s.inner] =
             (__ldg(x + base + j * s.inner) - mean) * rstd * __ldg(scale + j) + b;
       }
-    }
   }
 }
-
-// Up to this many elements a thread held in registers (ConvNeXt-T's 768 channels at kCols = 8).
-constexpr int kColumnHeld = 32;
-template <int kCols>
-constexpr auto row_norm_held_kernel = row_norm_columns_kernel<kCols, kColumnHeld>;
-template <int kCols>
-constexpr auto row_norm_passes_kernel = row_norm_columns_kernel<kCols, 0>;
 
 // Cluster rows: row r = blockIdx.x / splits, block rank = blockIdx.x % splits (its rank in the
 // cluster of `splits` consecutive blocks) owning elements [rank * chunk, min(len, + chunk)), chunk
@@ -637,11 +599,8 @@ void row_norm(const RowNorm& s, const float* x, const float* scale, const float*
   if (s.groups == 0 && s.inner > 1) {
     const int64_t outer = s.rows / s.inner;
     const int cols = column_tile([&](int64_t c) { return outer * ceil_div(s.inner, c); });
-    const int64_t tiles = outer * ceil_div(s.inner, cols);
-    if (ceil_div(s.len, kThreads / cols) <= kColumnHeld)
-      EPILOG_LAUNCH_COLUMNS(row_norm_held_kernel, cols, tiles, stream, s, x, scale, bias, y);
-    else
-      EPILOG_LAUNCH_COLUMNS(row_norm_passes_kernel, cols, tiles, stream, s, x, scale, bias, y);
+    EPILOG_LAUNCH_COLUMNS(row_norm_columns_kernel, cols, outer * ceil_div(s.inner, cols), stream, s,
+                          x, scale, bias, y);
   } else if (s.len > kWarpRowMax &&
              s.len <= (device_sm90() ? kClusterRowMax : int64_t(kThreads) * kClusterPer)) {
     // Blocks a row: as few as hold it in registers, more (up to a cluster's 8) while the grid

@@ -373,10 +373,9 @@ TEST_CASE("gpu layout ops: layer_norm, group_norm and instance_norm", "[gpu][ops
       kFloat32Norm);
   // Over dims with dims after them (columns): ConvNeXt's channels-first LayerNorm, and two
   // middle dims. On a 132-SM card the planes take column tiles of 8, 16 and 32, and 7x7 leaves
-  // dead threads in its last tile; 1100 channels are more than a thread holds in registers (the
-  // kernel's three-pass form).
-  for (const Shape& shape : std::vector<Shape>{
-           {2, 96, 14, 14}, {1, 768, 7, 7}, {8, 40, 28, 28}, {6, 64, 56, 56}, {1, 1100, 3, 3}})
+  // dead threads in its last tile.
+  for (const Shape& shape :
+       std::vector<Shape>{{2, 96, 14, 14}, {1, 768, 7, 7}, {8, 40, 28, 28}, {6, 64, 56, 56}})
     check_op(
         {shape},
         [](Builder& b, std::vector<Val> v) { return b.layer_norm(v[0], "ln", 1, 1e-6, 1); },
