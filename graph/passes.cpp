@@ -497,6 +497,124 @@ std::vector<Rule> elementwise_rules() {
            check, fuse_chain}};
 }
 
+namespace {
+
+// A grouped conv runs on the scalar kernels; a group this wide runs faster as a conv of its own
+// on gemm: its reduction (input channels x taps) at least the gemm threshold, at least
+// kSplitMinGroupCout outputs (the wgmma direct kernel's minimum), and at most kMaxSplitGroups
+// launches. ResNeSt-14d at batch 16 (H100): its radix convs (2 groups of 64 to 512 channels)
+// took 2.98 ms each on the scalar kernel. perf-history: "wide groups split".
+constexpr int64_t kMaxSplitGroups = 8;
+constexpr int64_t kSplitMinGroupReduction = 16;
+constexpr int64_t kSplitMinGroupCout = 32;
+
+// Whether a conv's groups are each wide enough for gemm (the others, depthwise convs among them,
+// are no candidates: lowering's explain says why they run grouped).
+bool wide(const Graph& g, const Node& conv) {
+  const int64_t groups = conv.attrs.i("groups");
+  const Shape& w = g.value(conv.inputs[1]).shape;  // [Cout, Cin / groups, R, S]
+  return groups >= 2 && w[1] * w[2] * w[3] >= kSplitMinGroupReduction &&
+         w[0] / groups >= kSplitMinGroupCout;
+}
+
+// Why a conv of wide groups stays one, or "".
+std::string splittable(const Match& m) {
+  const Graph& g = *m.graph;
+  const Node& conv = m.node("conv");
+  const int64_t groups = conv.attrs.i("groups");
+  if (groups > kMaxSplitGroups)
+    return fmt::format("{} groups, more than {} launches", groups, kMaxSplitGroups);
+  for (size_t i = 1; i < 4; ++i)
+    if (!g.is_weight(conv.inputs[i])) return fmt::format("'{}' is computed", conv.inputs[i]);
+  return "";
+}
+
+// Rows [i * n, (i + 1) * n) of t's dim 0.
+Tensor rows_of(const Tensor& t, int64_t i, int64_t n) {
+  Shape s = t.shape();
+  s[0] = n;
+  Tensor out = Tensor::empty(s);
+  const int64_t per = shape_numel(s);
+  std::copy(t.f32() + i * per, t.f32() + (i + 1) * per, out.f32());
+  return out;
+}
+
+Replacement split_groups(const Match& m) {
+  const Graph& g = *m.graph;
+  const Node& conv = m.node("conv");
+  const int64_t groups = conv.attrs.i("groups");
+  const int64_t cin = g.value(conv.inputs[1]).shape[1], cout = g.value(conv.inputs[1]).shape[0];
+  const bool residual = conv.inputs.size() > 4;
+  Replacement r;
+  // A split of `value` on the channels into `groups` parts of `each`: the parts' names.
+  const auto split = [&](const std::string& value, int64_t each, const std::string& what) {
+    Attrs a;
+    a.set("axis", int64_t(1));
+    a.set("sizes", std::vector<int64_t>(size_t(groups), each));
+    const std::string name = g.unique_name(conv.name + "." + what);
+    std::vector<std::string> parts;
+    for (int64_t i = 0; i < groups; ++i)
+      parts.push_back(g.unique_name(fmt::format("{}.{}", name, i)));
+    r.nodes.push_back(Node{name, OpKind::Split, normalize_attrs(OpKind::Split, name, a), {value},
+                           parts});
+    return parts;
+  };
+  const std::vector<std::string> xs = split(conv.inputs[0], cin, "groups");
+  const std::vector<std::string> rs =
+      residual ? split(conv.inputs[4], cout / groups, "residuals") : std::vector<std::string>{};
+  Attrs attrs = conv.attrs;
+  attrs.set("groups", int64_t(1));
+  std::vector<std::string> ys;
+  for (int64_t i = 0; i < groups; ++i) {
+    const std::string name = g.unique_name(fmt::format("{}.g{}", conv.name, i));
+    std::vector<std::string> in{xs[size_t(i)]};
+    for (size_t k = 1; k < 4; ++k) {
+      const std::string w = g.unique_name(fmt::format("{}.{}", name, k == 1   ? "weight"
+                                                                      : k == 2 ? "scale"
+                                                                               : "shift"));
+      r.weights[w] = rows_of(g.weights.at(conv.inputs[k]).data, i, cout / groups);
+      in.push_back(w);
+    }
+    if (residual) in.push_back(rs[size_t(i)]);
+    ys.push_back(g.unique_name(name + ".y"));
+    r.nodes.push_back(Node{name, OpKind::FusedConv2d,
+                           normalize_attrs(OpKind::FusedConv2d, name, attrs), in, {ys.back()}});
+  }
+  Attrs cat;
+  cat.set("axis", int64_t(1));
+  const std::string name = g.unique_name(conv.name + ".concat");
+  r.nodes.push_back(Node{name, OpKind::Concat, normalize_attrs(OpKind::Concat, name, cat), ys,
+                         conv.outputs});
+  return r;
+}
+
+}  // namespace
+
+// Not a rewrite() rule: that would report every ungrouped conv as a refusal.
+RewriteStats split_wide_groups(Graph& graph, const KernelQuery& has_kernel) {
+  const std::string rule = "fused_conv2d(groups)->fused_conv2d per group";
+  RewriteStats stats;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& node = graph.nodes[i];
+    if (node.op != OpKind::FusedConv2d || !wide(graph, node)) continue;
+    Match m;
+    m.graph = &graph;
+    m.root = int(i);
+    m.nodes = {int(i)};
+    m.node_of["conv"] = int(i);
+    m.value_of["conv"] = node.outputs[0];
+    std::string why = can_absorb(graph, UseIndex(graph), m, OpKind::FusedConv2d, has_kernel);
+    if (why.empty()) why = splittable(m);
+    if (!why.empty()) {
+      stats.refused[fmt::format("{} at '{}': {}", rule, node.name, why)]++;
+      continue;
+    }
+    replace_match(graph, m, split_groups(m));  // its nodes take i's place: the split first
+    stats.hits[rule]++;
+  }
+  return stats;
+}
+
 // A reshape to its input's own shape (what transposes that cancel leave) is no op: its readers
 // read the input. Not where the reshape makes a graph output.
 int eliminate_identity_views(Graph& graph) {
@@ -572,6 +690,7 @@ PassReport optimize(Graph& graph, const PassOptions& options) {
     record("fused", rewrite(graph, fusion_rules(), options.has_kernel));
     record("fused", rewrite(graph, input_fold_rules(), options.has_kernel));
     record("fused", rewrite(graph, elementwise_rules(), options.has_kernel));
+    record("split", split_wide_groups(graph, options.has_kernel));
     after("fuse");
   }
   report.dead_nodes += eliminate_dead_code(graph);

@@ -550,3 +550,18 @@ TEST_CASE("executor: a flatten or reshape runs no copy, its output a view of its
   CHECK(witness.viewed == std::map<std::string, bool>{
                               {"fc.to_4d", true}, {"fc.to_nd", true}, {"flat", true}, {"rs", true}});
 }
+
+TEST_CASE("executor: a conv split by groups reads split views and writes its concat in place",
+          "[executor]") {
+  Builder b(23);
+  Val x = b.input("x", {2, 64, 6, 6}), skip = b.input("skip", {2, 128, 6, 6});
+  Val y = b.relu(b.conv2d(b.relu(x, "pre"), "radix", ConvOpts(128, 3).padding(1).groups(2)),
+                 "act");
+  b.output(b.add(y, skip, "res"));
+  Runs r = run_both(b.build());
+  check_equal(r);
+  for (const char* node : {"radix.groups", "radix.residuals", "radix.concat"}) {
+    INFO(node);
+    CHECK(std::count(r.in_place.begin(), r.in_place.end(), node) == 1);
+  }
+}

@@ -661,3 +661,43 @@ TEST_CASE("fusion: an activation after a view runs before it, fused into the con
   CHECK(f.nodes.back().op == OpKind::Flatten);
   CHECK(f.nodes.back().outputs[0] == "act");
 }
+
+TEST_CASE("passes: a conv of a few wide groups becomes a conv a group over split views",
+          "[fusion]") {
+  // ResNeSt's radix conv (2 groups, batchnorm, relu) with a residual after it, and a conv of 8
+  // narrow groups (ResNeXt's) that stays grouped.
+  Builder b(21);
+  Val x = b.input("x", {2, 64, 6, 6}), skip = b.input("skip", {2, 96, 6, 6});
+  Val y = b.relu(b.batchnorm(b.conv2d(x, "radix", ConvOpts(96, 3).padding(1).groups(2)), "bn"),
+                 "act");
+  y = b.add(y, skip, "res");
+  Val z = b.conv2d(y, "narrow", ConvOpts(32, 1).groups(8));
+  b.output(z);
+  PassReport r;
+  const Graph f = optimized(b.build(), &r);
+  CHECK(count(f, OpKind::Split) == 2);  // the input and the residual
+  CHECK(count(f, OpKind::Concat) == 1);
+  CHECK(count(f, OpKind::FusedConv2d) == 3);
+  for (const Node& n : f.nodes) {
+    if (n.op != OpKind::FusedConv2d) continue;
+    INFO(n.name);
+    CHECK(n.attrs.i("groups") == (n.name == "narrow" ? 8 : 1));
+    if (n.name != "narrow") {
+      CHECK(n.attrs.s("activation") == "relu");
+      CHECK(n.inputs.size() == 5);  // its part of the residual
+      CHECK(f.value(n.inputs[1]).shape == Shape{48, 32, 3, 3});
+    }
+  }
+  CHECK_THAT(r.summary(), Catch::Contains("split 1 fused_conv2d(groups)->fused_conv2d per group"));
+  CHECK(r.refusals.empty());  // narrow groups are no candidates
+
+  // 16 groups: more launches than the split takes.
+  Builder m(22);
+  m.output(m.conv2d(m.input("x", {1, 512, 4, 4}), "many", ConvOpts(512, 3).padding(1).groups(16)));
+  PassReport rm;
+  const Graph g = optimized(m.build(), &rm);
+  CHECK(count(g, OpKind::Split) == 0);
+  CHECK(std::any_of(rm.refusals.begin(), rm.refusals.end(), [](const std::string& s) {
+    return s.find("16 groups, more than 8 launches") != std::string::npos;
+  }));
+}

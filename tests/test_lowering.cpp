@@ -299,6 +299,9 @@ TEST_CASE("lowering: conv_tiles fills two waves of SMs, smaller tiles for small 
            // From 32 input channels; at 32 (4 channel stages) in 3 stages.
            {shape(16, 32, 160, 64, 3, 2), {128, 64, 72, 3, 1, true}},
            {shape(1, 7, 640, 16, 3, 2), {128, 32, 32, 2}},  // no halo kernel: no wgmma
+           // The gather kernel on 1x1 windows of odd planes (ConvNeXt-T's 768 -> 3072 on 7x7,
+           // 13 x 24 tiles): 3 stages.
+           {shape(16, 768, 7, 3072, 1), {64, 128, 32, 3, 1, true}},
            // 1x1, stride 1, from 32 output channels: the direct kernel on wgmma from one wave
            // of 64 x Cout-covering tiles; 4 stages where one n tile covers Cout, from 256 input
            // channels or at n = 128 (not at 192 -> 64). At batch 1 (25 x 2 tiles), or with 16

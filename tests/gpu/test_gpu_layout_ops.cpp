@@ -262,14 +262,16 @@ TEST_CASE("gpu layout ops: reductions over rows and strided axes", "[gpu][ops]")
 
 TEST_CASE("gpu layout ops: reductions over columns (the channels of NCHW) and odd axes",
           "[gpu][ops][reduce]") {
-  // The columns kernel where the last kept dim is x's innermost and at least 8 wide: reduced axes
-  // of 1 (no reduction: rows), 3 and 257 elements, the op_bench shape (mean over C of
-  // [16, 256, 56, 56], kept dims), no outer dim, two reduced dims apart (decoded an element),
-  // and a 4-wide inner dim (the strided kernel).
+  // The columns kernel where the last kept dim is x's innermost and at least 8 wide and an
+  // output reduces at least 32 elements: reduced axes of 1 (no reduction: rows), 257 elements,
+  // the op_bench shape (mean over C of [16, 256, 56, 56], kept dims), no outer dim, two reduced
+  // dims apart (decoded an element); the strided kernel on a 4-wide inner dim, on 3 and 15
+  // elements, and on ResNeSt's sum over its 2 radix maps.
   const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {
       {{16, 256, 56, 56}, {1}}, {{2, 1, 40}, {1}},    {{4, 3, 50}, {1}},
       {{2, 257, 9, 9}, {1}},    {{257, 33}, {0}},     {{3, 5, 7, 8}, {0, 2}},
-      {{3, 257, 4}, {1}},       {{2, 3, 70, 5}, {1}}, {{5, 300, 17}, {0, 1}}};
+      {{6, 5, 9, 8}, {0, 2}},   {{3, 257, 4}, {1}},   {{2, 3, 70, 5}, {1}},
+      {{5, 300, 17}, {0, 1}},   {{2, 2, 64, 28, 28}, {1}}};
   for (OpKind op : {OpKind::ReduceMean, OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMin})
     for (const auto& [shape, axes] : cases)
       for (const bool keep : {true, false})

@@ -133,6 +133,14 @@ OnOff run_on_off(const Graph& g, const std::map<std::string, Tensor>& inputs) {
   return r;
 }
 
+// Each of `nodes` ran in place (no kernel of its own) in r's run.
+void check_in_place(const OnOff& r, std::initializer_list<const char*> nodes) {
+  for (const char* node : nodes) {
+    INFO(node);
+    CHECK(std::find(r.no_kernel.begin(), r.no_kernel.end(), node) != r.no_kernel.end());
+  }
+}
+
 Graph yolo_small() {
   Builder b(/*seed=*/1);
   return yolo::yolo_like(b, /*batch=*/2, /*size=*/128);
@@ -284,10 +292,7 @@ TEST_CASE("gpu executor: DenseNet's batchnorm -> relu as its 1x1 conv's prologue
   const std::map<std::string, Tensor> inputs = random_inputs(g, 80);
   const std::map<std::string, Tensor>& ref = reference("dense_block bc", g, inputs);
   const OnOff r = run_on_off(g, inputs);
-  for (const char* folded : {"relu0", "relu1", "relu2"}) {
-    INFO(folded);
-    CHECK(std::find(r.no_kernel.begin(), r.no_kernel.end(), folded) != r.no_kernel.end());
-  }
+  check_in_place(r, {"relu0", "relu1", "relu2"});
   for (const auto& [name, want] : ref) {
     check_output(r.on.at(name), want, test::kTf32Graph, "prologues, " + name);
     check_output(r.off.at(name), want, test::kTf32Graph, "no prologues, " + name);
@@ -410,5 +415,26 @@ TEST_CASE("gpu executor: SPPF's cascade of max-pools as one kernel matches the C
     const Tensor want = run(r.build(), cpu, {{"x", conv_out}}).at("cat");
     REQUIRE(want.shape() == y_on.shape());
     CHECK(std::memcmp(y_on.raw(), want.raw(), want.nbytes()) == 0);
+  }
+}
+
+TEST_CASE("gpu executor: a conv of two wide groups, split a conv a group, matches the CPU",
+          "[gpu][models]") {
+  // ResNeSt's radix conv at batch 2: the passes split it into a gemm conv a group reading the
+  // split's strided views, its residual split too, writing the concat in place. Against the
+  // unfused CPU graph, and in place against copying bit for bit.
+  Builder b(31);
+  Val x = b.input("x", {2, 64, 20, 20}), skip = b.input("skip", {2, 128, 20, 20});
+  Val y = b.relu(b.conv2d(b.relu(x, "pre"), "radix", ConvOpts(128, 3).padding(1).groups(2)),
+                 "act");
+  b.output(b.add(y, skip, "res"));
+  const Graph g = b.build();
+  const std::map<std::string, Tensor> inputs = random_inputs(g, 81);
+  const std::map<std::string, Tensor>& ref = reference("radix", g, inputs);
+  const OnOff r = run_on_off(g, inputs);
+  check_in_place(r, {"radix.groups", "radix.residuals", "radix.concat"});
+  for (const auto& [name, want] : ref) {
+    check_output(r.on.at(name), want, test::kTf32Graph, "split groups, " + name);
+    CHECK(std::memcmp(r.on.at(name).raw(), r.off.at(name).raw(), want.nbytes()) == 0);
   }
 }

@@ -1,6 +1,6 @@
 // The pass pipeline: canonicalize -> reparameterize -> fuse (conv rules, batchnorm folds,
-// elementwise chains) -> dead-code elimination, the verifier after every pass, per-rule hit
-// counts, and a hook to dump the graph before and after each pass.
+// elementwise chains, wide groups split) -> dead-code elimination, the verifier after every
+// pass, per-rule hit counts, and a hook to dump the graph before and after each pass.
 #pragma once
 
 #include <functional>
@@ -55,6 +55,12 @@ std::vector<Rule> input_fold_rules();
 // a time; the running value may be the smaller side of a broadcast.
 std::vector<Rule> elementwise_rules();
 
+// After fusion: a fused conv of 2 to kMaxSplitGroups groups, each wide enough for the gemm
+// kernels (ResNeSt's radix convs), as one fused conv a group over a split of its input (and
+// residual) into a concat: split views and an in-place concat on CUDA, so the groups run on the
+// fast kernels at no copy. Narrow groups (ResNeXt's 4 channels) stay one grouped conv.
+RewriteStats split_wide_groups(Graph& graph, const KernelQuery& has_kernel);
+
 // Removes nodes whose outputs nobody reads and weights no node uses. Returns what it removed.
 int eliminate_dead_code(Graph& graph);
 
@@ -67,7 +73,7 @@ struct PassOptions {
 
 struct PassReport {
   struct Hit {
-    std::string verb;  // "canonicalized", "reparameterized", "fused"
+    std::string verb;  // "canonicalized", "reparameterized", "fused", "split"
     std::string rule;
     int count;
   };
