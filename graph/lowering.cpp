@@ -28,7 +28,7 @@ std::optional<ConvKernel> parse_conv_kernel(const std::string& name) {
 
 // Below this reduction depth (Cin/groups * Kh * Kw) gemm's 32-deep k tiles are mostly zero
 // padding and tiled wins; gemm wins from 27 up (since the cheap activation), even at 8 output
-// channels. 16 lies between. perf-history: "tile sweep", "cheaper activation".
+// channels. 16 lies between. perf-history: "tile sweep".
 constexpr int64_t kGemmMinReduction = 16;
 
 // A linear layer (a 1x1 conv over a 1x1 plane: the fusion pass makes one of each linear) at
