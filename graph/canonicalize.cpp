@@ -541,6 +541,36 @@ Rule batchnorm_first_rule() {
           }};
 }
 
+// A batchnorm or an activation of a depth_to_space's crop on H and W (a conv_transpose2d's
+// rewrite) runs before the crop, on the depth_to_space, so that the rules about it take the
+// op on into the conv: a per-channel op commutes with a crop that keeps the channels.
+Rule before_crop_rule(OpKind kind) {
+  const std::string name = op_name(kind);
+  return {name + "(slice(depth_to_space))->slice(" + name + "(depth_to_space))",
+          op(kind, {op(OpKind::Slice, {op(OpKind::DepthToSpace, {any("x")}, "layout")}, "crop")},
+             "pw"),
+          kind,
+          [](const Match& m) -> std::string {
+            const Graph& g = *m.graph;
+            const Node& crop = m.node("crop");
+            const std::vector<Shape> x{g.value(crop.inputs[0]).shape};
+            const SliceDims d = slice_dims(InferContext{crop.op, crop.name, crop.attrs, x});
+            if (d.start[1] != 0 || d.step[1] != 1 || d.out[1] != x[0][1])
+              return fmt::format("'{}' slices the channels", crop.name);
+            return "";
+          },
+          [](const Match& m) {
+            const Graph& g = *m.graph;
+            Node pw = m.node("pw"), crop = m.node("crop");
+            const std::string pre = g.unique_name(pw.name + ".pre_crop");
+            crop.outputs = pw.outputs;
+            crop.inputs = {pre};
+            pw.inputs[0] = m.value("layout");
+            pw.outputs = {pre};
+            return Replacement{{m.node("layout"), pw, crop}, {}};
+          }};
+}
+
 // x [N, C, H, W] reshaped to [N, C', bh, bw, H, W], permuted to [N, C', H, bh, W, bw] and
 // reshaped to [N, C', H * bh, W * bw] is depth_to_space CRD (PyTorch's pixel_shuffle as its
 // exporters decompose it); from [N, bh, bw, C', H, W] by [0, 3, 4, 1, 5, 2], DCR.
@@ -728,9 +758,11 @@ std::vector<Rule> canonicalize_rules() {
   channels_last_rules(rules);
   rules.push_back(sub_pixel_rule());
   rules.push_back(batchnorm_first_rule());
+  rules.push_back(before_crop_rule(OpKind::BatchNorm));
   for (int i = 0; i < kNumOps; ++i) {
     const OpKind kind = OpKind(i);
     if (!is_activation_op(kind)) continue;
+    rules.push_back(before_crop_rule(kind));
     rules.push_back(
         Rule{std::string(op_name(kind)) + "(depth_to_space)->depth_to_space(" + op_name(kind) + ")",
              op(kind, {op(OpKind::DepthToSpace, {any("x")}, "layout")}, "act"), kind, nullptr,
