@@ -9,7 +9,7 @@
 //
 // epilog graphs are static, so a case's integer inputs (shapes, indices, split sizes) and float
 // inputs read only as parameters (Resize/Upsample scales or roi, Dropout's ratio, Clip's
-// bounds, Pad's value, CastLike's type) are bound as constants from the case's data before
+// bounds, Pad's value, CastLike's type, PRelu's slope) are bound as constants from the case's data before
 // import, as a model exported with those values would hold them.
 //
 //   EPILOG_ONNX_TESTDATA=DIR   the data folder (default /usr/share/libonnx-testdata/data)
@@ -43,9 +43,9 @@ constexpr double kTolerance = 1e-4;
 
 // Passes per folder of the full data (libonnx-testdata 1.12), at least.
 const std::map<std::string, int> kMinPasses = {
-    {"node", 313},
-    {"pytorch-converted", 50},
-    {"pytorch-operator", 22},
+    {"node", 319},
+    {"pytorch-converted", 57},
+    {"pytorch-operator", 23},
 };
 
 Device test_device() {
@@ -93,7 +93,7 @@ struct Outcome {
 // of its second input).
 bool param_slot(const std::string& op, int k) {
   return ((op == "Resize" || op == "Upsample" || op == "Dropout" || op == "Clip") && k >= 1) ||
-         (op == "CastLike" && k == 1) || (op == "Pad" && k == 2);
+         ((op == "CastLike" || op == "PRelu") && k == 1) || (op == "Pad" && k == 2);
 }
 
 // The message without the "<case>: " in front (the list prints the case already).

@@ -581,6 +581,69 @@ TEST_CASE("onnx forms: the activation ops import as the op of the same name, wit
   check_import_error([&] { p.load(); }, {"node 'pow' (Pow)", "'e'", "constant"}, true);
 }
 
+TEST_CASE("onnx forms: PRelu (one slope, a slope per channel) and Selu after a conv", "[onnx]") {
+  // x -> Conv -> PRelu(slope of `slope_dims`) or Selu -> y, on the CPU against the formula.
+  const auto build = [](const std::string& op, const Shape& slope_dims, int64_t opset = 17) {
+    Model m(opset);
+    m.input("x", {2, 3, 5, 5});
+    m.random("w", {4, 3, 3, 3}, 7);
+    m.node("Conv", {"x", "w"}, {"c"}, "conv");
+    if (op == "PRelu") {
+      int64_t n = 1;
+      for (int64_t d : slope_dims) n *= d;
+      std::vector<float> slope;
+      for (int64_t i = 0; i < n; ++i) slope.push_back(0.05f + 0.1f * float(i));
+      m.init("slope", slope_dims, slope);
+      m.node("PRelu", {"c", "slope"}, {"y"}, "act");
+    } else {
+      m.node("Selu", {"c"}, {"y"}, "act");
+    }
+    m.output("y");
+    return m;
+  };
+  const Tensor x = Tensor::randn({2, 3, 5, 5}, 8);
+  const auto check = [&](const Model& m, const std::function<float(float, int64_t)>& f) {
+    Graph g = m.load();
+    const Tensor got = run1(g, x);
+    // The conv alone, then the formula per element (channel c).
+    Graph c = m.load();
+    c.outputs = {"c"};
+    const Tensor conv = run1(c, x, "x", "c");
+    REQUIRE(got.shape() == conv.shape());
+    for (int64_t i = 0; i < conv.numel(); ++i) {
+      const int64_t ch = i / 9 % 4;  // conv [2, 4, 3, 3]
+      CHECK(got.f32()[i] == Approx(f(conv.f32()[i], ch)).margin(1e-6));
+    }
+    optimize(g);
+    return g;
+  };
+  // One slope: leaky_relu, fused into the conv.
+  Graph g = check(build("PRelu", {1}), [](float v, int64_t) { return v >= 0 ? v : 0.05f * v; });
+  CHECK(count(g, OpKind::FusedConv2d) == 1);
+  CHECK(g.nodes.size() == 1);
+  // A slope per channel ([C, 1, 1] as PyTorch exports it; [C] before opset 7): one elementwise
+  // kernel after the conv.
+  const auto per_channel = [](float v, int64_t c) { return v >= 0 ? v : (0.05f + 0.1f * c) * v; };
+  g = check(build("PRelu", {4, 1, 1}), per_channel);
+  CHECK(count(g, OpKind::FusedConv2d) == 1);
+  CHECK(count(g, OpKind::FusedElementwise) == 1);
+  CHECK(g.nodes.size() == 2);
+  check(build("PRelu", {4}, 6), per_channel);
+  // Selu: gamma * elu(x, alpha) with ONNX's defaults.
+  check(build("Selu", {}), [](float v, int64_t) {
+    return 1.0507010221f * (v > 0 ? v : 1.6732631921f * (std::exp(v) - 1.0f));
+  });
+  // A slope that does not broadcast to x, and one known only at run time.
+  check_import_error([&] { build("PRelu", {5, 1, 1}).load(); },
+                     {"node 'act' (PRelu)", "slope [5,1,1] does not broadcast to x [2,4,3,3]"});
+  Model r(17);
+  r.input("x", {1, 4, 3, 3});
+  r.input("slope", {4, 1, 1});
+  r.node("PRelu", {"x", "slope"}, {"y"}, "act");
+  r.output("y");
+  check_import_error([&] { r.load(); }, {"node 'act' (PRelu)", "'slope'", "constant"}, true);
+}
+
 TEST_CASE("onnx forms: Clip without bounds, with min 0 alone or as clip; Pad by zeros and as pad",
           "[onnx]") {
   Tensor x = Tensor::randn({1, 2, 3, 3}, 4);

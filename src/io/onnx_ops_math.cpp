@@ -82,6 +82,65 @@ void op_elu(Importer& im) {
   activation_with(im, OpKind::Elu, {{"alpha", "alpha", 1.0f}});
 }
 
+// Selu: gamma * elu(x, alpha) (ONNX's defaults: SELU's constants).
+void op_selu(Importer& im) {
+  im.allow({"alpha", "gamma"});
+  im.arity(1, 1);
+  Attrs a;
+  a.set("alpha", double(im.attr_float("alpha", 1.67326319217681884765625f)));
+  const std::string e = im.fresh_value(im.out(0) + ".elu");
+  im.emit(OpKind::Elu, {im.dyn(0)}, a, {e});
+  const std::string gamma = im.fresh_value(im.out(0) + ".gamma");
+  const float g = im.attr_float("gamma", 1.05070102214813232421875f);
+  im.add_weight(gamma, Const{TensorProto::FLOAT, {1}, {g}, {}});
+  im.emit(OpKind::Mul, {e, gamma}, {}, {im.out(0)}, "gamma");
+}
+
+// x + (slope - 1) * min(x, 0) for a constant slope of dims `dims` broadcast to x: a chain from
+// x (the elementwise fusion runs it as one kernel), where relu(x) + slope * min(x, 0) would
+// read x on two paths.
+void prelu_of(Importer& im, const Shape& x, Const slope) {
+  const Shape& dims = slope.dims;
+  if (dims.size() > x.size())
+    im.bad("slope {} has more dims than x {}", shape_str(dims), shape_str(x));
+  for (size_t d = 0; d < dims.size(); ++d) {
+    const int64_t s = dims[dims.size() - 1 - d], n = x[x.size() - 1 - d];
+    if (s != 1 && s != n)
+      im.bad("slope {} does not broadcast to x {}", shape_str(dims), shape_str(x));
+  }
+  for (float& v : slope.f) v -= 1.0f;
+  const std::string y = im.out(0), in = im.dyn(0);
+  const std::string zero = im.fresh_value(y + ".zero"), factor = im.fresh_value(y + ".slope");
+  const std::string neg = im.fresh_value(y + ".negative"), scaled = im.fresh_value(y + ".scaled");
+  im.add_weight(zero, Const{TensorProto::FLOAT, {1}, {0.0f}, {}});
+  im.add_weight(factor, slope);
+  im.emit(OpKind::Min, {in, zero}, {}, {neg});
+  im.emit(OpKind::Mul, {neg, factor}, {}, {scaled}, "slope");
+  im.emit(OpKind::Add, {scaled, in}, {}, {y}, "sum");
+}
+
+// PRelu: x where x >= 0, slope * x below. One slope is leaky_relu; a slope per channel
+// (PyTorch's PReLU(C), exported as [C, 1, 1]) three elementwise ops (prelu_of). The slope
+// broadcasts to x, not x to it.
+void op_prelu(Importer& im) {
+  im.allow({});
+  im.arity(2, 2);
+  Const slope = im.cst(1, "slope");
+  if (!slope.is_float()) im.bad("slope '{}' is not float", im.in_name(1));
+  const Shape x = im.shape_in(0);
+  if (slope.numel() == 1) {
+    Attrs a;
+    a.set("alpha", double(slope.f[0]));
+    return im.emit(OpKind::LeakyRelu, {im.dyn(0)}, a, {im.out(0)});
+  }
+  // Before opset 7 a slope of C values is per channel (axis 1).
+  if (im.opset() < 7 && slope.dims.size() == 1 && x.size() > 2 && slope.dims[0] == x[1]) {
+    slope.dims = Shape(x.size() - 1, 1);
+    slope.dims[0] = x[1];
+  }
+  prelu_of(im, x, std::move(slope));
+}
+
 // Gelu (opset 20): approximate "none" (erf) or "tanh".
 void op_gelu(Importer& im) {
   im.allow({"approximate"});
@@ -504,6 +563,8 @@ void add_math_handlers(std::map<std::string, OpHandler>& table) {
       {"Clip", op_clip},
       {"Div", op_div},
       {"Elu", op_elu},
+      {"PRelu", op_prelu},
+      {"Selu", op_selu},
       {"Erf", op_activation<OpKind::Erf>},
       {"Exp", op_activation<OpKind::Exp>},
       {"Gelu", op_gelu},
