@@ -644,6 +644,61 @@ TEST_CASE("onnx forms: PRelu (one slope, a slope per channel) and Selu after a c
   check_import_error([&] { r.load(); }, {"node 'act' (PRelu)", "'slope'", "constant"}, true);
 }
 
+TEST_CASE("onnx forms: 1-D Conv and pools run as 2-D on rows of one", "[onnx]") {
+  // x [2, 4, 11] -> Conv(k 3, stride 2, pads 1/2, dilation 2, 2 groups) -> Relu -> MaxPool(k 2)
+  // -> AveragePool(k 2, pads 1/0); the same as 2-D ops on x [2, 4, 1, 11].
+  const auto build = [](bool line) {
+    const auto dims = [&](std::vector<int64_t> v) {
+      if (!line) v.insert(v.end() - 1, 1);
+      return v;
+    };
+    Model m(17);
+    m.input("x", dims({2, 4, 11}));
+    m.random("w", dims({6, 2, 3}), 9);
+    m.random("b", {6}, 10);
+    auto& conv = m.node("Conv", {"x", "w", "b"}, {"c"}, "conv");
+    set_ints(conv, "strides", line ? std::vector<int64_t>{2} : std::vector<int64_t>{1, 2});
+    set_ints(conv, "dilations", line ? std::vector<int64_t>{2} : std::vector<int64_t>{1, 2});
+    set_ints(conv, "pads", line ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{0, 1, 0, 2});
+    set_i(conv, "group", 2);
+    m.node("Relu", {"c"}, {"r"}, "act");
+    set_ints(m.node("MaxPool", {"r"}, {"p"}, "max"), "kernel_shape",
+             line ? std::vector<int64_t>{2} : std::vector<int64_t>{1, 2});
+    auto& avg = m.node("AveragePool", {"p"}, {"y"}, "avg");
+    set_ints(avg, "kernel_shape", line ? std::vector<int64_t>{2} : std::vector<int64_t>{1, 2});
+    set_ints(avg, "pads", line ? std::vector<int64_t>{1, 0} : std::vector<int64_t>{0, 1, 0, 0});
+    m.output("y");
+    return m.load();
+  };
+  Graph line = build(true);
+  const Graph plane = build(false);
+  const Tensor x = Tensor::randn({2, 4, 11}, 11);
+  const Tensor got = run1(line, x), want = run1(plane, x.reshape({2, 4, 1, 11}));
+  REQUIRE(got.shape() == Shape{2, 6, 4});
+  CHECK(values(got) == values(want));
+  // The relu passes the view back to 1-D and fuses into the conv; the views cost no kernel.
+  optimize(line);
+  CHECK(count(line, OpKind::FusedConv2d) == 1);
+  CHECK(count(line, OpKind::Relu) == 0);
+  CHECK(count(line, OpKind::MaxPool2d) == 1);
+  CHECK(count(line, OpKind::AvgPool2d) == 1);
+  // A 1-D node's lists have one value; 3-D convs are refused by name.
+  Model bad(17);
+  bad.input("x", {1, 2, 8});
+  bad.random("w", {2, 2, 3}, 12);
+  set_ints(bad.node("Conv", {"x", "w"}, {"y"}, "conv"), "strides", {1, 1});
+  bad.output("y");
+  check_import_error([&] { bad.load(); },
+                     {"node 'conv' (Conv)", "'strides'", "2 values, expected 1"});
+  Model cube(17);
+  cube.input("x", {1, 2, 4, 4, 4});
+  cube.random("w", {2, 2, 3, 3, 3}, 13);
+  cube.node("Conv", {"x", "w"}, {"y"}, "conv");
+  cube.output("y");
+  check_import_error([&] { cube.load(); }, {"node 'conv' (Conv)", "1-D and 2-D convolutions"},
+                     true);
+}
+
 TEST_CASE("onnx forms: Clip without bounds, with min 0 alone or as clip; Pad by zeros and as pad",
           "[onnx]") {
   Tensor x = Tensor::randn({1, 2, 3, 3}, 4);

@@ -3,7 +3,8 @@
 // and onnx_ops_layout.cpp (see onnx_import.h for how to add one).
 //
 // ONNX op                  -> epilog
-// Conv                     -> conv2d (auto_pad resolved to explicit padding; 4-D input only)
+// Conv                     -> conv2d (auto_pad resolved to explicit padding; 4-D input, or
+//                             3-D run as 2-D on rows of one between two reshape views)
 // ConvTranspose            -> conv_transpose2d (4-D; padding from pads, auto_pad or
 //                             output_shape)
 // BatchNormalization       -> batchnorm (inference form only)
@@ -19,8 +20,8 @@
 //                             input from 13, or 'num_outputs' from 18)
 // Slice                    -> split on each sliced axis (steps 1: views), or one slice
 // Pad                      -> pad (constant, reflect, edge; pads of the listed axes from 18)
-// MaxPool, AveragePool     -> maxpool2d, avgpool2d (2-D, dilations 1); GlobalAveragePool ->
-//                             global_avgpool
+// MaxPool, AveragePool     -> maxpool2d, avgpool2d (2-D, or 1-D as Conv; dilations 1)
+// GlobalAveragePool        -> global_avgpool
 // ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd -> reduce_mean, reduce_sum,
 //                             reduce_max, reduce_min, reduce_prod (axes: an attribute before
 //                             opset 18, 13 for ReduceSum, the input from then on; the mean over
@@ -68,24 +69,29 @@ namespace epilog::onnx_import {
 
 // The helpers of onnx_ops.h (their comments there).
 
-std::vector<int64_t> spatial(Importer& im, const char* name, std::optional<int64_t> fallback) {
+std::vector<int64_t> spatial(Importer& im, const char* name, std::optional<int64_t> fallback,
+                             bool line) {
   auto v = im.attr_ints(name);
   if (!v) {
     if (!fallback) im.bad("attribute '{}' is required", name);
-    return {*fallback, *fallback};
+    return {line ? 1 : *fallback, *fallback};
   }
-  if (v->size() != 2) im.bad_attr(name, "has {} values, expected 2 (H and W)", v->size());
+  if (line && v->size() != 1) im.bad_attr(name, "has {} values, expected 1 (L)", v->size());
+  if (!line && v->size() != 2) im.bad_attr(name, "has {} values, expected 2 (H and W)", v->size());
   for (int64_t x : *v)
     if (x < 1 || x > kMaxDim) im.bad_attr(name, "{} is out of range [1, 2^31-1]", x);
-  return *v;
+  return line ? std::vector<int64_t>{1, (*v)[0]} : *v;
 }
 
 std::vector<int64_t> padding(Importer& im, const Shape& x, const std::vector<int64_t>& extent,
-                             const std::vector<int64_t>& stride) {
+                             const std::vector<int64_t>& stride, bool line) {
   const std::string mode = im.attr_string("auto_pad", "NOTSET");
   auto pads = im.attr_ints("pads");
   if (mode == "NOTSET") {
     if (!pads) return {0, 0, 0, 0};
+    if (line && pads->size() != 2)
+      im.bad_attr("pads", "has {} values, expected 2 (begin, end)", pads->size());
+    if (line) pads = std::vector<int64_t>{0, (*pads)[0], 0, (*pads)[1]};
     if (pads->size() != 4)
       im.bad_attr("pads", "has {} values, expected 4 (top, left, bottom, right)", pads->size());
     for (int64_t p : *pads) {

@@ -17,13 +17,16 @@ namespace epilog::onnx_import {
 using onnx::AttributeProto;
 using onnx::TensorProto;
 
-// A per-spatial-dim list (strides, dilations, kernel_shape) of two values in [1, 2^31-1].
-std::vector<int64_t> spatial(Importer& im, const char* name, std::optional<int64_t> fallback);
+// A per-spatial-dim list (strides, dilations, kernel_shape) of two values in [1, 2^31-1]; of a
+// 1-D node (`line`: run as 2-D on rows of one), one value v, returned as {1, v}.
+std::vector<int64_t> spatial(Importer& im, const char* name, std::optional<int64_t> fallback,
+                             bool line = false);
 
 // Explicit padding (top, left, bottom, right) from 'pads' or 'auto_pad' for an input of
-// shape x (NCHW) and a window of `extent` (dilated kernel) moved by `stride`.
+// shape x (NCHW) and a window of `extent` (dilated kernel) moved by `stride`; a 1-D node's
+// 'pads' (`line`) are two values, its x [N, C, 1, L].
 std::vector<int64_t> padding(Importer& im, const Shape& x, const std::vector<int64_t>& extent,
-                             const std::vector<int64_t>& stride);
+                             const std::vector<int64_t>& stride, bool line = false);
 
 // A Reshape node of the run-time tensor x to `target`, the node's output 0. The batch stays free
 // (0: the input's) where the reshape keeps it, so that a plan for another batch size (Model)

@@ -16,41 +16,84 @@ namespace {
 
 // -- handlers: convolution and normalization --
 
-// Conv's and ConvTranspose's x and weight, both 4-D, and the weight's kernel_shape checked.
+// A 1-D node's run-time tensor [N, C, L] as [N, C, 1, L] (a view), for the 2-D op; the batch
+// stays free (0) for the plans of other batch sizes.
+std::string as_rows(Importer& im, const std::string& x, const char* label) {
+  const Shape& s = im.value_shape(x);
+  const std::string y = im.fresh_value(x + ".rows");
+  im.emit(OpKind::Reshape, {x}, im.attrs({{"shape", std::vector<int64_t>{0, s[1], 1, s[2]}}}),
+          {y}, label);
+  return y;
+}
+
+// The 2-D op's output [N, K, 1, L'] as the 1-D node's output [N, K, L'] (a view).
+void from_rows(Importer& im, const std::string& y) {
+  const Shape& s = im.value_shape(y);
+  im.emit(OpKind::Reshape, {y}, im.attrs({{"shape", std::vector<int64_t>{0, s[1], s[3]}}}),
+          {im.out(0)}, "line");
+}
+
+// Conv's and ConvTranspose's x and weight, both 4-D, and the weight's kernel_shape checked. A
+// 1-D Conv (x [N, C, L], `line`) runs as 2-D on rows of one: x and its weight [K, C, k] as
+// [N, C, 1, L] and [K, C, 1, k].
 struct ConvOperands {
   std::string x, w;
   Shape xs, ws;
+  bool line = false;
 };
-ConvOperands conv_operands(Importer& im) {
+ConvOperands conv_operands(Importer& im, bool lines_too = false) {
   im.arity(2, 3);
-  ConvOperands c{im.dyn(0), im.dyn(1), {}, {}};
+  ConvOperands c{im.dyn(0), "", {}, {}};
   c.xs = im.value_shape(c.x);
-  c.ws = im.value_shape(c.w);
-  if (c.xs.size() != 4)
-    im.unsupported("input '{}' has shape {}: epilog imports 2-D convolutions (NCHW input) only",
+  c.line = lines_too && c.xs.size() == 3;
+  if (c.xs.size() != 4 && !c.line)
+    im.unsupported("input '{}' has shape {}: epilog imports 1-D and 2-D convolutions (NCL and "
+                   "NCHW inputs) only",
                    im.in_name(0), shape_str(c.xs));
+  const Const* wc = im.const_in(1);
+  if (c.line && wc && wc->dims.size() == 3) {
+    Const w = *wc;
+    w.dims = {w.dims[0], w.dims[1], 1, w.dims[2]};
+    c.w = im.fresh_value(im.in_name(1) + ".rows");
+    im.add_weight(c.w, w);
+  } else {
+    c.w = im.dyn(1);
+  }
+  c.ws = im.value_shape(c.w);
   if (c.ws.size() != 4)
-    im.bad("weight '{}' has shape {}, expected 4 dims", im.in_name(1), shape_str(c.ws));
-  if (auto k = im.attr_ints("kernel_shape"))
-    if (*k != std::vector<int64_t>{c.ws[2], c.ws[3]})
-      im.bad_attr("kernel_shape", "is {} but the weight is {}", shape_str(*k), shape_str(c.ws));
+    im.bad("weight '{}' has shape {}, expected {} dims", im.in_name(1), shape_str(c.ws),
+           c.line ? 3 : 4);
+  if (auto k = im.attr_ints("kernel_shape")) {
+    const std::vector<int64_t> want =
+        c.line ? std::vector<int64_t>{c.ws[3]} : std::vector<int64_t>{c.ws[2], c.ws[3]};
+    if (*k != want)
+      im.bad_attr("kernel_shape", "is {} but the weight is {}", shape_str(*k),
+                  shape_str(im.shape_in(1)));
+  }
+  if (c.line) {
+    c.x = as_rows(im, c.x, "rows");
+    c.xs = im.value_shape(c.x);
+  }
   return c;
 }
 
 void op_conv(Importer& im) {
   im.allow({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"});
-  const auto [x, w, xs, ws] = conv_operands(im);
-  std::vector<int64_t> stride = spatial(im, "strides", 1), dilation = spatial(im, "dilations", 1);
+  const auto [x, w, xs, ws, line] = conv_operands(im, true);
+  std::vector<int64_t> stride = spatial(im, "strides", 1, line),
+                       dilation = spatial(im, "dilations", 1, line);
   int64_t group = im.attr_int("group", 1);
   if (group < 1 || group > kMaxDim) im.bad_attr("group", "{} is out of range", group);
   std::vector<int64_t> extent = {(ws[2] - 1) * dilation[0] + 1, (ws[3] - 1) * dilation[1] + 1};
-  std::vector<int64_t> pad = padding(im, xs, extent, stride);
+  std::vector<int64_t> pad = padding(im, xs, extent, stride, line);
   std::vector<std::string> ins = {x, w};
   if (im.has_in(2)) ins.push_back(im.dyn(2));
+  const std::string y = line ? im.fresh_value(im.out(0) + ".rows") : im.out(0);
   im.emit(
       OpKind::Conv2d, ins,
       im.attrs({{"stride", stride}, {"padding", pad}, {"dilation", dilation}, {"groups", group}}),
-      {im.out(0)});
+      {y});
+  if (line) from_rows(im, y);
 }
 
 // ConvTranspose: padding from 'pads', 'auto_pad' or 'output_shape' (the padding that gives it,
@@ -58,7 +101,7 @@ void op_conv(Importer& im) {
 void op_conv_transpose(Importer& im) {
   im.allow({"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape",
             "pads", "strides"});
-  const auto [x, w, xs, ws] = conv_operands(im);
+  const auto [x, w, xs, ws, line] = conv_operands(im);
   const std::vector<int64_t> stride = spatial(im, "strides", 1),
                              dilation = spatial(im, "dilations", 1);
   std::vector<int64_t> out_pad{0, 0};
@@ -261,13 +304,15 @@ void pool(Importer& im, bool max) {
     if (std::any_of(d->begin(), d->end(), [](int64_t v) { return v != 1; }))
       im.unsupported_attr("dilations", "{} is not supported (only 1)", shape_str(*d));
   std::string x = im.dyn(0);
+  const bool line = im.value_shape(x).size() == 3;  // 1-D: as 2-D on rows of one
+  if (line) x = as_rows(im, x, "rows");
   const Shape xs = im.value_shape(x);
   if (xs.size() != 4)
-    im.unsupported("input '{}' has shape {}: epilog pools 2-D (NCHW input) only", im.in_name(0),
-                   shape_str(xs));
-  std::vector<int64_t> kernel = spatial(im, "kernel_shape", std::nullopt);
-  std::vector<int64_t> stride = spatial(im, "strides", 1);
-  std::vector<int64_t> pad = padding(im, xs, kernel, stride);
+    im.unsupported("input '{}' has shape {}: epilog pools 1-D and 2-D (NCL and NCHW inputs) only",
+                   im.in_name(0), shape_str(xs));
+  std::vector<int64_t> kernel = spatial(im, "kernel_shape", std::nullopt, line);
+  std::vector<int64_t> stride = spatial(im, "strides", 1, line);
+  std::vector<int64_t> pad = padding(im, xs, kernel, stride, line);
   int64_t ceil_mode = im.attr_int("ceil_mode", 0) != 0;
   // ONNX sizes a ceil_mode output as ceil((in + pads - k) / s) + 1; epilog (and PyTorch) drop
   // a last window that would start in the end padding. Where the two differ the results
@@ -282,12 +327,13 @@ void pool(Importer& im, bool max) {
                           "the last window would start in the end padding, where "
                           "ONNX and epilog size the output differently");
   }
+  const std::string y = line ? im.fresh_value(im.out(0) + ".rows") : im.out(0);
   if (max)
     im.emit(
         OpKind::MaxPool2d, {x},
         im.attrs(
             {{"kernel", kernel}, {"stride", stride}, {"padding", pad}, {"ceil_mode", ceil_mode}}),
-        {im.out(0)});
+        {y});
   else
     im.emit(OpKind::AvgPool2d, {x},
             im.attrs({{"kernel", kernel},
@@ -295,7 +341,8 @@ void pool(Importer& im, bool max) {
                       {"padding", pad},
                       {"ceil_mode", ceil_mode},
                       {"count_include_pad", int64_t(im.attr_int("count_include_pad", 0) != 0)}}),
-            {im.out(0)});
+            {y});
+  if (line) from_rows(im, y);
 }
 
 void op_maxpool(Importer& im) {
