@@ -682,6 +682,38 @@ TEST_CASE("onnx forms: 1-D Conv and pools run as 2-D on rows of one", "[onnx]") 
   CHECK(count(line, OpKind::Relu) == 0);
   CHECK(count(line, OpKind::MaxPool2d) == 1);
   CHECK(count(line, OpKind::AvgPool2d) == 1);
+  // ECA (timm's EcaModule): the channels' means as a row [N, 1, C], a conv of k 3 across the
+  // channels, sigmoid, back to [N, C, 1, 1] as x's gate.
+  Model eca(18);  // ReduceMean's axes an input
+  eca.input("x", {2, 8, 3, 3});
+  eca.ints("hw", {2, 3});
+  eca.ints("row", {2, 1, -1});
+  eca.ints("gate", {2, -1, 1, 1});
+  const Tensor k = eca.random("k", {1, 1, 3}, 14);
+  set_i(eca.node("ReduceMean", {"x", "hw"}, {"m"}, "mean"), "keepdims", 0);
+  eca.node("Reshape", {"m", "row"}, {"r"}, "row");
+  set_ints(eca.node("Conv", {"r", "k"}, {"c"}, "conv"), "pads", {1, 1});
+  eca.node("Sigmoid", {"c"}, {"s"}, "sigmoid");
+  eca.node("Reshape", {"s", "gate"}, {"g"}, "gate");
+  eca.node("Mul", {"x", "g"}, {"y"}, "scale");
+  eca.output("y");
+  const Tensor ex = Tensor::randn({2, 8, 3, 3}, 15);
+  const Tensor ey = run1(eca.load(), ex);
+  for (int64_t n = 0; n < 2; ++n) {
+    std::vector<double> mean(8, 0.0);
+    for (int64_t c = 0; c < 8; ++c)
+      for (int64_t i = 0; i < 9; ++i) mean[size_t(c)] += ex.f32()[(n * 8 + c) * 9 + i] / 9.0;
+    for (int64_t c = 0; c < 8; ++c) {
+      double z = 0;
+      for (int64_t t = 0; t < 3; ++t)
+        if (c + t - 1 >= 0 && c + t - 1 < 8) z += k.f32()[t] * mean[size_t(c + t - 1)];
+      const double gate = 1.0 / (1.0 + std::exp(-z));
+      for (int64_t i = 0; i < 9; ++i) {
+        const int64_t at = (n * 8 + c) * 9 + i;
+        CHECK(ey.f32()[at] == Approx(ex.f32()[at] * gate).epsilon(1e-5).margin(1e-6));
+      }
+    }
+  }
   // A 1-D node's lists have one value; 3-D convs are refused by name.
   Model bad(17);
   bad.input("x", {1, 2, 8});
