@@ -505,15 +505,6 @@ TEST_CASE("onnx: unsupported ops, attributes and dtypes name node, op and attrib
   }
   {
     Model m;
-    m.input("x", {2, 3});
-    m.input("b", {3, 2});
-    m.node("Gemm", {"x", "b"}, {"y"}, "g");
-    m.output("y");
-    check_import_error([&] { m.load(); }, {"node 'g' (Gemm): attribute 'transB'", "constant"},
-                       true);
-  }
-  {
-    Model m;
     m.input("x", {2, 2});
     TensorProto& t = m.init("w", {2}, {});
     t.clear_raw_data();

@@ -731,6 +731,63 @@ TEST_CASE("onnx forms: 1-D Conv and pools run as 2-D on rows of one", "[onnx]") 
                      true);
 }
 
+TEST_CASE("onnx forms: Gemm with transA, transB, alpha, beta, constant or run-time B and C",
+          "[onnx]") {
+  // y = alpha * A' B' + beta * C, A' = A^T where transA, B' = B^T where transB; M 3, K 4, N 5.
+  const Tensor a = Tensor::randn({3, 4}, 21), at = Tensor::randn({4, 3}, 22);
+  const Tensor b = Tensor::randn({4, 5}, 23), bt = Tensor::randn({5, 4}, 24);
+  const Tensor cv = Tensor::randn({5}, 25), cm = Tensor::randn({3, 5}, 26);
+  struct Case {
+    bool trans_a, trans_b, b_const, c_const;
+    float alpha, beta;
+    const Tensor* c;
+  };
+  const std::vector<Case> cases = {
+      {false, true, true, true, 1.0f, 1.0f, &cv},     // a linear layer
+      {false, false, true, true, 0.5f, 2.0f, &cv},    // alpha, beta folded
+      {true, false, false, true, 1.0f, 1.0f, &cm},    // run-time B: a matmul
+      {true, true, false, false, 0.25f, 3.0f, &cm},   // run-time B and C, scaled
+      {false, true, true, false, 2.0f, 0.5f, &cv},    // run-time bias, scaled
+      {false, false, false, true, 1.5f, 0.0f, &cv}};  // beta 0: no C
+  const auto vec = [](const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); };
+  for (const Case& c : cases) {
+    INFO("transA " << c.trans_a << " transB " << c.trans_b << " B const " << c.b_const
+                   << " C const " << c.c_const << " alpha " << c.alpha << " beta " << c.beta);
+    const Tensor& av = c.trans_a ? at : a;
+    const Tensor& bv = c.trans_b ? bt : b;
+    Model m(17);
+    m.input("a", av.shape());
+    if (c.b_const)
+      m.init("b", bv.shape(), vec(bv));
+    else
+      m.input("b", bv.shape());
+    if (c.c_const)
+      m.init("c", c.c->shape(), vec(*c.c));
+    else
+      m.input("c", c.c->shape());
+    auto& n = m.node("Gemm", {"a", "b", "c"}, {"y"}, "gemm");
+    set_i(n, "transA", c.trans_a);
+    set_i(n, "transB", c.trans_b);
+    set_f(n, "alpha", c.alpha);
+    set_f(n, "beta", c.beta);
+    m.output("y");
+    std::map<std::string, Tensor> in{{"a", av}};
+    if (!c.b_const) in["b"] = bv;
+    if (!c.c_const) in["c"] = *c.c;
+    const Tensor y = test::run_cpu(m.load(), in).at("y");
+    REQUIRE(y.shape() == Shape{3, 5});
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t j = 0; j < 5; ++j) {
+        double s = 0;
+        for (int64_t k = 0; k < 4; ++k)
+          s += double(c.trans_a ? at.f32()[k * 3 + i] : a.f32()[i * 4 + k]) *
+               double(c.trans_b ? bt.f32()[j * 4 + k] : b.f32()[k * 5 + j]);
+        const double cij = c.c->numel() == 5 ? c.c->f32()[j] : c.c->f32()[i * 5 + j];
+        CHECK(y.f32()[i * 5 + j] == Approx(c.alpha * s + c.beta * cij).epsilon(1e-5).margin(1e-5));
+      }
+  }
+}
+
 TEST_CASE("onnx forms: Clip without bounds, with min 0 alone or as clip; Pad by zeros and as pad",
           "[onnx]") {
   Tensor x = Tensor::randn({1, 2, 3, 3}, 4);

@@ -42,7 +42,9 @@
 //                             else reshape (a view)
 // Transpose                -> transpose
 // DepthToSpace, SpaceToDepth -> depth_to_space, space_to_depth (4-D; DCR or CRD)
-// Gemm (alpha 1, transA 0) -> linear (+ add for a bias that is not per output feature)
+// Gemm                     -> linear for a constant B (alpha folded in), else matmul (then a
+//                             mul by alpha); transpose for transA (and a run-time B's transB);
+//                             C: the linear's bias, or an add (beta folded, or a mul)
 // MatMul [+ Add]           -> linear for a 2-D tensor by a constant matrix (transposed at import,
 //                             the bias of a following Add taken in); else matmul (batched)
 // Clip                     -> clip; relu for min 0 and no max; nothing without bounds (min and

@@ -473,45 +473,55 @@ std::string transposed_weight(Importer& im, const std::string& name, const Const
   return w;
 }
 
+// Gemm: alpha * A' B' + beta * C. A constant B (the usual classifier) is a linear layer's
+// weight, alpha folded in; a run-time B a batched matmul (transB: of B transposed). transA
+// transposes A first; beta folds into a constant C, else scales it. A bias of one value per
+// output feature (or one for all) joins the linear node, any other C is added.
 void op_gemm(Importer& im) {
   im.allow({"alpha", "beta", "transA", "transB", "broadcast"});
   im.arity(2, 3);
-  if (im.attr_int("transA", 0) != 0)
-    im.unsupported_attr("transA", "is 1; epilog imports Gemm with transA=0 only");
-  if (im.attr_float("alpha", 1) != 1)
-    im.unsupported_attr("alpha", "is {}; epilog imports Gemm with alpha=1 only",
-                        im.attr_float("alpha", 1));
-  // beta = 0 drops C (PyTorch's mm exports so); any other beta but 1 would scale it.
-  const float beta = im.attr_float("beta", 1);
-  const bool with_c = im.has_in(2) && beta != 0;
-  if (with_c && beta != 1)
-    im.unsupported_attr("beta", "is {}; epilog imports Gemm with beta 0 or 1 only", beta);
+  const bool trans_a = im.attr_int("transA", 0) != 0, trans_b = im.attr_int("transB", 0) != 0;
+  const float alpha = im.attr_float("alpha", 1), beta = im.attr_float("beta", 1);
+  const bool with_c = im.has_in(2) && beta != 0;  // beta 0 drops C (PyTorch's mm exports so)
   std::string a = im.dyn(0);
   if (im.value_shape(a).size() != 2)
     im.bad("input A '{}' has shape {}, expected 2 dims", im.in_name(0),
            shape_str(im.value_shape(a)));
-  std::string w;
-  if (im.attr_int("transB", 0) != 0) {
-    w = im.dyn(1);
+  const auto transpose = [&](const std::string& x, const char* label) {
+    const std::string y = im.fresh_value(x + ".T");
+    im.emit(OpKind::Transpose, {x}, im.attrs({{"perm", std::vector<int64_t>{1, 0}}}), {y}, label);
+    return y;
+  };
+  if (trans_a) a = transpose(a, "transpose_a");
+  std::string w;  // [N, K] for the linear layer, or B as the matmul's [K, N]
+  bool scaled = alpha == 1;  // alpha applied
+  const Const* b = im.const_in(1);
+  if (b && b->is_float()) {
+    Const bw = *b;
+    for (float& v : bw.f) v *= alpha;
+    scaled = true;
+    if (trans_b) {
+      w = alpha == 1 ? im.materialize(im.in_name(1), *b)
+                     : im.fresh_value(im.in_name(1) + ".alpha");
+      if (!im.graph().values.count(w)) im.add_weight(w, bw);
+    } else {
+      w = transposed_weight(im, im.in_name(1), bw);
+    }
   } else {
-    const Const* b = im.const_in(1);
-    if (!b)
-      im.unsupported_attr("transB",
-                          "is 0 and B '{}' is computed at run time; epilog needs B "
-                          "constant to transpose it at import",
-                          im.in_name(1));
-    w = transposed_weight(im, im.in_name(1), *b);
+    w = im.dyn(1);
+    if (trans_b) w = transpose(w, "transpose_b");
   }
+  const bool matmul = !b || !b->is_float();
   if (im.value_shape(w).size() != 2)
     im.bad("input B '{}' has shape {}, expected 2 dims", im.in_name(1),
            shape_str(im.value_shape(w)));
-  const int64_t n = im.value_shape(w)[0];
+  const int64_t n = im.value_shape(w)[matmul ? 1 : 0];
   std::vector<std::string> ins = {a, w};
-  std::string add;  // a bias that is not one value per output feature
+  std::string add;  // a C that is not one value per output feature
   if (with_c) {
     const Shape cs = im.shape_in(2);
     const Const* c = im.const_in(2);
-    if (c && c->is_float() && cs.size() <= 2 &&
+    if (c && c->is_float() && !matmul && cs.size() <= 2 &&
         std::all_of(cs.begin(), cs.end() - (cs.empty() ? 0 : 1),
                     [](int64_t d) { return d == 1; }) &&
         (cs.empty() || cs.back() == 1 || cs.back() == n)) {
@@ -519,21 +529,43 @@ void op_gemm(Importer& im) {
       Const bias;
       bias.dims = {n};
       check_folded(bias.dims, c->numel());
-      for (int64_t k = 0; k < n; ++k) bias.f.push_back(c->numel() == 1 ? c->f[0] : c->f[size_t(k)]);
-      std::string b = cs == Shape{n} ? im.materialize(im.in_name(2), *c)
-                                     : im.fresh_value(im.in_name(2) + ".bias");
-      if (!im.graph().values.count(b)) im.add_weight(b, bias);
-      ins.push_back(b);
-    } else if (!c && cs == Shape{n}) {
+      for (int64_t k = 0; k < n; ++k)
+        bias.f.push_back(beta * (c->numel() == 1 ? c->f[0] : c->f[size_t(k)]));
+      std::string name = cs == Shape{n} && beta == 1 ? im.materialize(im.in_name(2), *c)
+                                                      : im.fresh_value(im.in_name(2) + ".bias");
+      if (!im.graph().values.count(name)) im.add_weight(name, bias);
+      ins.push_back(name);
+    } else if (c && c->is_float()) {
+      Const cb = *c;
+      for (float& v : cb.f) v *= beta;
+      add = beta == 1 ? im.materialize(im.in_name(2), *c)
+                      : im.fresh_value(im.in_name(2) + ".beta");
+      if (!im.graph().values.count(add)) im.add_weight(add, cb);
+    } else if (!c && cs == Shape{n} && beta == 1 && !matmul) {
       ins.push_back(im.dyn(2));
     } else {
       add = im.dyn(2);
+      if (beta != 1) {
+        const std::string k = im.fresh_value(im.out(0) + ".beta");
+        const std::string y = im.fresh_value(add + ".beta");
+        im.add_weight(k, Const{TensorProto::FLOAT, {1}, {beta}, {}});
+        im.emit(OpKind::Mul, {add, k}, {}, {y}, "beta");
+        add = y;
+      }
     }
   }
-  if (add.empty()) return im.emit(OpKind::Linear, ins, {}, {im.out(0)});
-  std::string y = im.fresh_value(im.node().output(0) + ".mm");
-  im.emit(OpKind::Linear, ins, {}, {y});
-  im.emit(OpKind::Add, {y, add}, {}, {im.out(0)}, "bias");
+  // The product, then alpha where it is not folded, then C.
+  const bool last = add.empty() && scaled;
+  std::string y = last ? im.out(0) : im.fresh_value(im.node().output(0) + ".mm");
+  im.emit(matmul ? OpKind::MatMul : OpKind::Linear, ins, {}, {y});
+  if (!scaled) {
+    const std::string k = im.fresh_value(im.out(0) + ".alpha");
+    im.add_weight(k, Const{TensorProto::FLOAT, {1}, {alpha}, {}});
+    const std::string z = add.empty() ? im.out(0) : im.fresh_value(y + ".alpha");
+    im.emit(OpKind::Mul, {y, k}, {}, {z}, "alpha");
+    y = z;
+  }
+  if (!add.empty()) im.emit(OpKind::Add, {y, add}, {}, {im.out(0)}, "bias");
 }
 
 void op_matmul(Importer& im) {
