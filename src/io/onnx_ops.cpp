@@ -11,6 +11,8 @@
 // LayerNormalization, GroupNormalization, InstanceNormalization -> layer_norm, group_norm,
 //                             instance_norm (constant scales and biases that broadcast, or per
 //                             group in GroupNormalization-18, spread out at import)
+// LRN                      -> x^2, an average pool across channels (a view of x^2), then one
+//                             elementwise chain: x * (bias + alpha * mean)^-beta
 // Relu, Sigmoid            -> relu, sigmoid (Sigmoid * Mul becomes silu in canonicalization)
 // Add, Mul, Sub, Div       -> add, mul, sub, div (legacy opset < 7 axis broadcasting on
 //                             constants too); Max, Min of one or more inputs -> a chain of

@@ -263,6 +263,49 @@ void op_instance_norm(Importer& im) {
           im.attrs({{"eps", epsilon_attr(im)}}), {im.out(0)});
 }
 
+// LRN (AlexNet-era local response normalization): x / (bias + alpha / size * s)^beta, s the sum
+// of x^2 over the `size` channels around each (zeros past the ends). The sum is an average pool
+// (zeros counted) of x^2 viewed as [N, 1, C, rest]: a window of size x 1, padded floor((size -
+// 1) / 2) before and ceil after; its mean is s / size.
+void op_lrn(Importer& im) {
+  im.allow({"alpha", "beta", "bias", "size"});
+  im.arity(1, 1);
+  const std::string x = im.dyn(0), y = im.out(0);
+  const Shape xs = im.value_shape(x);
+  if (xs.size() < 3) im.bad("input '{}' has shape {}, expected 3 dims or more", x, shape_str(xs));
+  const int64_t size = im.attr_int("size", 0);
+  if (size < 1 || size > kMaxDim) im.bad_attr("size", "{} is out of range", size);
+  const double alpha = im.attr_float("alpha", 1e-4f), beta = im.attr_float("beta", 0.75f),
+               bias = im.attr_float("bias", 1.0f);
+  int64_t rest = 1;
+  for (size_t d = 2; d < xs.size(); ++d) rest *= xs[d];
+  const auto value = [&](const char* what) { return im.fresh_value(y + "." + what); };
+  const auto constant = [&](const char* what, double v) {
+    const std::string name = value(what);
+    im.add_weight(name, Const{TensorProto::FLOAT, {1}, {float(v)}, {}});
+    return name;
+  };
+  const std::string sq = value("square"), rows = value("rows"), mean = value("mean");
+  const std::string back = value("sum"), scaled = value("scaled"), shifted = value("shifted");
+  const std::string denom = value("denominator");
+  im.emit(OpKind::Pow, {x}, im.attrs({{"exponent", 2.0}}), {sq}, "square");
+  im.emit(OpKind::Reshape, {sq}, im.attrs({{"shape", std::vector<int64_t>{0, 1, xs[1], rest}}}),
+          {rows}, "rows");
+  im.emit(OpKind::AvgPool2d, {rows},
+          im.attrs({{"kernel", std::vector<int64_t>{size, 1}},
+                    {"stride", std::vector<int64_t>{1, 1}},
+                    {"padding", std::vector<int64_t>{(size - 1) / 2, 0, size / 2, 0}},
+                    {"count_include_pad", int64_t(1)}}),
+          {mean}, "window");
+  std::vector<int64_t> shape(xs.begin(), xs.end());
+  shape[0] = 0;
+  im.emit(OpKind::Reshape, {mean}, im.attrs({{"shape", shape}}), {back}, "back");
+  im.emit(OpKind::Mul, {back, constant("alpha", alpha)}, {}, {scaled}, "alpha");
+  im.emit(OpKind::Add, {scaled, constant("bias", bias)}, {}, {shifted}, "bias");
+  im.emit(OpKind::Pow, {shifted}, im.attrs({{"exponent", -beta}}), {denom}, "beta");
+  im.emit(OpKind::Mul, {x, denom}, {}, {y});
+}
+
 // Softmax and LogSoftmax: over one axis from opset 13 (default -1); before, over the dims from
 // `axis` on (default 1) as one, which is a reshape around a softmax over the last dim.
 template <OpKind Kind>
@@ -555,6 +598,7 @@ void add_nn_handlers(std::map<std::string, OpHandler>& table) {
       {"GroupNormalization", op_group_norm},
       {"InstanceNormalization", op_instance_norm},
       {"LayerNormalization", op_layer_norm},
+      {"LRN", op_lrn},
       {"MaxPool", op_maxpool},
       {"Resize", op_resize},
       {"Softmax", op_softmax<OpKind::Softmax>},
