@@ -101,7 +101,9 @@ void op_conv(Importer& im) {
 void op_conv_transpose(Importer& im) {
   im.allow({"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape",
             "pads", "strides"});
-  const auto [x, w, xs, ws, line] = conv_operands(im);
+  const ConvOperands c = conv_operands(im);
+  const std::string &x = c.x, &w = c.w;
+  const Shape &xs = c.xs, &ws = c.ws;
   const std::vector<int64_t> stride = spatial(im, "strides", 1),
                              dilation = spatial(im, "dilations", 1);
   std::vector<int64_t> out_pad{0, 0};
@@ -273,7 +275,7 @@ void op_lrn(Importer& im) {
   const std::string x = im.dyn(0), y = im.out(0);
   const Shape xs = im.value_shape(x);
   if (xs.size() < 3) im.bad("input '{}' has shape {}, expected 3 dims or more", x, shape_str(xs));
-  const int64_t size = im.attr_int("size", 0);
+  const int64_t size = im.attr_int_req("size");
   if (size < 1 || size > kMaxDim) im.bad_attr("size", "{} is out of range", size);
   const double alpha = im.attr_float("alpha", 1e-4f), beta = im.attr_float("beta", 0.75f),
                bias = im.attr_float("bias", 1.0f);
