@@ -630,6 +630,42 @@ int eliminate_identity_views(Graph& graph) {
   return int(to.size());  // dead now: dead-code elimination removes them
 }
 
+// x + 0 whose zeros only broadcast x (ONNX's Expand) is x where the elementwise op reading it
+// broadcasts x to the same shape anyway (an SE gate's x * y.expand_as(x)): that reader reads x.
+// A pass, not a rule: a rule would report every other add read by a binary op as refused.
+int drop_broadcast_zeros(Graph& graph) {
+  std::map<std::string, size_t> made_by;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) made_by[graph.nodes[i].outputs[0]] = i;
+  const auto zeros = [&](const std::string& v) {
+    if (!graph.is_weight(v)) return false;
+    const Tensor& t = graph.weights.at(v).data;
+    return std::all_of(t.f32(), t.f32() + t.numel(), [](float f) { return f == 0.0f; });
+  };
+  int dropped = 0;
+  for (Node& n : graph.nodes) {
+    if (!binary_kind(n.op)) continue;
+    for (std::string& in : n.inputs) {
+      auto p = made_by.find(in);
+      if (p == made_by.end() || graph.nodes[p->second].op != OpKind::Add) continue;
+      const Node& add = graph.nodes[p->second];
+      const int z = zeros(add.inputs[1]) ? 1 : zeros(add.inputs[0]) ? 0 : -1;
+      if (z < 0) continue;
+      const std::string x = add.inputs[size_t(1 - z)];
+      std::vector<Shape> shapes;
+      for (const std::string& v : n.inputs) shapes.push_back(graph.value(v == in ? x : v).shape);
+      try {
+        if (infer_shapes(n.op, n.name, n.attrs, shapes)[0] != graph.value(n.outputs[0]).shape)
+          continue;
+      } catch (const Error&) {
+        continue;
+      }
+      in = x;
+      ++dropped;
+    }
+  }
+  return dropped;
+}
+
 int eliminate_dead_code(Graph& graph) {
   std::set<std::string> live(graph.outputs.begin(), graph.outputs.end());
   std::vector<Node> kept;
@@ -682,6 +718,10 @@ PassReport optimize(Graph& graph, const PassOptions& options) {
   if (const int views = eliminate_identity_views(graph)) {
     report.hits.push_back({"removed", "identity view", views});
     report.dead_nodes += eliminate_dead_code(graph);  // the views, read by no one now
+  }
+  if (const int adds = drop_broadcast_zeros(graph)) {
+    report.hits.push_back({"removed", "add of broadcast zeros", adds});
+    report.dead_nodes += eliminate_dead_code(graph);
   }
   after("canonicalize");
   if (options.fuse) {

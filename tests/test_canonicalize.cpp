@@ -497,6 +497,35 @@ TEST_CASE("canonicalize: transposes that are not NHWC's stay, composed where the
   for (const std::string& out : source.outputs) check_close(got.at(out), want.at(out), 1e-6, 1e-6);
 }
 
+// -- x + 0 as a broadcast (ONNX Expand) --
+
+TEST_CASE("passes: an add of zeros that only broadcasts goes where its reader broadcasts",
+          "[canonicalize]") {
+  // y = x * (g + zeros [1, 1, 3, 5]) on x [2, 8, 3, 5] and g [2, 8, 1, 1]: the mul reads g.
+  const auto build = [](const Shape& x_shape, float fill = 0.0f) {
+    Builder b(45);
+    b.set_weights({{"zeros", Tensor::full({1, 1, 3, 5}, fill)}});
+    Val g = b.input("g", {2, 8, 1, 1});
+    Val e = b.add(g, b.weight("zeros", {1, 1, 3, 5}, OpKind::Add, "b"), "expand");
+    b.output(b.mul(b.input("x", x_shape), e, "gate"));
+    return b.build();
+  };
+  Graph g = canonical(build({2, 8, 3, 5}), OpKind::Mul, 0);
+  CHECK(g.op_counts().count(OpKind::Add) == 0);
+  CHECK(g.nodes[0].inputs == std::vector<std::string>{"x", "g"});
+  CHECK(!g.is_weight("zeros"));
+  // Where g alone would not make the mul's shape, the zeros stay read (by the add, or the chain
+  // it fuses into).
+  Graph kept = build({2, 8, 1, 1});
+  optimize(kept);
+  CHECK(kept.is_weight("zeros"));
+  CHECK(kept.value(kept.outputs[0]).shape == Shape{2, 8, 3, 5});
+  // Nor where the add adds anything but zeros.
+  Graph ones = build({2, 8, 3, 5}, 1.0f);
+  optimize(ones);
+  CHECK(ones.is_weight("zeros"));
+}
+
 // -- conv_transpose2d as conv2d and depth_to_space --
 
 namespace {

@@ -788,6 +788,40 @@ TEST_CASE("onnx forms: Gemm with transA, transB, alpha, beta, constant or run-ti
   }
 }
 
+TEST_CASE("onnx forms: Expand of a run-time tensor, read directly where its reader broadcasts",
+          "[onnx]") {
+  // y = x * Expand(g, Shape(x)), g [2, 8, 1, 1] (an SE gate as x * g.expand_as(x)); z = Expand(g)
+  // to [2, 8, 3, 5] as a graph output.
+  Model m(17);
+  m.input("x", {2, 8, 3, 5});
+  m.input("g", {2, 8, 1, 1});
+  m.node("Shape", {"x"}, {"shape"}, "shape");
+  m.node("Expand", {"g", "shape"}, {"ge"}, "expand");
+  m.node("Mul", {"x", "ge"}, {"y"}, "gate");
+  m.ints("wide", {3, 5});
+  m.node("Expand", {"g", "wide"}, {"z"}, "expand_out");
+  m.output("y");
+  m.output("z");
+  Graph g = m.load();
+  const Tensor x = Tensor::randn({2, 8, 3, 5}, 31), gate = Tensor::randn({2, 8, 1, 1}, 32);
+  const auto out = test::run_cpu(g, {{"x", x}, {"g", gate}});
+  REQUIRE(out.at("y").shape() == Shape{2, 8, 3, 5});
+  REQUIRE(out.at("z").shape() == Shape{2, 8, 3, 5});
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    CHECK(out.at("y").f32()[i] == x.f32()[i] * gate.f32()[i / 15]);
+    CHECK(out.at("z").f32()[i] == gate.f32()[i / 15]);
+  }
+  optimize(g);
+  // The gate's mul reads g; the graph output keeps its add of zeros [1, 1, 3, 5].
+  CHECK(count(g, OpKind::Add) == 1);
+  const Node* mul = nullptr;
+  for (const Node& n : g.nodes)
+    if (n.outputs[0] == "y") mul = &n;
+  REQUIRE(mul != nullptr);
+  CHECK(mul->inputs == std::vector<std::string>{"x", "g"});
+  CHECK(values(test::run_cpu(g, {{"x", x}, {"g", gate}}).at("y")) == values(out.at("y")));
+}
+
 TEST_CASE("onnx forms: Clip without bounds, with min 0 alone or as clip; Pad by zeros and as pad",
           "[onnx]") {
   Tensor x = Tensor::randn({1, 2, 3, 3}, 4);

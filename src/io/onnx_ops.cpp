@@ -56,6 +56,8 @@
 // LeakyRelu, HardSigmoid, HardSwish, Tanh, Gelu, Mish, Softplus, Elu, Exp, Erf, Sqrt,
 // Reciprocal, Neg, Abs, Log -> the op of the same name (activations: a conv's epilogue takes them)
 // Pow                      -> pow, for a constant exponent of one value
+// Expand                   -> add of zeros of the dims x lacks (canonicalization drops it where
+//                             the reader broadcasts x); folded on constants
 // Identity, Dropout (at inference, no mask), Cast and CastLike to float, Pad by zeros -> nothing
 //                             (the output names the input's value)
 // Constant, Shape, Size, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,

@@ -432,6 +432,41 @@ void op_constant(Importer& im) {
   im.set_const(0, std::move(c));
 }
 
+// Expand: x broadcast to `shape` (both ways, as NumPy). A constant folds; a run-time tensor is
+// x + 0, the zeros only as large as the dims x lacks, which canonicalization drops where the
+// reader broadcasts x anyway (an SE gate's x * y.expand_as(x)).
+void op_expand(Importer& im) {
+  im.allow({});
+  im.arity(2, 2);
+  const Shape target = im.ints_in(1, "shape"), xs = im.shape_in(0);
+  for (int64_t d : target)
+    if (d < 0) im.bad("shape {} has a negative dim", shape_str(target));
+  const Shape out = broadcast(xs, target);
+  Const zeros;
+  zeros.dims = Shape(out.size(), 1);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const size_t lead = out.size() - xs.size();
+    const int64_t x = i < lead ? 1 : xs[i - lead];
+    if (x == 1) zeros.dims[i] = out[i];
+  }
+  if (const Const* c = im.const_in(0)) {
+    check_folded(out, c->numel());
+    if (!c->is_float()) zeros.dtype = c->dtype;
+    zeros.f.assign(c->is_float() ? size_t(checked_numel(zeros.dims, kMaxFolded)) : 0, 0.0f);
+    zeros.i.assign(c->is_float() ? 0 : size_t(checked_numel(zeros.dims, kMaxFolded)), 0);
+    return im.set_const(0, fold_binary(*c, zeros, '+'));
+  }
+  if (out == xs) return pass_through(im);
+  const int64_t n = checked_numel(zeros.dims, kMaxFolded);
+  if (n < 0)
+    im.unsupported("expanding {} to {} takes zeros of {}, more than epilog makes at import",
+                   shape_str(xs), shape_str(out), shape_str(zeros.dims));
+  zeros.f.assign(size_t(n), 0.0f);
+  const std::string z = im.fresh_value(im.out(0) + ".zeros");
+  im.add_weight(z, zeros);
+  im.emit(OpKind::Add, {im.dyn(0), z}, {}, {im.out(0)});
+}
+
 void op_constant_of_shape(Importer& im) {
   im.allow({"value"});
   im.arity(1, 1);
@@ -584,6 +619,7 @@ void add_layout_handlers(std::map<std::string, OpHandler>& table) {
       {"ConstantOfShape", op_constant_of_shape},
       {"DepthToSpace", op_depth_space<OpKind::DepthToSpace>},
       {"Dropout", op_dropout},
+      {"Expand", op_expand},
       {"Flatten", op_flatten},
       {"Gather", op_gather},
       {"Identity", op_identity},
