@@ -1,6 +1,7 @@
-// The pass pipeline: canonicalize -> reparameterize -> fuse (conv rules, batchnorm folds,
-// elementwise chains, wide groups split) -> dead-code elimination, the verifier after every
-// pass, per-rule hit counts, and a hook to dump the graph before and after each pass.
+// The pass pipeline: canonicalize (then identity views and adds of broadcast zeros dropped) ->
+// reparameterize -> fuse (conv rules, batchnorm folds, elementwise chains, wide groups split) ->
+// dead-code elimination, the verifier after every pass, per-rule hit counts, and a hook to dump
+// the graph before and after each pass.
 #pragma once
 
 #include <functional>
