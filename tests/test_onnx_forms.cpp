@@ -644,7 +644,7 @@ TEST_CASE("onnx forms: PRelu (one slope, a slope per channel) and Selu after a c
   check_import_error([&] { r.load(); }, {"node 'act' (PRelu)", "'slope'", "constant"}, true);
 }
 
-TEST_CASE("onnx forms: 1-D Conv and pools run as 2-D on rows of one", "[onnx]") {
+TEST_CASE("onnx forms: 1-D Conv, ConvTranspose and pools run as 2-D on rows of one", "[onnx]") {
   // x [2, 4, 11] -> Conv(k 3, stride 2, pads 1/2, dilation 2, 2 groups) -> Relu -> MaxPool(k 2)
   // -> AveragePool(k 2, pads 1/0); the same as 2-D ops on x [2, 4, 1, 11].
   const auto build = [](bool line) {
@@ -682,6 +682,25 @@ TEST_CASE("onnx forms: 1-D Conv and pools run as 2-D on rows of one", "[onnx]") 
   CHECK(count(line, OpKind::Relu) == 0);
   CHECK(count(line, OpKind::MaxPool2d) == 1);
   CHECK(count(line, OpKind::AvgPool2d) == 1);
+  // ConvTranspose (k 4, stride 2, pads 1/1, output_padding 1) likewise.
+  const auto transposed = [](bool line) {
+    const auto list = [&](std::vector<int64_t> one, std::vector<int64_t> two) {
+      return line ? one : two;
+    };
+    Model m(17);
+    m.input("x", list({2, 3, 7}, {2, 3, 1, 7}));
+    m.random("w", list({3, 4, 4}, {3, 4, 1, 4}), 15);
+    auto& ct = m.node("ConvTranspose", {"x", "w"}, {"y"}, "up");
+    set_ints(ct, "strides", list({2}, {1, 2}));
+    set_ints(ct, "pads", list({1, 1}, {0, 1, 0, 1}));
+    set_ints(ct, "output_padding", list({1}, {0, 1}));
+    m.output("y");
+    return m.load();
+  };
+  const Tensor tx = Tensor::randn({2, 3, 7}, 16);
+  const Tensor ty = run1(transposed(true), tx);
+  REQUIRE(ty.shape() == Shape{2, 4, 15});
+  CHECK(values(ty) == values(run1(transposed(false), tx.reshape({2, 3, 1, 7}))));
   // ECA (timm's EcaModule): the channels' means as a row [N, 1, C], a conv of k 3 across the
   // channels, sigmoid, back to [N, C, 1, 1] as x's gate.
   Model eca(18);  // ReduceMean's axes an input

@@ -5,8 +5,9 @@
 // ONNX op                  -> epilog
 // Conv                     -> conv2d (auto_pad resolved to explicit padding; 4-D input, or
 //                             3-D run as 2-D on rows of one between two reshape views)
-// ConvTranspose            -> conv_transpose2d (4-D; padding from pads, auto_pad or
-//                             output_shape)
+// ConvTranspose            -> conv_transpose2d (4-D, or 3-D as Conv; padding from pads, auto_pad
+//                             or output_shape, whose rows past the natural size are
+//                             output_padding)
 // BatchNormalization       -> batchnorm (inference form only)
 // LayerNormalization, GroupNormalization, InstanceNormalization -> layer_norm, group_norm,
 //                             instance_norm (constant scales and biases that broadcast, or per

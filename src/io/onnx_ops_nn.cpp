@@ -41,11 +41,11 @@ struct ConvOperands {
   Shape xs, ws;
   bool line = false;
 };
-ConvOperands conv_operands(Importer& im, bool lines_too = false) {
+ConvOperands conv_operands(Importer& im) {
   im.arity(2, 3);
   ConvOperands c{im.dyn(0), "", {}, {}};
   c.xs = im.value_shape(c.x);
-  c.line = lines_too && c.xs.size() == 3;
+  c.line = c.xs.size() == 3;
   if (c.xs.size() != 4 && !c.line)
     im.unsupported("input '{}' has shape {}: epilog imports 1-D and 2-D convolutions (NCL and "
                    "NCHW inputs) only",
@@ -58,6 +58,13 @@ ConvOperands conv_operands(Importer& im, bool lines_too = false) {
     im.add_weight(c.w, w);
   } else {
     c.w = im.dyn(1);
+    const Shape& s = im.value_shape(c.w);
+    if (c.line && s.size() == 3) {  // a weight known at run time: a view
+      const std::string v = im.fresh_value(c.w + ".rows");
+      const std::vector<int64_t> rows{s[0], s[1], 1, s[2]};
+      im.emit(OpKind::Reshape, {c.w}, im.attrs({{"shape", rows}}), {v}, "weight_rows");
+      c.w = v;
+    }
   }
   c.ws = im.value_shape(c.w);
   if (c.ws.size() != 4)
@@ -79,7 +86,7 @@ ConvOperands conv_operands(Importer& im, bool lines_too = false) {
 
 void op_conv(Importer& im) {
   im.allow({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"});
-  const auto [x, w, xs, ws, line] = conv_operands(im, true);
+  const auto [x, w, xs, ws, line] = conv_operands(im);
   std::vector<int64_t> stride = spatial(im, "strides", 1, line),
                        dilation = spatial(im, "dilations", 1, line);
   int64_t group = im.attr_int("group", 1);
@@ -104,12 +111,15 @@ void op_conv_transpose(Importer& im) {
   const ConvOperands c = conv_operands(im);
   const std::string &x = c.x, &w = c.w;
   const Shape &xs = c.xs, &ws = c.ws;
-  const std::vector<int64_t> stride = spatial(im, "strides", 1),
-                             dilation = spatial(im, "dilations", 1);
+  const bool line = c.line;
+  const size_t dims = line ? 1 : 2;  // the spatial dims the node lists
+  const std::vector<int64_t> stride = spatial(im, "strides", 1, line),
+                             dilation = spatial(im, "dilations", 1, line);
   std::vector<int64_t> out_pad{0, 0};
   if (auto p = im.attr_ints("output_padding")) {
-    if (p->size() != 2) im.bad_attr("output_padding", "has {} values, expected 2", p->size());
-    out_pad = *p;
+    if (p->size() != dims)
+      im.bad_attr("output_padding", "has {} values, expected {}", p->size(), dims);
+    std::copy(p->begin(), p->end(), out_pad.end() - std::ptrdiff_t(dims));
   }
   const int64_t group = im.attr_int("group", 1);
   if (group < 1 || group > kMaxDim) im.bad_attr("group", "{} is out of range", group);
@@ -117,39 +127,46 @@ void op_conv_transpose(Importer& im) {
   auto out_shape = im.attr_ints("output_shape");
   std::vector<int64_t> pad{0, 0, 0, 0};
   if (out_shape || mode == "SAME_UPPER" || mode == "SAME_LOWER") {
-    if (out_shape && out_shape->size() != 2 && out_shape->size() != 4)
-      im.bad_attr("output_shape", "has {} values, expected 2 (H and W)", out_shape->size());
-    for (int d = 0; d < 2; ++d) {
-      const int64_t in = xs[size_t(2 + d)];
-      const int64_t want =
-          out_shape ? (*out_shape)[out_shape->size() - 2 + size_t(d)] : in * stride[size_t(d)];
-      const int64_t total = stride[size_t(d)] * (in - 1) + out_pad[size_t(d)] +
-                            (ws[size_t(2 + d)] - 1) * dilation[size_t(d)] + 1 - want;
+    if (out_shape && out_shape->size() != dims && out_shape->size() != dims + 2)
+      im.bad_attr("output_shape", "has {} values, expected {}", out_shape->size(), dims);
+    for (size_t d = 2 - dims; d < 2; ++d) {
+      const int64_t in = xs[2 + d];
+      const int64_t want = out_shape ? (*out_shape)[out_shape->size() - 2 + d] : in * stride[d];
+      int64_t total = stride[d] * (in - 1) + out_pad[d] + (ws[2 + d] - 1) * dilation[d] + 1 - want;
+      // An output_shape past the natural size: the rows at the end, as output_padding.
+      if (total < 0 && out_shape && out_pad[d] - total < stride[d]) {
+        out_pad[d] -= total;
+        total = 0;
+      }
       if (total < 0)
-        im.unsupported("an output of {} along axis {} needs negative padding", want, 2 + d);
+        im.unsupported("an output of {} along axis {} needs negative padding", want,
+                       line ? 2 : 2 + d);
       const bool upper = mode == "SAME_UPPER";
-      pad[size_t(d)] = upper ? total / 2 : total - total / 2;
-      pad[size_t(d + 2)] = total - pad[size_t(d)];
+      pad[d] = upper ? total / 2 : total - total / 2;
+      pad[d + 2] = total - pad[d];
     }
   } else if (mode == "NOTSET") {
     if (auto p = im.attr_ints("pads")) {
-      if (p->size() != 4) im.bad_attr("pads", "has {} values, expected 4", p->size());
+      if (p->size() != 2 * dims)
+        im.bad_attr("pads", "has {} values, expected {}", p->size(), 2 * dims);
       for (int64_t v : *p)
         if (v < 0) im.unsupported_attr("pads", "negative padding {} is not supported", v);
-      pad = *p;
+      pad = line ? std::vector<int64_t>{0, (*p)[0], 0, (*p)[1]} : *p;
     }
   } else if (mode != "VALID") {
     im.bad_attr("auto_pad", "is '{}', expected NOTSET, SAME_UPPER, SAME_LOWER or VALID", mode);
   }
   std::vector<std::string> ins = {x, w};
   if (im.has_in(2)) ins.push_back(im.dyn(2));
+  const std::string y = line ? im.fresh_value(im.out(0) + ".rows") : im.out(0);
   im.emit(OpKind::ConvTranspose2d, ins,
           im.attrs({{"stride", stride},
                     {"padding", pad},
                     {"output_padding", out_pad},
                     {"dilation", dilation},
                     {"groups", group}}),
-          {im.out(0)});
+          {y});
+  if (line) from_rows(im, y);
 }
 
 void op_batchnorm(Importer& im) {
