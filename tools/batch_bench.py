@@ -12,7 +12,9 @@ For each model (default: resnet50 and the YOLO-like model) and batch size:
     again (`epilog bench --batch N,M,N`): its first plan at N and that plan cached, seen before,
     against a fresh single-batch executor (`epilog bench --batch N`), end to end, taking turns
     for --rounds rounds in the same call: one round cannot tell a difference of a few percent
-    from the card's drift. The first plan tells the Model's path apart from the cache.
+    from the card's drift. The first plan tells the Model's path apart from the cache, and the
+    plan cached with no other batch run in between (`--batch N,N`) the cache apart from what
+    running another batch size does to the process.
 
 Writes batch_bench.md and batch_bench.jsonl under --out. Needs a CUDA machine with PyTorch
 (and torchvision for resnet50). The YOLO-like model runs from models/yolo_like.json in epilog
@@ -152,15 +154,19 @@ def main():
         rows = parse_sweep(sweep.stdout)
         lb = a.latency_batch
         first = next((b for b in batches + big if b != lb), lb + 1)
-        model_first, cached, fresh = [], [], []
+        model_first, cached, alone, fresh = [], [], [], []
         for _ in range(a.rounds):
             c = run([a.epilog, "bench", path, "--device", "cuda", "--batch", f"{lb},{first},{lb}",
+                     "--iters", str(a.iters)], a.timeout)
+            s = run([a.epilog, "bench", path, "--device", "cuda", "--batch", f"{lb},{lb}",
                      "--iters", str(a.iters)], a.timeout)
             f = run([a.epilog, "bench", path, "--device", "cuda", "--batch", str(lb), "--iters",
                      str(a.iters)], a.timeout)
             at_lb = sweep_times(c.stdout, lb)
             model_first.append(at_lb[0] if at_lb else None)
             cached.append(at_lb[1] if len(at_lb) > 1 else None)
+            at_lb = sweep_times(s.stdout, lb)
+            alone.append(at_lb[1] if len(at_lb) > 1 else None)
             fresh.append(parse_single(f.stdout))
         for b in batches + big:
             e = rows.get(b)
@@ -174,6 +180,7 @@ def main():
                 b * chw[0] * chw[1] * chw[2] * 4 / MIB,
                 "model_first_ms": model_first if b == lb else None,
                 "cached_ms": cached if b == lb else None,
+                "cached_alone_ms": alone if b == lb else None,
                 "fresh_ms": fresh if b == lb else None,
                 "error": None if e else (sweep.stderr.strip().splitlines() or ["no output"])[-1],
             })
@@ -182,12 +189,13 @@ def main():
             f.write(json.dumps(r) + "\n")
     lines = [f"card: {card}, PyTorch {torch.__version__}", "",
              "| model | batch | PyTorch peak (MiB) | epilog peak (MiB) | epilog images/s | "
-             "epilog ms | Model's first plan / cached plan / fresh executor ms, by round |",
+             "epilog ms | Model's first plan / cached after another batch / cached alone / "
+             "fresh executor ms, by round |",
              "|---|---|---|---|---|---|---|"]
     fmt = lambda v, f="{:.1f}": "-" if v is None else f.format(v)
     pairs = lambda r: "-" if not r["fresh_ms"] else ", ".join(
         " / ".join(fmt(v, "{:.3f}") for v in t)
-        for t in zip(r["model_first_ms"], r["cached_ms"], r["fresh_ms"]))
+        for t in zip(r["model_first_ms"], r["cached_ms"], r["cached_alone_ms"], r["fresh_ms"]))
     for r in results:
         e = r["epilog"] or {}
         lines.append(f"| {r['model']} | {r['batch']} | {fmt(r['torch_peak_mib'])} | "
