@@ -541,9 +541,10 @@ Rule batchnorm_first_rule() {
           }};
 }
 
-// A batchnorm or an activation of a depth_to_space's crop on H and W (a conv_transpose2d's
-// rewrite) runs before the crop, on the depth_to_space, so that the rules about it take the
-// op on into the conv: a per-channel op commutes with a crop that keeps the channels.
+// A batchnorm or an activation of the crop on H and W of a conv's depth_to_space (a
+// conv_transpose2d's rewrite) runs before the crop, on the depth_to_space, so that the rules
+// about it take the op on into the conv: a per-channel op commutes with a crop that keeps the
+// batch and the channels.
 Rule before_crop_rule(OpKind kind) {
   const std::string name = op_name(kind);
   return {name + "(slice(depth_to_space))->slice(" + name + "(depth_to_space))",
@@ -553,10 +554,23 @@ Rule before_crop_rule(OpKind kind) {
           [](const Match& m) -> std::string {
             const Graph& g = *m.graph;
             const Node& crop = m.node("crop");
+            // Back from the depth_to_space through the per-channel ops already moved before it.
+            const std::string& into = m.node("layout").inputs[0];
+            std::string v = into;
+            const Node* made = nullptr;
+            do {
+              made = nullptr;
+              for (const Node& n : g.nodes)
+                if (n.outputs[0] == v) made = &n;
+              if (made) v = made->inputs[0];
+            } while (made && (made->op == OpKind::BatchNorm || is_activation_op(made->op)));
+            if (!made || made->op != OpKind::Conv2d)
+              return fmt::format("'{}' is no conv's output", into);
             const std::vector<Shape> x{g.value(crop.inputs[0]).shape};
             const SliceDims d = slice_dims(InferContext{crop.op, crop.name, crop.attrs, x});
-            if (d.start[1] != 0 || d.step[1] != 1 || d.out[1] != x[0][1])
-              return fmt::format("'{}' slices the channels", crop.name);
+            for (size_t k : {size_t(0), size_t(1)})
+              if (d.start[k] != 0 || d.step[k] != 1 || d.out[k] != x[0][k])
+                return fmt::format("'{}' slices the {}", crop.name, k == 0 ? "batch" : "channels");
             return "";
           },
           [](const Match& m) {

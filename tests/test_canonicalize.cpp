@@ -684,12 +684,18 @@ TEST_CASE(
     if (crop) CHECK(g.nodes[2].op == OpKind::Slice);
     CHECK(g.nodes.back().outputs == source.outputs);
   }
-  // A crop of the channels keeps the relu after it.
-  {
+  // A crop of the channels keeps the relu after it, and so does a crop of a depth_to_space that
+  // no conv made.
+  for (const bool conv : {true, false}) {
     Builder b(44);
-    Val d = b.depth_space(OpKind::DepthToSpace, b.input("x", {1, 8, 3, 3}), {2});
-    b.output(b.relu(b.slice(d, {0}, {1}, {1}), "act"));
-    untouched(b.build(), "slices the channels");
+    Val x = b.input("x", {1, 8, 3, 3});
+    if (conv) x = b.conv2d(x, "conv", ConvOpts(8, 1));
+    Val d = b.depth_space(OpKind::DepthToSpace, x, {2});
+    b.output(b.relu(b.slice(d, conv ? std::vector<int64_t>{0} : std::vector<int64_t>{1},
+                            conv ? std::vector<int64_t>{1} : std::vector<int64_t>{5},
+                            conv ? std::vector<int64_t>{1} : std::vector<int64_t>{2}),
+                    "act"));
+    untouched(b.build(), conv ? "slices the channels" : "'x' is no conv's output");
   }
   // DCR phases repeat the parameters the other way round.
   Builder b(43);

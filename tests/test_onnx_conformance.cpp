@@ -9,8 +9,8 @@
 //
 // epilog graphs are static, so a case's integer inputs (shapes, indices, split sizes) and float
 // inputs read only as parameters (Resize/Upsample scales or roi, Dropout's ratio, Clip's
-// bounds, Pad's value, CastLike's type, PRelu's slope) are bound as constants from the case's data before
-// import, as a model exported with those values would hold them.
+// bounds, Pad's value, CastLike's type, PRelu's slope) are bound as constants from the case's
+// data before import, as a model exported with those values would hold them.
 //
 //   EPILOG_ONNX_TESTDATA=DIR   the data folder (default /usr/share/libonnx-testdata/data)
 //   EPILOG_ONNX_CASES=TEXT     only the cases whose name contains TEXT

@@ -583,7 +583,10 @@ TEST_CASE("onnx forms: the activation ops import as the op of the same name, wit
 
 TEST_CASE("onnx forms: PRelu (one slope, a slope per channel) and Selu after a conv", "[onnx]") {
   // x -> Conv -> PRelu(slope of `slope_dims`) or Selu -> y, on the CPU against the formula.
-  const auto build = [](const std::string& op, const Shape& slope_dims, int64_t opset = 17) {
+  // Slopes 0.05, 0.15, ... (below 1: max(x, slope * x)); `step` 1 makes 0.05, 1.05, 2.05, 3.05
+  // (both sides of 1: x + (slope - 1) * min(x, 0)).
+  const auto build = [](const std::string& op, const Shape& slope_dims, int64_t opset = 17,
+                        float step = 0.1f) {
     Model m(opset);
     m.input("x", {2, 3, 5, 5});
     m.random("w", {4, 3, 3, 3}, 7);
@@ -592,7 +595,7 @@ TEST_CASE("onnx forms: PRelu (one slope, a slope per channel) and Selu after a c
       int64_t n = 1;
       for (int64_t d : slope_dims) n *= d;
       std::vector<float> slope;
-      for (int64_t i = 0; i < n; ++i) slope.push_back(0.05f + 0.1f * float(i));
+      for (int64_t i = 0; i < n; ++i) slope.push_back(0.05f + step * float(i));
       m.init("slope", slope_dims, slope);
       m.node("PRelu", {"c", "slope"}, {"y"}, "act");
     } else {
@@ -629,6 +632,9 @@ TEST_CASE("onnx forms: PRelu (one slope, a slope per channel) and Selu after a c
   CHECK(count(g, OpKind::FusedElementwise) == 1);
   CHECK(g.nodes.size() == 2);
   check(build("PRelu", {4}, 6), per_channel);
+  g = check(build("PRelu", {4, 1, 1}, 17, 1.0f),
+            [](float v, int64_t c) { return v >= 0 ? v : (0.05f + 1.0f * c) * v; });
+  CHECK(count(g, OpKind::FusedElementwise) == 1);
   // Selu: gamma * elu(x, alpha) with ONNX's defaults.
   check(build("Selu", {}), [](float v, int64_t) {
     return 1.0507010221f * (v > 0 ? v : 1.6732631921f * (std::exp(v) - 1.0f));
@@ -676,7 +682,7 @@ TEST_CASE("onnx forms: 1-D Conv, ConvTranspose and pools run as 2-D on rows of o
   const Tensor got = run1(line, x), want = run1(plane, x.reshape({2, 4, 1, 11}));
   REQUIRE(got.shape() == Shape{2, 6, 4});
   CHECK(values(got) == values(want));
-  // The relu passes the view back to 1-D and fuses into the conv; the views cost no kernel.
+  // The relu passes the view back to 1-D and fuses into the conv.
   optimize(line);
   CHECK(count(line, OpKind::FusedConv2d) == 1);
   CHECK(count(line, OpKind::Relu) == 0);
@@ -741,6 +747,13 @@ TEST_CASE("onnx forms: 1-D Conv, ConvTranspose and pools run as 2-D on rows of o
   bad.output("y");
   check_import_error([&] { bad.load(); },
                      {"node 'conv' (Conv)", "'strides'", "2 values, expected 1"});
+  Model four(17);
+  four.input("x", {1, 2, 8});
+  four.random("w", {2, 2, 1, 3}, 12);
+  four.node("Conv", {"x", "w"}, {"y"}, "conv");
+  four.output("y");
+  check_import_error([&] { four.load(); },
+                     {"node 'conv' (Conv)", "weight 'w' has shape [2,2,1,3], expected 3 dims"});
   Model cube(17);
   cube.input("x", {1, 2, 4, 4, 4});
   cube.random("w", {2, 2, 3, 3, 3}, 13);

@@ -52,7 +52,7 @@
 //                             the bias of a following Add taken in); else matmul (batched)
 // Clip                     -> clip; relu for min 0 and no max; nothing without bounds (min and
 //                             max: attributes before opset 11, inputs from 11)
-// PRelu                    -> leaky_relu for one slope, else x + (slope - 1) * min(x, 0)
+// PRelu                    -> leaky_relu for one slope, else max or min(x, slope * x) (a chain)
 // Selu                     -> elu, then a mul by gamma
 // LeakyRelu, HardSigmoid, HardSwish, Tanh, Gelu, Mish, Softplus, Elu, Exp, Erf, Sqrt,
 // Reciprocal, Neg, Abs, Log -> the op of the same name (activations: a conv's epilogue takes them)

@@ -442,6 +442,8 @@ void op_expand(Importer& im) {
   for (int64_t d : target)
     if (d < 0) im.bad("shape {} has a negative dim", shape_str(target));
   const Shape out = broadcast(xs, target);
+  if (std::count(out.begin(), out.end(), 0) != 0)
+    im.unsupported("expanding {} to {} leaves no elements", shape_str(xs), shape_str(out));
   Const zeros;
   zeros.dims = Shape(out.size(), 1);
   for (size_t i = 0; i < out.size(); ++i) {

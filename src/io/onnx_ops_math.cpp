@@ -96,9 +96,10 @@ void op_selu(Importer& im) {
   im.emit(OpKind::Mul, {e, gamma}, {}, {im.out(0)}, "gamma");
 }
 
-// x + (slope - 1) * min(x, 0) for a constant slope of dims `dims` broadcast to x: a chain from
-// x (the elementwise fusion runs it as one kernel), where relu(x) + slope * min(x, 0) would
-// read x on two paths.
+// PRelu with a constant slope of dims `dims` broadcast to x, as a chain from x (which the
+// elementwise fusion runs as one kernel): max(x, slope * x) where every slope is at most 1,
+// min(x, slope * x) where every slope is at least 1, both exact; else x + (slope - 1) * min(x,
+// 0), whose error relative to slope * x grows as 2^-24 / |slope|.
 void prelu_of(Importer& im, const Shape& x, Const slope) {
   const Shape& dims = slope.dims;
   if (dims.size() > x.size())
@@ -108,10 +109,17 @@ void prelu_of(Importer& im, const Shape& x, Const slope) {
     if (s != 1 && s != n)
       im.bad("slope {} does not broadcast to x {}", shape_str(dims), shape_str(x));
   }
-  for (float& v : slope.f) v -= 1.0f;
+  const bool below = std::all_of(slope.f.begin(), slope.f.end(), [](float v) { return v <= 1; });
+  const bool above = std::all_of(slope.f.begin(), slope.f.end(), [](float v) { return v >= 1; });
   const std::string y = im.out(0), in = im.dyn(0);
-  const std::string zero = im.fresh_value(y + ".zero"), factor = im.fresh_value(y + ".slope");
-  const std::string neg = im.fresh_value(y + ".negative"), scaled = im.fresh_value(y + ".scaled");
+  const std::string factor = im.fresh_value(y + ".slope"), scaled = im.fresh_value(y + ".scaled");
+  if (below || above) {
+    im.add_weight(factor, slope);
+    im.emit(OpKind::Mul, {in, factor}, {}, {scaled}, "slope");
+    return im.emit(below ? OpKind::Max : OpKind::Min, {scaled, in}, {}, {y});
+  }
+  for (float& v : slope.f) v -= 1.0f;
+  const std::string zero = im.fresh_value(y + ".zero"), neg = im.fresh_value(y + ".negative");
   im.add_weight(zero, Const{TensorProto::FLOAT, {1}, {0.0f}, {}});
   im.add_weight(factor, slope);
   im.emit(OpKind::Min, {in, zero}, {}, {neg});
@@ -120,7 +128,7 @@ void prelu_of(Importer& im, const Shape& x, Const slope) {
 }
 
 // PRelu: x where x >= 0, slope * x below. One slope is leaky_relu; a slope per channel
-// (PyTorch's PReLU(C), exported as [C, 1, 1]) three elementwise ops (prelu_of). The slope
+// (PyTorch's PReLU(C), exported as [C, 1, 1]) an elementwise chain (prelu_of). The slope
 // broadcasts to x, not x to it.
 void op_prelu(Importer& im) {
   im.allow({});
@@ -509,6 +517,9 @@ void op_gemm(Importer& im) {
     }
   } else {
     w = im.dyn(1);
+    if (im.value_shape(w).size() != 2)
+      im.bad("input B '{}' has shape {}, expected 2 dims", im.in_name(1),
+             shape_str(im.value_shape(w)));
     if (trans_b) w = transpose(w, "transpose_b");
   }
   const bool matmul = !b || !b->is_float();

@@ -50,8 +50,10 @@ ConvOperands conv_operands(Importer& im) {
     im.unsupported("input '{}' has shape {}: epilog imports 1-D and 2-D convolutions (NCL and "
                    "NCHW inputs) only",
                    im.in_name(0), shape_str(c.xs));
+  if (c.line && im.shape_in(1).size() != 3)
+    im.bad("weight '{}' has shape {}, expected 3 dims", im.in_name(1), shape_str(im.shape_in(1)));
   const Const* wc = im.const_in(1);
-  if (c.line && wc && wc->dims.size() == 3) {
+  if (c.line && wc && wc->is_float()) {  // a constant weight stays one (fusion needs that)
     Const w = *wc;
     w.dims = {w.dims[0], w.dims[1], 1, w.dims[2]};
     c.w = im.fresh_value(im.in_name(1) + ".rows");
@@ -59,7 +61,7 @@ ConvOperands conv_operands(Importer& im) {
   } else {
     c.w = im.dyn(1);
     const Shape& s = im.value_shape(c.w);
-    if (c.line && s.size() == 3) {  // a weight known at run time: a view
+    if (c.line) {  // a weight known at run time: a view
       const std::string v = im.fresh_value(c.w + ".rows");
       const std::vector<int64_t> rows{s[0], s[1], 1, s[2]};
       im.emit(OpKind::Reshape, {c.w}, im.attrs({{"shape", rows}}), {v}, "weight_rows");
@@ -68,8 +70,7 @@ ConvOperands conv_operands(Importer& im) {
   }
   c.ws = im.value_shape(c.w);
   if (c.ws.size() != 4)
-    im.bad("weight '{}' has shape {}, expected {} dims", im.in_name(1), shape_str(c.ws),
-           c.line ? 3 : 4);
+    im.bad("weight '{}' has shape {}, expected 4 dims", im.in_name(1), shape_str(c.ws));
   if (auto k = im.attr_ints("kernel_shape")) {
     const std::vector<int64_t> want =
         c.line ? std::vector<int64_t>{c.ws[3]} : std::vector<int64_t>{c.ws[2], c.ws[3]};
