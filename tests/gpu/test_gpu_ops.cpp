@@ -226,7 +226,8 @@ TEST_CASE("gpu ops: fused_elementwise chains match the CPU", "[gpu][ops]") {
       {{{2, 3, 5, 7}, {2, 3, 5, 7}}, "abs, sqrt, reciprocal, mul(x1), pow(2)"},
       {{{2, 3, 5, 7}, {1, 3, 1, 1}}, "abs, add(x1), log, exp"},  // log: its own step too
       {{{4, 16, 8, 8}}, "tanh, mul(x0), sub(x0, v)"},            // x0 read again by a step
-      {{{2, 8, 5, 7}, {1}, {8, 1, 1}}, "min(x1), mul(x2), add(x0)"},  // PReLU, a slope a channel
+      {{{2, 8, 5, 7}, {8, 1, 1}}, "mul(x1), max(x0)"},                // PReLU, slopes <= 1
+      {{{2, 8, 5, 7}, {1}, {8, 1, 1}}, "min(x1), mul(x2), add(x0)"},  // PReLU, slopes around 1
   };
   for (const Case& c : cases) {
     std::string shapes;
