@@ -373,12 +373,12 @@ std::map<std::string, Tensor> Executor::run(const std::map<std::string, Tensor>&
       execute(buffers_, true);
       recording_ = backend_.record([this] { execute(buffers_, true); });
     }
-    env = buffers_;
   }
+  const std::map<std::string, Tensor>& values = record ? buffers_ : env;  // no copy a run
   std::map<std::string, Tensor> result;
   for (const std::string& out : graph().outputs) {
     auto w = weights_->find(out);
-    result[out] = w != weights_->end() ? w->second : env.at(out);
+    result[out] = w != weights_->end() ? w->second : values.at(out);
   }
   if (outputs == Outputs::Owned)
     for (auto& [name, t] : result) {
