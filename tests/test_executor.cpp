@@ -553,12 +553,7 @@ TEST_CASE("executor: a flatten or reshape runs no copy, its output a view of its
 
 TEST_CASE("executor: a conv split by groups reads split views and writes its concat in place",
           "[executor]") {
-  Builder b(23);
-  Val x = b.input("x", {2, 64, 6, 6}), skip = b.input("skip", {2, 128, 6, 6});
-  Val y = b.relu(b.conv2d(b.relu(x, "pre"), "radix", ConvOpts(128, 3).padding(1).groups(2)),
-                 "act");
-  b.output(b.add(y, skip, "res"));
-  Runs r = run_both(b.build());
+  Runs r = run_both(test::radix_conv(2, 6));
   check_equal(r);
   for (const char* node : {"radix.groups", "radix.residuals", "radix.concat"}) {
     INFO(node);

@@ -52,6 +52,20 @@ inline Graph dense_block(int64_t batch, int64_t c0, int64_t growth, int64_t laye
   return b.build();
 }
 
+// ResNeSt's radix conv: relu -> a 3x3 conv of two groups of 64 -> 64 channels -> relu, plus a
+// residual of 128 channels, at `batch` on planes of `size`. The passes split the conv into one
+// a group ("radix.g0", "radix.g1") over the split views of x ("radix.groups") and of the
+// residual ("radix.residuals"), their concat ("radix.concat") in place.
+inline Graph radix_conv(int64_t batch, int64_t size) {
+  Builder b(/*seed=*/23);
+  Val x = b.input("x", {batch, 64, size, size});
+  Val skip = b.input("skip", {batch, 128, size, size});
+  Val y = b.relu(b.conv2d(b.relu(x, "pre"), "radix", ConvOpts(128, 3).padding(1).groups(2)),
+                 "act");
+  b.output(b.add(y, skip, "res"));
+  return b.build();
+}
+
 // A random small conv net from `seed`, for the differential tests: conv -> batchnorm ->
 // activation chains (SiLU as such or as mul(x, sigmoid(x)), ReLU, sigmoid, none; 1x1, 3x3, 5x5,
 // strided, dilated, depthwise, with a bias or not) with residual adds, squeeze-and-excite gates,

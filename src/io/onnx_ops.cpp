@@ -180,6 +180,22 @@ void pass_through(Importer& im) {
   im.set_alias(0, im.dyn(0));
 }
 
+std::string scalar_weight(Importer& im, const std::string& base, float v) {
+  const std::string name = im.fresh_value(base);
+  im.add_weight(name, Const{TensorProto::FLOAT, {1}, {v}, {}});
+  return name;
+}
+
+std::string scaled_weight(Importer& im, const std::string& name, const Const& c, float factor,
+                          const char* suffix) {
+  if (factor == 1) return im.materialize(name, c);
+  Const s = c;
+  for (float& v : s.f) v *= factor;
+  const std::string scaled = im.fresh_value(name + suffix);
+  im.add_weight(scaled, s);
+  return scaled;
+}
+
 // Every handler, found by op name (onnx.cpp).
 const std::map<std::string, OpHandler>& op_handlers() {
   static const std::map<std::string, OpHandler> table = [] {

@@ -48,6 +48,14 @@ double scalar_in(Importer& im, int k, const char* role);
 // Output 0 is input 0: a constant stays one, a run-time tensor is named again.
 void pass_through(Importer& im);
 
+// A new weight of one value, named after `base`; returns its name.
+std::string scalar_weight(Importer& im, const std::string& base, float v);
+
+// A float constant times `factor` as a weight: the constant's own where factor is 1, else one
+// named after it with `suffix`; returns its name.
+std::string scaled_weight(Importer& im, const std::string& name, const Const& c, float factor,
+                          const char* suffix);
+
 // Each family's handlers, added to the table op_handlers() builds.
 void add_math_handlers(std::map<std::string, OpHandler>& table);
 void add_nn_handlers(std::map<std::string, OpHandler>& table);

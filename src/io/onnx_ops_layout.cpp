@@ -446,8 +446,8 @@ void op_expand(Importer& im) {
     im.unsupported("expanding {} to {} leaves no elements", shape_str(xs), shape_str(out));
   Const zeros;
   zeros.dims = Shape(out.size(), 1);
+  const size_t lead = out.size() - xs.size();
   for (size_t i = 0; i < out.size(); ++i) {
-    const size_t lead = out.size() - xs.size();
     const int64_t x = i < lead ? 1 : xs[i - lead];
     if (x == 1) zeros.dims[i] = out[i];
   }

@@ -90,9 +90,8 @@ void op_selu(Importer& im) {
   a.set("alpha", double(im.attr_float("alpha", 1.67326319217681884765625f)));
   const std::string e = im.fresh_value(im.out(0) + ".elu");
   im.emit(OpKind::Elu, {im.dyn(0)}, a, {e});
-  const std::string gamma = im.fresh_value(im.out(0) + ".gamma");
-  const float g = im.attr_float("gamma", 1.05070102214813232421875f);
-  im.add_weight(gamma, Const{TensorProto::FLOAT, {1}, {g}, {}});
+  const std::string gamma =
+      scalar_weight(im, im.out(0) + ".gamma", im.attr_float("gamma", 1.05070102214813232421875f));
   im.emit(OpKind::Mul, {e, gamma}, {}, {im.out(0)}, "gamma");
 }
 
@@ -119,8 +118,8 @@ void prelu_of(Importer& im, const Shape& x, Const slope) {
     return im.emit(below ? OpKind::Max : OpKind::Min, {scaled, in}, {}, {y});
   }
   for (float& v : slope.f) v -= 1.0f;
-  const std::string zero = im.fresh_value(y + ".zero"), neg = im.fresh_value(y + ".negative");
-  im.add_weight(zero, Const{TensorProto::FLOAT, {1}, {0.0f}, {}});
+  const std::string zero = scalar_weight(im, y + ".zero", 0.0f);
+  const std::string neg = im.fresh_value(y + ".negative");
   im.add_weight(factor, slope);
   im.emit(OpKind::Min, {in, zero}, {}, {neg});
   im.emit(OpKind::Mul, {neg, factor}, {}, {scaled}, "slope");
@@ -309,8 +308,7 @@ void sum_of(Importer& im, bool mean) {
     acc = y;
   }
   if (!mean) return;
-  const std::string scale = im.fresh_value(im.node().output(0) + ".scale");
-  im.add_weight(scale, Const{TensorProto::FLOAT, {1}, {float(1.0 / n)}, {}});
+  const std::string scale = scalar_weight(im, im.node().output(0) + ".scale", float(1.0 / n));
   im.emit(OpKind::Mul, {acc, scale}, {}, {im.out(0)}, "scale");
 }
 
@@ -491,41 +489,29 @@ void op_gemm(Importer& im) {
   const bool trans_a = im.attr_int("transA", 0) != 0, trans_b = im.attr_int("transB", 0) != 0;
   const float alpha = im.attr_float("alpha", 1), beta = im.attr_float("beta", 1);
   const bool with_c = im.has_in(2) && beta != 0;  // beta 0 drops C (PyTorch's mm exports so)
-  std::string a = im.dyn(0);
-  if (im.value_shape(a).size() != 2)
-    im.bad("input A '{}' has shape {}, expected 2 dims", im.in_name(0),
-           shape_str(im.value_shape(a)));
+  for (int k = 0; k < 2; ++k)
+    if (im.shape_in(k).size() != 2)
+      im.bad("input {} '{}' has shape {}, expected 2 dims", k == 0 ? "A" : "B", im.in_name(k),
+             shape_str(im.shape_in(k)));
   const auto transpose = [&](const std::string& x, const char* label) {
     const std::string y = im.fresh_value(x + ".T");
     im.emit(OpKind::Transpose, {x}, im.attrs({{"perm", std::vector<int64_t>{1, 0}}}), {y}, label);
     return y;
   };
-  if (trans_a) a = transpose(a, "transpose_a");
-  std::string w;  // [N, K] for the linear layer, or B as the matmul's [K, N]
-  bool scaled = alpha == 1;  // alpha applied
+  const std::string a = trans_a ? transpose(im.dyn(0), "transpose_a") : im.dyn(0);
   const Const* b = im.const_in(1);
-  if (b && b->is_float()) {
+  const bool matmul = !b || !b->is_float();
+  const bool scaled = alpha == 1 || !matmul;  // alpha applied (folded into a constant B)
+  std::string w;  // [N, K] for the linear layer, or B as the matmul's [K, N]
+  if (matmul) {
+    w = trans_b ? transpose(im.dyn(1), "transpose_b") : im.dyn(1);
+  } else if (trans_b) {
+    w = scaled_weight(im, im.in_name(1), *b, alpha, ".alpha");
+  } else {
     Const bw = *b;
     for (float& v : bw.f) v *= alpha;
-    scaled = true;
-    if (trans_b) {
-      w = alpha == 1 ? im.materialize(im.in_name(1), *b)
-                     : im.fresh_value(im.in_name(1) + ".alpha");
-      if (!im.graph().values.count(w)) im.add_weight(w, bw);
-    } else {
-      w = transposed_weight(im, im.in_name(1), bw);
-    }
-  } else {
-    w = im.dyn(1);
-    if (im.value_shape(w).size() != 2)
-      im.bad("input B '{}' has shape {}, expected 2 dims", im.in_name(1),
-             shape_str(im.value_shape(w)));
-    if (trans_b) w = transpose(w, "transpose_b");
+    w = transposed_weight(im, im.in_name(1), bw);
   }
-  const bool matmul = !b || !b->is_float();
-  if (im.value_shape(w).size() != 2)
-    im.bad("input B '{}' has shape {}, expected 2 dims", im.in_name(1),
-           shape_str(im.value_shape(w)));
   const int64_t n = im.value_shape(w)[matmul ? 1 : 0];
   std::vector<std::string> ins = {a, w};
   std::string add;  // a C that is not one value per output feature
@@ -537,43 +523,36 @@ void op_gemm(Importer& im) {
                     [](int64_t d) { return d == 1; }) &&
         (cs.empty() || cs.back() == 1 || cs.back() == n)) {
       // One value per output feature (or one for all): the linear bias, spread to [N].
-      Const bias;
-      bias.dims = {n};
-      check_folded(bias.dims, c->numel());
-      for (int64_t k = 0; k < n; ++k)
-        bias.f.push_back(beta * (c->numel() == 1 ? c->f[0] : c->f[size_t(k)]));
-      std::string name = cs == Shape{n} && beta == 1 ? im.materialize(im.in_name(2), *c)
-                                                      : im.fresh_value(im.in_name(2) + ".bias");
-      if (!im.graph().values.count(name)) im.add_weight(name, bias);
-      ins.push_back(name);
+      if (cs == Shape{n}) {
+        ins.push_back(scaled_weight(im, im.in_name(2), *c, beta, ".beta"));
+      } else {
+        Const bias;
+        bias.dims = {n};
+        check_folded(bias.dims, c->numel());
+        for (int64_t k = 0; k < n; ++k)
+          bias.f.push_back(beta * (c->numel() == 1 ? c->f[0] : c->f[size_t(k)]));
+        ins.push_back(im.fresh_value(im.in_name(2) + ".bias"));
+        im.add_weight(ins.back(), bias);
+      }
     } else if (c && c->is_float()) {
-      Const cb = *c;
-      for (float& v : cb.f) v *= beta;
-      add = beta == 1 ? im.materialize(im.in_name(2), *c)
-                      : im.fresh_value(im.in_name(2) + ".beta");
-      if (!im.graph().values.count(add)) im.add_weight(add, cb);
+      add = scaled_weight(im, im.in_name(2), *c, beta, ".beta");
     } else if (!c && cs == Shape{n} && beta == 1 && !matmul) {
       ins.push_back(im.dyn(2));
     } else {
       add = im.dyn(2);
       if (beta != 1) {
-        const std::string k = im.fresh_value(im.out(0) + ".beta");
         const std::string y = im.fresh_value(add + ".beta");
-        im.add_weight(k, Const{TensorProto::FLOAT, {1}, {beta}, {}});
-        im.emit(OpKind::Mul, {add, k}, {}, {y}, "beta");
+        im.emit(OpKind::Mul, {add, scalar_weight(im, im.out(0) + ".beta", beta)}, {}, {y}, "beta");
         add = y;
       }
     }
   }
   // The product, then alpha where it is not folded, then C.
-  const bool last = add.empty() && scaled;
-  std::string y = last ? im.out(0) : im.fresh_value(im.node().output(0) + ".mm");
+  std::string y = add.empty() && scaled ? im.out(0) : im.fresh_value(im.node().output(0) + ".mm");
   im.emit(matmul ? OpKind::MatMul : OpKind::Linear, ins, {}, {y});
   if (!scaled) {
-    const std::string k = im.fresh_value(im.out(0) + ".alpha");
-    im.add_weight(k, Const{TensorProto::FLOAT, {1}, {alpha}, {}});
     const std::string z = add.empty() ? im.out(0) : im.fresh_value(y + ".alpha");
-    im.emit(OpKind::Mul, {y, k}, {}, {z}, "alpha");
+    im.emit(OpKind::Mul, {y, scalar_weight(im, im.out(0) + ".alpha", alpha)}, {}, {z}, "alpha");
     y = z;
   }
   if (!add.empty()) im.emit(OpKind::Add, {y, add}, {}, {im.out(0)}, "bias");

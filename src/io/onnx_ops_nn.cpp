@@ -300,11 +300,6 @@ void op_lrn(Importer& im) {
   int64_t rest = 1;
   for (size_t d = 2; d < xs.size(); ++d) rest *= xs[d];
   const auto value = [&](const char* what) { return im.fresh_value(y + "." + what); };
-  const auto constant = [&](const char* what, double v) {
-    const std::string name = value(what);
-    im.add_weight(name, Const{TensorProto::FLOAT, {1}, {float(v)}, {}});
-    return name;
-  };
   const std::string sq = value("square"), rows = value("rows"), mean = value("mean");
   const std::string back = value("sum"), scaled = value("scaled"), shifted = value("shifted");
   const std::string denom = value("denominator");
@@ -320,8 +315,10 @@ void op_lrn(Importer& im) {
   std::vector<int64_t> shape(xs.begin(), xs.end());
   shape[0] = 0;
   im.emit(OpKind::Reshape, {mean}, im.attrs({{"shape", shape}}), {back}, "back");
-  im.emit(OpKind::Mul, {back, constant("alpha", alpha)}, {}, {scaled}, "alpha");
-  im.emit(OpKind::Add, {scaled, constant("bias", bias)}, {}, {shifted}, "bias");
+  const std::string a = scalar_weight(im, y + ".alpha", float(alpha));
+  const std::string k = scalar_weight(im, y + ".bias", float(bias));
+  im.emit(OpKind::Mul, {back, a}, {}, {scaled}, "alpha");
+  im.emit(OpKind::Add, {scaled, k}, {}, {shifted}, "bias");
   im.emit(OpKind::Pow, {shifted}, im.attrs({{"exponent", -beta}}), {denom}, "beta");
   im.emit(OpKind::Mul, {x, denom}, {}, {y});
 }

@@ -423,12 +423,7 @@ TEST_CASE("gpu executor: a conv of two wide groups, split a conv a group, matche
   // ResNeSt's radix conv at batch 2: the passes split it into a gemm conv a group reading the
   // split's strided views, its residual split too, writing the concat in place. Against the
   // unfused CPU graph, and in place against copying bit for bit.
-  Builder b(31);
-  Val x = b.input("x", {2, 64, 20, 20}), skip = b.input("skip", {2, 128, 20, 20});
-  Val y = b.relu(b.conv2d(b.relu(x, "pre"), "radix", ConvOpts(128, 3).padding(1).groups(2)),
-                 "act");
-  b.output(b.add(y, skip, "res"));
-  const Graph g = b.build();
+  const Graph g = test::radix_conv(2, 20);
   const std::map<std::string, Tensor> inputs = random_inputs(g, 81);
   const std::map<std::string, Tensor>& ref = reference("radix", g, inputs);
   const OnOff r = run_on_off(g, inputs);
