@@ -32,9 +32,10 @@ Window window(int64_t o, int64_t stride, int64_t pad_begin, int64_t pad_end, int
   return {std::max<int64_t>(start, 0), std::min(stop, in), stop - start};
 }
 
-}  // namespace
-
-void maxpool2d(const PoolShape& ps, const float* x, float* y) {
+// Calls out = f(in, wh, ww) for each output element: `in` the input plane, wh and ww the
+// window's rows and columns. Planes in parallel.
+template <class F>
+void for_each_window(const PoolShape& ps, const float* x, float* y, F f) {
   check_pool(ps, x, y);
 #pragma omp parallel for schedule(static) if (detail::worth_threads(window_work(ps)))
   for (int64_t plane = 0; plane < ps.n * ps.c; ++plane) {
@@ -43,44 +44,38 @@ void maxpool2d(const PoolShape& ps, const float* x, float* y) {
     float* out = y + b * ps.y_image() + ch * ps.ho * ps.wo;
     for (int64_t oh = 0; oh < ps.ho; ++oh) {
       const Window wh = window(oh, ps.stride_h, ps.pad_t, ps.pad_b, ps.kh, ps.h);
-      for (int64_t ow = 0; ow < ps.wo; ++ow) {
-        const Window ww = window(ow, ps.stride_w, ps.pad_l, ps.pad_r, ps.kw, ps.w);
-        // Shape inference keeps every window on at least one input element.
-        EPILOG_ASSERT(wh.begin < wh.end && ww.begin < ww.end,
-                      "maxpool window ({}, {}) holds only padding", oh, ow);
-        float m = in[wh.begin * ps.w + ww.begin];
-        for (int64_t ih = wh.begin; ih < wh.end; ++ih)
-          for (int64_t iw = ww.begin; iw < ww.end; ++iw) {
-            const float v = in[ih * ps.w + iw];
-            if (v > m || std::isnan(v)) m = v;  // NaN propagates, as in PyTorch
-          }
-        out[oh * ps.wo + ow] = m;
-      }
+      for (int64_t ow = 0; ow < ps.wo; ++ow)
+        out[oh * ps.wo + ow] = f(in, wh, window(ow, ps.stride_w, ps.pad_l, ps.pad_r, ps.kw, ps.w));
     }
   }
 }
 
-void avgpool2d(const PoolShape& ps, const float* x, float* y) {
-  check_pool(ps, x, y);
-#pragma omp parallel for schedule(static) if (detail::worth_threads(window_work(ps)))
-  for (int64_t plane = 0; plane < ps.n * ps.c; ++plane) {
-    const int64_t b = plane / ps.c, ch = plane % ps.c;
-    const float* in = x + b * ps.x_image() + ch * ps.h * ps.w;
-    float* out = y + b * ps.y_image() + ch * ps.ho * ps.wo;
-    for (int64_t oh = 0; oh < ps.ho; ++oh) {
-      const Window wh = window(oh, ps.stride_h, ps.pad_t, ps.pad_b, ps.kh, ps.h);
-      for (int64_t ow = 0; ow < ps.wo; ++ow) {
-        const Window ww = window(ow, ps.stride_w, ps.pad_l, ps.pad_r, ps.kw, ps.w);
-        const int64_t count = ps.count_include_pad ? wh.padded * ww.padded
-                                                   : (wh.end - wh.begin) * (ww.end - ww.begin);
-        EPILOG_ASSERT(count > 0, "avgpool window ({}, {}) is empty", oh, ow);
-        double sum = 0.0;
-        for (int64_t ih = wh.begin; ih < wh.end; ++ih)
-          for (int64_t iw = ww.begin; iw < ww.end; ++iw) sum += in[ih * ps.w + iw];
-        out[oh * ps.wo + ow] = static_cast<float>(sum / double(count));
+}  // namespace
+
+void maxpool2d(const PoolShape& ps, const float* x, float* y) {
+  for_each_window(ps, x, y, [&](const float* in, const Window& wh, const Window& ww) {
+    // Shape inference keeps every window on at least one input element.
+    EPILOG_ASSERT(wh.begin < wh.end && ww.begin < ww.end, "maxpool window holds only padding");
+    float m = in[wh.begin * ps.w + ww.begin];
+    for (int64_t ih = wh.begin; ih < wh.end; ++ih)
+      for (int64_t iw = ww.begin; iw < ww.end; ++iw) {
+        const float v = in[ih * ps.w + iw];
+        if (v > m || std::isnan(v)) m = v;  // NaN propagates, as in PyTorch
       }
-    }
-  }
+    return m;
+  });
+}
+
+void avgpool2d(const PoolShape& ps, const float* x, float* y) {
+  for_each_window(ps, x, y, [&](const float* in, const Window& wh, const Window& ww) {
+    const int64_t count = ps.count_include_pad ? wh.padded * ww.padded
+                                               : (wh.end - wh.begin) * (ww.end - ww.begin);
+    EPILOG_ASSERT(count > 0, "avgpool window is empty");
+    double sum = 0.0;
+    for (int64_t ih = wh.begin; ih < wh.end; ++ih)
+      for (int64_t iw = ww.begin; iw < ww.end; ++iw) sum += in[ih * ps.w + iw];
+    return static_cast<float>(sum / double(count));
+  });
 }
 
 void global_avgpool(const Tensor& x, Tensor& y) {
