@@ -347,15 +347,11 @@ TEST_CASE("executor: folded convs get the inputs and make the outputs their kern
   // the graph lowered for the CPU, the folded convs running nothing; and with copy avoidance off,
   // each conv its own.
   Builder b(21);
-  const auto cbs = [&](Val x, const std::string& name, int64_t c, int64_t k, int64_t stride) {
-    return b.silu(
-        b.batchnorm(b.conv2d(x, name, ConvOpts(c, k).stride(stride).padding(k / 2)), name + ".bn"),
-        name + ".act");
-  };
-  Val x = cbs(cbs(b.input("images", {1, 3, 640, 640}), "stem", 16, 3, 2), "down1", 32, 3, 2);
-  Val y = cbs(cbs(x, "down2", 64, 3, 2), "cv1", 64, 1, 1);
+  Val x = test::conv_bn_silu(b, b.input("images", {1, 3, 640, 640}), "stem", 16, 3, 2);
+  x = test::conv_bn_silu(b, x, "down1", 32, 3, 2);
+  Val y = test::conv_bn_silu(b, test::conv_bn_silu(b, x, "down2", 64, 3, 2), "cv1", 64, 1, 1);
   std::vector<Val> parts = b.split(y, 1, {32, 32}, "chunk");
-  b.output(cbs(parts[1], "head", 16, 3, 1));
+  b.output(test::conv_bn_silu(b, parts[1], "head", 16, 3, 1));
   b.output(parts[0]);
   const Graph g = b.build();
 

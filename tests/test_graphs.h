@@ -10,13 +10,22 @@
 
 namespace epilog::test {
 
+// conv (k x k at `stride`, padded k / 2 a side) -> batchnorm -> SiLU, the YOLO block: nodes
+// `name`, name.bn and name.act.
+inline Val conv_bn_silu(Builder& b, Val x, const std::string& name, int64_t c, int64_t k,
+                        int64_t stride = 1) {
+  return b.silu(
+      b.batchnorm(b.conv2d(x, name, ConvOpts(c, k).stride(stride).padding(k / 2)), name + ".bn"),
+      name + ".act");
+}
+
 // The YOLO neck's join, conv(concat(upsample(a), s)), each conv 1x1 with batchnorm and SiLU,
 // the upsampled part first or second: lowering for CUDA folds the upsampling into the join's
 // loads (the wgmma direct kernel; 40 upsampled channels, so a k tile holds both parts).
 inline Graph join_graph(bool up_first) {
   Builder b(/*seed=*/4);
   const auto cbs = [&](Val x, const std::string& name, int64_t c) {
-    return b.silu(b.batchnorm(b.conv2d(x, name, ConvOpts(c, 1)), name + ".bn"), name + ".act");
+    return conv_bn_silu(b, x, name, c, 1);
   };
   Val a = cbs(b.input("lo", {4, 8, 20, 24}), "a", 40);
   Val s = cbs(b.input("hi", {4, 8, 40, 48}), "s", 24);
@@ -177,10 +186,7 @@ inline Graph random_convnet(uint64_t seed, bool large = false) {
                  // chain and the neck's join (which fold on larger grids, and fuse here)
         const auto cbs = [&](Val v, const std::string& name, int64_t cout, int64_t k,
                              int64_t stride = 1) {
-          return b.silu(
-              b.batchnorm(b.conv2d(v, name, ConvOpts(cout, k).stride(stride).padding(k / 2)),
-                          name + ".bn"),
-              name + ".act");
+          return conv_bn_silu(b, v, name, cout, k, stride);
         };
         const size_t kind = pick(3);
         const Val& in = pool.front();

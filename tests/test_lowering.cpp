@@ -49,15 +49,12 @@ struct Join {
 
 Graph join_graph(const Join& j) {
   Builder b(5);
-  const auto cbs = [&](Val x, const std::string& name, int64_t c, int64_t k) {
-    return b.silu(b.batchnorm(b.conv2d(x, name, ConvOpts(c, k).padding(k / 2)), name + ".bn"),
-                  name + ".act");
-  };
-  Val a = cbs(b.input("lo", {j.n, 8, j.h_low, j.w_low}), "a", j.c_low, 1);
-  Val s = cbs(b.input("hi", {j.n, 8, j.scale * j.h_low, j.scale * j.w_low}), "s", j.c_skip, 1);
+  Val a = test::conv_bn_silu(b, b.input("lo", {j.n, 8, j.h_low, j.w_low}), "a", j.c_low, 1);
+  Val s = test::conv_bn_silu(b, b.input("hi", {j.n, 8, j.scale * j.h_low, j.scale * j.w_low}), "s",
+                             j.c_skip, 1);
   Val u = b.upsample_nearest(a, j.scale, "up");
   Val cat = b.concat(j.up_first ? std::vector<Val>{u, s} : std::vector<Val>{s, u}, 1, "cat");
-  b.output(cbs(cat, "join", 128, j.k));
+  b.output(test::conv_bn_silu(b, cat, "join", 128, j.k));
   if (j.up_is_output) b.output(u);
   if (j.cat_is_output) b.output(cat);
   Graph g = b.build();
@@ -828,14 +825,9 @@ struct Stem {
 
 Graph stem_graph(const Stem& st) {
   Builder b(7);
-  const auto cbs = [&](Val x, const std::string& name, int64_t k, int64_t stride) {
-    return b.silu(
-        b.batchnorm(b.conv2d(x, name, ConvOpts(k, 3).stride(stride).padding(1)), name + ".bn"),
-        name + ".act");
-  };
-  Val mid = cbs(b.input("images", {16, st.c, 640, 640}), "b0", st.mid, 2);
+  Val mid = test::conv_bn_silu(b, b.input("images", {16, st.c, 640, 640}), "b0", st.mid, 3, 2);
   if (st.first_residual) mid = b.add(mid, b.input("r0", {16, st.mid, 320, 320}), "b0.add");
-  Val y = cbs(mid, "b1", st.out, st.stride2);
+  Val y = test::conv_bn_silu(b, mid, "b1", st.out, 3, st.stride2);
   const int64_t side = 320 / st.stride2;
   if (st.second_residual) y = b.add(y, b.input("r1", {16, st.out, side, side}), "b1.add");
   b.output(y);
@@ -938,15 +930,10 @@ struct Chain {
 
 Graph chain_graph(const Chain& ch) {
   Builder b(11);
-  const auto cbs = [&](Val x, const std::string& name, int64_t k, int64_t r, int64_t stride) {
-    return b.silu(
-        b.batchnorm(b.conv2d(x, name, ConvOpts(k, r).stride(stride).padding(r / 2)), name + ".bn"),
-        name + ".act");
-  };
   const int64_t hw = ch.stride == 2 ? 160 : 80;
-  Val mid = cbs(b.input("x", {16, 32, hw, hw}), "b3", ch.mid, 3, ch.stride);
+  Val mid = test::conv_bn_silu(b, b.input("x", {16, 32, hw, hw}), "b3", ch.mid, 3, ch.stride);
   if (ch.first_residual) mid = b.add(mid, b.input("r3", {16, ch.mid, 80, 80}), "b3.add");
-  Val y = cbs(mid, "b4", ch.out, ch.k2, 1);
+  Val y = test::conv_bn_silu(b, mid, "b4", ch.out, ch.k2);
   if (ch.second_residual) y = b.add(y, b.input("r4", {16, ch.out, 80, 80}), "b4.add");
   b.output(y);
   if (ch.mid_is_output) b.output(mid);

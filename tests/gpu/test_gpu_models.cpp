@@ -325,13 +325,8 @@ TEST_CASE("gpu executor: a stem conv folded into the conv that reads it matches 
   // divides: lowering folds the stem into the second conv (the conv pair kernel). The folded run
   // and the run with copy avoidance off (each conv its own kernel) must both match the CPU.
   Builder b(/*seed=*/8);
-  const auto cbs = [&](Val x, const std::string& name, int64_t c, int64_t k, int64_t stride) {
-    return b.silu(
-        b.batchnorm(b.conv2d(x, name, ConvOpts(c, k).stride(stride).padding(k / 2)), name + ".bn"),
-        name + ".act");
-  };
-  Val stem = cbs(b.input("images", {3, 3, 150, 198}), "stem", 16, 3, 2);
-  b.output(cbs(cbs(stem, "down", 32, 3, 2), "head", 24, 1, 1));
+  Val stem = test::conv_bn_silu(b, b.input("images", {3, 3, 150, 198}), "stem", 16, 3, 2);
+  b.output(test::conv_bn_silu(b, test::conv_bn_silu(b, stem, "down", 32, 3, 2), "head", 24, 1, 1));
   const Graph g = b.build();
   const std::map<std::string, Tensor> inputs = random_inputs(g, 500);
   const std::map<std::string, Tensor>& ref = reference("stem pair", g, inputs);
@@ -351,13 +346,8 @@ TEST_CASE("gpu executor: a 1x1 conv folded into the conv before it matches the C
   // square divides: lowering folds the 1x1 into the first conv (the conv chain). The folded run
   // and the run with copy avoidance off (each conv its own kernel) must both match the CPU.
   Builder b(/*seed=*/12);
-  const auto cbs = [&](Val x, const std::string& name, int64_t c, int64_t k, int64_t stride) {
-    return b.silu(
-        b.batchnorm(b.conv2d(x, name, ConvOpts(c, k).stride(stride).padding(k / 2)), name + ".bn"),
-        name + ".act");
-  };
-  Val down = cbs(b.input("x", {3, 24, 150, 198}), "down", 64, 3, 2);
-  b.output(cbs(cbs(down, "cv1", 64, 1, 1), "head", 24, 3, 1));
+  Val down = test::conv_bn_silu(b, b.input("x", {3, 24, 150, 198}), "down", 64, 3, 2);
+  b.output(test::conv_bn_silu(b, test::conv_bn_silu(b, down, "cv1", 64, 1, 1), "head", 24, 3, 1));
   const Graph g = b.build();
   const std::map<std::string, Tensor> inputs = random_inputs(g, 600);
   const std::map<std::string, Tensor>& ref = reference("conv chain", g, inputs);
