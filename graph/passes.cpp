@@ -615,6 +615,57 @@ RewriteStats split_wide_groups(Graph& graph, const KernelQuery& has_kernel) {
   return stats;
 }
 
+// Where every reader of a channel_shuffle is a groups-1 conv reading it as x, the convs read
+// the shuffle's parts concatenated instead, their weights' input channels permuted to match:
+// shuffle(x) channel j * groups + i is x's channel i * (C / groups) + j. The concat runs in
+// place where its producers can write into it; one part is read as it is. A pass, not a rule:
+// a rule would report every shuffle a split or a depthwise conv reads as refused.
+int read_shuffles_through_convs(Graph& graph) {
+  const UseIndex uses(graph);
+  int moved = 0;
+  for (Node& shuffle : graph.nodes) {
+    if (shuffle.op != OpKind::ChannelShuffle || graph.is_output(shuffle.outputs[0])) continue;
+    const std::vector<int>& readers = uses.consumers(shuffle.outputs[0]);
+    const bool convs = !readers.empty() && std::all_of(readers.begin(), readers.end(), [&](int r) {
+      const Node& conv = graph.nodes[size_t(r)];
+      return conv.op == OpKind::FusedConv2d && conv.attrs.i("groups") == 1 &&
+             conv.inputs[0] == shuffle.outputs[0] &&
+             std::count(conv.inputs.begin(), conv.inputs.end(), conv.inputs[0]) == 1 &&
+             graph.is_weight(conv.inputs[1]) &&
+             graph.weights.at(conv.inputs[1]).data.dtype() == DType::F32;
+    });
+    if (!convs) continue;
+    const int64_t c = graph.value(shuffle.outputs[0]).shape[1];
+    const int64_t groups = shuffle.attrs.i("groups"), per = c / groups;
+    for (int r : readers) {
+      Node& conv = graph.nodes[size_t(r)];
+      const Tensor& w = graph.weights.at(conv.inputs[1]).data;  // [K, C, R, S]
+      Tensor p = Tensor::empty(w.shape());
+      const int64_t taps = w.numel() / (w.dim(0) * c);
+      for (int64_t k = 0; k < w.dim(0); ++k)
+        for (int64_t i = 0; i < groups; ++i)
+          for (int64_t j = 0; j < per; ++j) {
+            const float* from = w.f32() + (k * c + j * groups + i) * taps;
+            std::copy(from, from + taps, p.f32() + (k * c + i * per + j) * taps);
+          }
+      const std::string name = graph.unique_name(conv.inputs[1] + ".unshuffled");
+      graph.values[name] = graph.value(conv.inputs[1]);
+      graph.weights[name] = Weight{std::move(p), std::nullopt};
+      conv.inputs[1] = name;
+    }
+    if (shuffle.inputs.size() == 1) {
+      for (int r : readers) graph.nodes[size_t(r)].inputs[0] = shuffle.inputs[0];
+    } else {
+      Attrs cat;
+      cat.set("axis", int64_t(1));
+      shuffle.op = OpKind::Concat;
+      shuffle.attrs = normalize_attrs(OpKind::Concat, shuffle.name, cat);
+    }
+    ++moved;
+  }
+  return moved;
+}
+
 // A reshape to its input's own shape (what transposes that cancel leave) is no op: its readers
 // read the input. Not where the reshape makes a graph output.
 int eliminate_identity_views(Graph& graph) {
@@ -731,6 +782,8 @@ PassReport optimize(Graph& graph, const PassOptions& options) {
     record("fused", rewrite(graph, input_fold_rules(), options.has_kernel));
     record("fused", rewrite(graph, elementwise_rules(), options.has_kernel));
     record("split", split_wide_groups(graph, options.has_kernel));
+    if (const int shuffles = read_shuffles_through_convs(graph))
+      report.hits.push_back({"read through", "channel_shuffle by its convs' weights", shuffles});
     after("fuse");
   }
   report.dead_nodes += eliminate_dead_code(graph);

@@ -701,3 +701,48 @@ TEST_CASE("passes: a conv of a few wide groups becomes a conv a group over split
     return s.find("16 groups, more than 8 launches") != std::string::npos;
   }));
 }
+
+TEST_CASE("passes: a channel shuffle that only groups-1 convs read is read through their weights",
+          "[fusion]") {
+  // ShuffleNet's cat(x1, branch) -> shuffle, read by a 1x1 and a padded 3x3 conv: the shuffle
+  // becomes a concat of its parts and each conv's input channels are permuted to match.
+  Builder b(23);
+  Val x1 = b.input("x1", {2, 6, 5, 5});
+  Val branch = b.relu(b.conv2d(b.input("x2", {2, 3, 5, 5}), "branch", ConvOpts(6, 1)), "act");
+  Val s = b.channel_shuffle({x1, branch}, 3, "shuffle");
+  b.output(b.conv2d(s, "pw", ConvOpts(8, 1).bias()));
+  b.output(b.silu(b.conv2d(s, "c3", ConvOpts(4, 3).padding(1)), "c3.act"));
+  PassReport r;
+  const Graph f = optimized(b.build(), &r);
+  CHECK(count(f, OpKind::ChannelShuffle) == 0);
+  CHECK(count(f, OpKind::Concat) == 1);
+  CHECK_THAT(r.summary(), Catch::Contains("read through 1 channel_shuffle by its convs' weights"));
+
+  // One part: the convs read it, no concat.
+  Builder one(24);
+  Val x = one.input("x", {1, 8, 4, 4});
+  one.output(one.conv2d(one.channel_shuffle(x, 2, "shuffle"), "pw", ConvOpts(5, 1)));
+  const Graph g = optimized(one.build());
+  CHECK(count(g, OpKind::ChannelShuffle) == 0);
+  CHECK(count(g, OpKind::Concat) == 0);
+  CHECK(only_conv(g).inputs[0] == "x");
+}
+
+TEST_CASE("passes: a channel shuffle that another op reads stays a shuffle", "[fusion]") {
+  // Read by a depthwise conv (ShuffleNet's stride-2 branch), by a relu, as a residual, or made a
+  // graph output: no conv reads it through its weights.
+  for (const char* reader : {"depthwise", "relu", "residual", "output"}) {
+    INFO(reader);
+    Builder b(25);
+    Val x = b.input("x", {2, 8, 5, 5});
+    Val s = b.channel_shuffle(x, 2, "shuffle");
+    b.output(b.conv2d(s, "pw", ConvOpts(8, 1)));
+    const std::string other = reader;
+    if (other == "depthwise") b.output(b.conv2d(s, "dw", ConvOpts(8, 3).padding(1).groups(8)));
+    if (other == "relu") b.output(b.relu(s, "act"));
+    if (other == "residual") b.output(b.add(b.conv2d(x, "c", ConvOpts(8, 1)), s, "res"));
+    if (other == "output") b.output(s);
+    const Graph f = optimized(b.build());
+    CHECK(count(f, OpKind::ChannelShuffle) == 1);
+  }
+}

@@ -1,7 +1,7 @@
 // The pass pipeline: canonicalize (then identity views and adds of broadcast zeros dropped) ->
-// reparameterize -> fuse (conv rules, batchnorm folds, elementwise chains, wide groups split) ->
-// dead-code elimination, the verifier after every pass, per-rule hit counts, and a hook to dump
-// the graph before and after each pass.
+// reparameterize -> fuse (conv rules, batchnorm folds, elementwise chains, wide groups split,
+// shuffles read through by convs) -> dead-code elimination, the verifier after every pass,
+// per-rule hit counts, and a hook to dump the graph before and after each pass.
 #pragma once
 
 #include <functional>
@@ -62,6 +62,10 @@ std::vector<Rule> elementwise_rules();
 // fast kernels at no copy. Narrow groups (ResNeXt's 4 channels) stay one grouped conv.
 RewriteStats split_wide_groups(Graph& graph, const KernelQuery& has_kernel);
 
+// After fusion: a channel_shuffle that only groups-1 fused convs read (as x) becomes a concat of
+// its parts (none for one part), each conv's weights permuted over the input channels to match.
+int read_shuffles_through_convs(Graph& graph);
+
 // Removes nodes whose outputs nobody reads and weights no node uses. Returns what it removed.
 int eliminate_dead_code(Graph& graph);
 
@@ -74,7 +78,7 @@ struct PassOptions {
 
 struct PassReport {
   struct Hit {
-    std::string verb;  // "canonicalized", "reparameterized", "fused", "split"
+    std::string verb;  // "canonicalized", "reparameterized", "fused", "split", ...
     std::string rule;
     int count;
   };
