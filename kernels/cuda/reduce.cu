@@ -240,6 +240,64 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Columns by float4 (reduce_columns_kernel's tiles, 4 columns a thread): where the reduced dims
+// are one stride and every stride, x and y lie on 16 bytes, a thread loads an element's 4
+// columns as one float4, a quarter of the loads and tiles of 4 * kCols columns: the mean over C
+// of [16, 256, 56, 56] makes 400 tiles of 128 columns, one round of blocks, not 1568 of 32 in
+// 2.4 rounds: 0.031 -> 0.026 ms (perf-history: "reduce columns by float4"). Parts combine in part
+// order, as there.
+__device__ __forceinline__ float4 combine4(Reduce op, float4 a, float4 b) {
+  return make_float4(combine(op, a.x, b.x), combine(op, a.y, b.y), combine(op, a.z, b.z),
+                     combine(op, a.w, b.w));
+}
+
+template <int kCols>
+__global__ void __launch_bounds__(kThreads)
+    reduce_columns4_kernel(Reduce op, ReduceShape s, int64_t outputs, int64_t count,
+                           const float* __restrict__ x, float* __restrict__ y) {
+  constexpr int kParts = kThreads / kCols;
+  pdl_begin();
+  __shared__ float4 partial[kParts][kCols];
+  const int col = threadIdx.x % kCols, part = threadIdx.x / kCols;
+  const int last = s.kept_rank - 1;
+  const int64_t inner = s.kept[last], outer = outputs / inner, st = s.reduced_stride[0];
+  const int64_t tiles_per_outer = ceil_div(inner, 4 * kCols);
+  for (int64_t tile = blockIdx.x; tile < outer * tiles_per_outer; tile += gridDim.x) {
+    const int64_t o = tile / tiles_per_outer, i = 4 * (tile % tiles_per_outer * kCols + col);
+    const bool live = i < inner;  // inner % 4 == 0: a live thread's 4 columns all are
+    int64_t base = i, rest = o;
+    for (int d = last - 1; d >= 0; --d) {
+      base += rest % s.kept[d] * s.kept_stride[d];
+      rest /= s.kept[d];
+    }
+    const float id = identity(op);
+    float4 v = make_float4(id, id, id, id);
+    if (live) {
+      const float* __restrict__ p = x + base;
+      const auto at = [&](int64_t j) { return __ldg(reinterpret_cast<const float4*>(p + j * st)); };
+      int64_t j = part;
+      for (; j + 3 * kParts < count; j += 4 * kParts) {
+        const float4 v0 = at(j), v1 = at(j + kParts), v2 = at(j + 2 * kParts),
+                     v3 = at(j + 3 * kParts);
+        v = combine4(op, combine4(op, combine4(op, combine4(op, v, v0), v1), v2), v3);
+      }
+      for (; j < count; j += kParts) v = combine4(op, v, at(j));
+    }
+    partial[part][col] = v;
+    __syncthreads();
+    if (live && part == 0) {
+      float4 t = partial[0][col];
+      for (int q = 1; q < kParts; ++q) t = combine4(op, t, partial[q][col]);
+      if (op == Reduce::Mean) {
+        const float n = float(count);
+        t = make_float4(t.x / n, t.y / n, t.z / n, t.w / n);
+      }
+      *reinterpret_cast<float4*>(y + o * inner + i) = t;
+    }
+    __syncthreads();  // partial is rewritten by the next tile
+  }
+}
+
 // -- softmax --
 
 // The combination of v over the kWidth lanes of its row (aligned groups of a warp); every lane of
@@ -533,6 +591,16 @@ void launch_softmax_regs(int64_t rows, int len, bool log, const float* x, float*
 
 }  // namespace
 
+namespace {
+// Whether the float4 columns kernel applies (its comment).
+bool columns4(const ReduceShape& s, int64_t inner, const float* x, const float* y) {
+  if (s.reduced_rank != 1 || inner % 4 != 0 || s.reduced_stride[0] % 4 != 0) return false;
+  for (int d = 0; d + 1 < s.kept_rank; ++d)
+    if (s.kept_stride[d] % 4 != 0) return false;
+  return aligned16(x) && aligned16(y);
+}
+}  // namespace
+
 void reduce(Reduce op, const ReduceShape& shape, const float* x, float* y, Stream stream) {
   EPILOG_CUDA_REQUIRE(shape.kept_rank <= kMaxRank && shape.reduced_rank <= kMaxRank);
   // -- merge: drop size-1 dims, join neighbours x walks as one --
@@ -566,6 +634,11 @@ void reduce(Reduce op, const ReduceShape& shape, const float* x, float* y, Strea
       s.kept_rank > 0 && s.kept_stride[s.kept_rank - 1] == 1 ? s.kept[s.kept_rank - 1] : 0;
   if (rows) {
     EPILOG_LAUNCH_ROWS(reduce_rows_kernel, outputs, count, stream, op, outputs, count, x, y);
+  } else if (inner >= 8 && count >= kColumnMinCount && columns4(s, inner, x, y)) {
+    const int64_t outer = outputs / inner;
+    const int cols = column_tile([&](int64_t c) { return outer * ceil_div(inner, 4 * c); });
+    EPILOG_LAUNCH_COLUMNS(reduce_columns4_kernel, cols, outer * ceil_div(inner, 4 * cols), stream,
+                          op, s, outputs, count, x, y);
   } else if (inner >= 8 && count >= kColumnMinCount) {
     const int64_t outer = outputs / inner;
     const int cols = column_tile([&](int64_t c) { return outer * ceil_div(inner, c); });

@@ -266,8 +266,10 @@ TEST_CASE("gpu layout ops: reductions over columns (the channels of NCHW) and od
   // output reduces at least 32 elements: reduced axes of 1 (no reduction: rows), 257 elements,
   // the op_bench shape (mean over C of [16, 256, 56, 56], kept dims), no outer dim, two reduced
   // dims apart (decoded an element); the strided kernel on a 4-wide inner dim, on 3 and 15
-  // elements, and on ResNeSt's sum over its 2 radix maps.
+  // elements, and on ResNeSt's sum over its 2 radix maps. The float4 columns where every
+  // stride is a multiple of 4: the op_bench shape, and two with a last tile part empty.
   const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {
+      {{2, 48, 12, 12}, {1}},   {{3, 40, 2, 20}, {1}},
       {{16, 256, 56, 56}, {1}}, {{2, 1, 40}, {1}},    {{4, 3, 50}, {1}},
       {{2, 257, 9, 9}, {1}},    {{257, 33}, {0}},     {{3, 5, 7, 8}, {0, 2}},
       {{6, 5, 9, 8}, {0, 2}},   {{3, 257, 4}, {1}},   {{2, 3, 70, 5}, {1}},
