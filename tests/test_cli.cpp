@@ -212,6 +212,12 @@ TEST_CASE("cli: bench --batch N,M sweeps one model over batch sizes", "[cli]") {
   REQUIRE(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("batch 1 ") && Catch::Contains("batch 2 ") &&
                         Catch::Contains("images/s"));
+  // A warm-up of at least so long, on top of --warmup's runs; a time below 0 is refused.
+  Result timed = cli(std::string("bench ") + kDemo + " --device cpu --iters 1 --warmup-ms 20");
+  CHECK(timed.status == 0);
+  Result negative = cli(std::string("bench ") + kDemo + " --device cpu --warmup-ms -5");
+  CHECK(negative.status == 1);
+  CHECK_THAT(negative.err, Catch::Contains("--warmup-ms: expected an integer >= 0, got '-5'"));
   Result one = cli(std::string("run ") + kDemo + " --device cpu --batch 1,2");
   CHECK(one.status == 1);
   CHECK_THAT(one.err, Catch::Contains("one batch size here"));

@@ -71,6 +71,13 @@ int64_t to_int(const std::string& option, const std::string& v, int64_t min) {
   fail("{}: expected an integer >= {}, got '{}'", option, min, v);
 }
 
+// bench's --warmup-ms: a GPU that ran lighter work (another batch size, or nothing) before takes
+// a while to reach its clocks; a few runs timed it up to 1.8% slow.
+double warmup_ms_for(const Parsed& p, Device device) {
+  const char* fallback = device == Device::CUDA ? "500" : "0";
+  return double(to_int("--warmup-ms", p.get("--warmup-ms", fallback), 0));
+}
+
 // Returns false when --help was shown.
 bool parse_args(const Command& c, int argc, char** argv, Parsed& p) {
   for (int i = 0; i < argc; ++i) {
@@ -319,11 +326,14 @@ int cmd_explain(const Parsed& p) {
   return 0;
 }
 
-// `warmup` untimed runs, then the times of `iters` runs in ms, sorted.
-std::vector<double> time_runs(const std::function<void()>& run, int64_t warmup, int64_t iters) {
-  for (int64_t i = 0; i < warmup; ++i) {
+// Untimed runs, at least `warmup` of them and for at least `warmup_ms`, then the times of
+// `iters` runs in ms, sorted.
+std::vector<double> time_runs(const std::function<void()>& run, int64_t warmup, double warmup_ms,
+                              int64_t iters) {
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < warmup || ms_since(start) < warmup_ms; ++i) {
     run();
-    progress("warm-up", size_t(i + 1), size_t(warmup));
+    if (i < warmup) progress("warm-up", size_t(i + 1), size_t(warmup));
   }
   std::vector<double> times;
   for (int64_t i = 0; i < iters; ++i) {
@@ -347,6 +357,7 @@ int bench_sweep(const Parsed& p, const std::vector<int64_t>& sizes) {
   Model model(g, options_for(p, device));
   const int64_t iters = to_int("--iters", p.get("--iters", "20"), 1);
   const int64_t warmup = to_int("--warmup", p.get("--warmup", "3"), 0);
+  const double warmup_ms = warmup_ms_for(p, device);
   const uint64_t seed = p.flag("--seed") ? uint64_t(to_int("--seed", p.get("--seed"), 0)) : 0;
   std::printf("%s on %s, %s; end to end (inputs in, outputs left in a session's buffers), %lld "
               "iterations each\n",
@@ -362,7 +373,8 @@ int bench_sweep(const Parsed& p, const std::vector<int64_t>& sizes) {
     }
     // A session, as a serving thread holds one: outputs stay in the executor's buffers.
     Model::Session session = model.session(batch);
-    const std::vector<double> times = time_runs([&] { session.run(inputs); }, warmup, iters);
+    const std::vector<double> times =
+        time_runs([&] { session.run(inputs); }, warmup, warmup_ms, iters);
     const double median = times[times.size() / 2];
     const MemoryUse mem = memory_use(*model.plan(batch));
     const double mib = double(1 << 20);
@@ -383,11 +395,12 @@ int cmd_bench(const Parsed& p) {
   Compiled c = compile_for(p, std::move(g), device);
   int64_t iters = to_int("--iters", p.get("--iters", "20"), 1);
   int64_t warmup = to_int("--warmup", p.get("--warmup", "3"), 0);
+  const double warmup_ms = warmup_ms_for(p, device);
   auto inputs = make_inputs(p, c.plan.graph);
   auto backend = make_backend(device);
   Executor ex(c.plan, *backend);
   for (auto& [name, t] : inputs) t = t.to(device);
-  const std::vector<double> times = time_runs([&] { ex.run(inputs); }, warmup, iters);
+  const std::vector<double> times = time_runs([&] { ex.run(inputs); }, warmup, warmup_ms, iters);
   std::printf("%s on %s, %s\n", p.model.c_str(), device_name(device), c.report.summary().c_str());
   std::printf("memory: %s\n", memory_use(c.plan).summary().c_str());
   std::printf("end to end: median %.3f ms, min %.3f ms, max %.3f ms over %lld iterations\n",
@@ -478,7 +491,10 @@ int main(int argc, char** argv) {
        "Times MODEL: warm-up, timed iterations (median/min/max), then a per-node breakdown.",
        with_model_options({kDevice,
                            {"--iters", "N", "timed iterations", "20", false},
-                           {"--warmup", "N", "untimed iterations first", "3", false},
+                           {"--warmup", "N", "untimed iterations first, at least", "3", false},
+                           {"--warmup-ms", "MS",
+                            "and untimed iterations for at least this long (GPU clocks settle)",
+                            "500 on cuda, 0 on cpu", false},
                            {"--seed", "N", "seed of the random inputs", "0", false}})},
   };
   std::map<std::string, std::function<int(const Parsed&)>> handlers = {
