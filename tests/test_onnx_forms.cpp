@@ -650,6 +650,56 @@ TEST_CASE("onnx forms: PRelu (one slope, a slope per channel) and Selu after a c
   check_import_error([&] { r.load(); }, {"node 'act' (PRelu)", "'slope'", "constant"}, true);
 }
 
+TEST_CASE("onnx forms: BatchNormalization in training mode on constants (weight standardization)",
+          "[onnx]") {
+  // timm's StdConv2d / ScaledStdConv2d (NF-Nets, BiT) as exported: the conv's weight reshaped to
+  // [1, K, C * R * S], batch-normalized in training mode with a gain, reshaped back. It folds
+  // into the conv's weight: each output channel's weights less their mean, over their (biased)
+  // standard deviation, times the gain.
+  const auto build = [](bool runtime_x) {
+    Model m(17);
+    m.input("x", {1, 3, 5, 5});
+    if (runtime_x) {
+      m.input("flat", {1, 4, 27});
+    } else {
+      m.random("w", {4, 3, 3, 3}, 9);
+      m.ints("to_flat", {1, 4, 27});
+      m.node("Reshape", {"w", "to_flat"}, {"flat"}, "flatten");
+    }
+    m.init("gain", {4}, {1.0f, 0.5f, 2.0f, -1.0f});
+    m.init("zero", {4}, {0, 0, 0, 0});
+    m.init("one", {4}, {1, 1, 1, 1});
+    auto& bn = m.node("BatchNormalization", {"flat", "gain", "zero", "zero", "one"}, {"std"}, "ws");
+    set_i(bn, "training_mode", 1);
+    set_f(bn, "epsilon", 1e-6f);
+    m.ints("to_w", {4, 3, 3, 3});
+    m.node("Reshape", {"std", "to_w"}, {"wstd"}, "unflatten");
+    m.node("Conv", {"x", "wstd"}, {"y"}, "conv");
+    m.output("y");
+    return m;
+  };
+  const Graph g = build(false).load();
+  CHECK(count(g, OpKind::BatchNorm) == 0);
+  REQUIRE(count(g, OpKind::Conv2d) == 1);
+  const Tensor w = Tensor::randn({4, 3, 3, 3}, 9);
+  const Tensor& got = g.weights.at(g.nodes[0].inputs[1]).data;
+  const float gain[4] = {1.0f, 0.5f, 2.0f, -1.0f};
+  for (int64_t k = 0; k < 4; ++k) {
+    double sum = 0, sq = 0;
+    for (int64_t i = 0; i < 27; ++i) sum += w.f32()[k * 27 + i];
+    for (int64_t i = 0; i < 27; ++i) sq += std::pow(w.f32()[k * 27 + i] - sum / 27, 2);
+    for (int64_t i = 0; i < 27; ++i) {
+      const double want = (w.f32()[k * 27 + i] - sum / 27) / std::sqrt(sq / 27 + 1e-6) * gain[k];
+      CHECK(got.f32()[k * 27 + i] == Approx(want).epsilon(1e-6).margin(1e-6));
+    }
+  }
+  // On a run-time input: refused, naming the attribute.
+  check_import_error(
+      [&] { build(true).load(); },
+      {"node 'ws' (BatchNormalization): attribute 'training_mode': is 1 on a run-time input"},
+      true);
+}
+
 TEST_CASE("onnx forms: 1-D Conv, ConvTranspose and pools run as 2-D on rows of one", "[onnx]") {
   // x [2, 4, 11] -> Conv(k 3, stride 2, pads 1/2, dilation 2, 2 groups) -> Relu -> MaxPool(k 2)
   // -> AveragePool(k 2, pads 1/0); the same as 2-D ops on x [2, 4, 1, 11].

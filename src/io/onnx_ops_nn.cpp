@@ -170,11 +170,37 @@ void op_conv_transpose(Importer& im) {
   if (line) from_rows(im, y);
 }
 
+// BatchNormalization in training mode on constants: y = (x - mean) / sqrt(var + eps) * scale + b
+// with each channel's mean and (biased) variance over x's other dims, in float64. NF-Nets' and
+// BiT's weight standardization spells the conv's weights so (timm's StdConv2d); the running
+// statistics it would update are not outputs epilog reads.
+Const batchnorm_training(const Const& x, const Const& scale, const Const& b, double eps) {
+  const int64_t n = x.dims.empty() ? 1 : x.dims[0], c = x.dims.size() < 2 ? 1 : x.dims[1];
+  const int64_t inner = c == 0 || n == 0 ? 0 : x.numel() / (n * c);
+  Const y = x;
+  for (int64_t ch = 0; ch < c; ++ch) {
+    const auto each = [&](auto f) {
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < inner; ++j) f(y.f[size_t((i * c + ch) * inner + j)]);
+    };
+    double sum = 0.0, sq = 0.0;
+    each([&](float v) { sum += v; });
+    const double mean = sum / double(n * inner);
+    each([&](float v) { sq += (v - mean) * (v - mean); });
+    const double k = double(scale.f[size_t(ch)]) / std::sqrt(sq / double(n * inner) + eps);
+    each([&](float& v) { v = float((v - mean) * k + double(b.f[size_t(ch)])); });
+  }
+  return y;
+}
+
 void op_batchnorm(Importer& im) {
   im.allow({"epsilon", "momentum", "training_mode", "spatial", "is_test", "consumed_inputs"});
   im.arity(5, 5, 5);
-  if (im.attr_int("training_mode", 0) != 0)
-    im.unsupported_attr("training_mode", "is 1; epilog imports inference-mode BatchNormalization");
+  const bool training = im.attr_int("training_mode", 0) != 0;
+  if (training && !im.all_const())
+    im.unsupported_attr("training_mode",
+                        "is 1 on a run-time input; epilog folds training-mode "
+                        "BatchNormalization of constants only (weight standardization)");
   if (im.opset() < 7 && im.attr_int("is_test", 0) == 0)
     im.unsupported_attr("is_test",
                         "is 0 (training); epilog imports inference-mode "
@@ -193,6 +219,16 @@ void op_batchnorm(Importer& im) {
   if (!(epsilon >= 0 && std::isfinite(epsilon)))
     im.bad_attr("epsilon", "is {}, expected a finite number >= 0", epsilon);
   double eps = std::stod(fmt::format("{}", epsilon));
+  if (training) {
+    const Const &x = im.cst(0, "X"), &scale = im.cst(1, "scale"), &b = im.cst(2, "B");
+    const int64_t c = x.dims.size() < 2 ? -1 : x.dims[1];
+    if (!x.is_float() || !scale.is_float() || !b.is_float() || c < 0 || scale.numel() != c ||
+        b.numel() != c)
+      im.bad("X {}, scale {} and B {}: expected float tensors, X of rank 2 or more and the others "
+             "of its {} channels",
+             x.describe(), scale.describe(), b.describe(), c);
+    return im.set_const(0, batchnorm_training(x, scale, b, eps));
+  }
   std::vector<std::string> ins;
   for (int k = 0; k < 5; ++k) ins.push_back(im.dyn(k));
   im.emit(OpKind::BatchNorm, ins, im.attrs({{"eps", eps}}), {im.out(0)});
