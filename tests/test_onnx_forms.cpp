@@ -700,6 +700,73 @@ TEST_CASE("onnx forms: BatchNormalization in training mode on constants (weight 
       true);
 }
 
+TEST_CASE("onnx forms: Not, CumSum, Sin, Cos, Floor, Ceil, Round and Pow fold on constants",
+          "[onnx]") {
+  // A Fourier feature map built from a shape alone (EdgeNeXt's positional encoding): a cumsum of
+  // ones (~zeros), then elementwise math, all constants; added to x. On a run-time tensor the
+  // ops epilog lacks are one message.
+  Model m(17);
+  m.input("x", {1, 2, 3, 4});
+  TensorProto& mask = *m.g().add_initializer();
+  mask.set_name("mask");
+  for (int64_t d : {1, 3, 4}) mask.add_dims(d);
+  mask.set_data_type(TensorProto::BOOL);
+  for (int i = 0; i < 12; ++i) mask.add_int32_data(0);
+  m.node("Not", {"mask"}, {"ones"});
+  set_i(m.node("Cast", {"ones"}, {"onesf"}), "to", TensorProto::FLOAT);
+  m.ints("last", {2});
+  m.ints("rows", {1});
+  m.node("CumSum", {"onesf", "last"}, {"v"});  // 1, 2, 3, 4 along the last dim
+  auto& back = m.node("CumSum", {"onesf", "rows"}, {"after"});  // 2, 1, 0 down the rows
+  set_i(back, "exclusive", 1);
+  set_i(back, "reverse", 1);
+  m.init("half", {}, {0.5f});
+  m.init("two", {}, {2.0f});
+  m.node("Mul", {"v", "half"}, {"h"});
+  std::vector<std::string> terms = {"after"};
+  for (const char* op : {"Sin", "Cos"}) terms.push_back(m.node(op, {"v"}, {op}).output(0));
+  for (const char* op : {"Floor", "Ceil", "Round"})
+    terms.push_back(m.node(op, {"h"}, {op}).output(0));
+  terms.push_back(m.node("Pow", {"v", "two"}, {"sq"}).output(0));
+  std::string acc = "x";
+  for (const std::string& t : terms) acc = m.node("Add", {acc, t}, {acc + "+" + t}).output(0);
+  m.output(acc);
+  const Graph g = m.load();
+  const Tensor x = Tensor::randn({1, 2, 3, 4}, 3);
+  const Tensor y = run1(g, x, "x", acc);
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    const double v = double(i % 4 + 1), row = double(i / 4 % 3);
+    const double want = x.f32()[i] + (2 - row) + std::sin(v) + std::cos(v) + std::floor(v / 2) +
+                        std::ceil(v / 2) + std::nearbyint(v / 2) + v * v;
+    CHECK(y.f32()[i] == Approx(want).epsilon(1e-6));
+  }
+  CHECK(std::nearbyint(0.5) == 0.0);  // Round's ties go to even: v / 2 = 0.5 and 1.5 above
+  // Pow of integers in shape arithmetic: [2] ^ [3] = 8 channels.
+  Model shape(17);
+  shape.input("x", {1, 2, 4, 3});
+  shape.ints("two", {2});
+  shape.ints("three", {3});
+  shape.ints("one", {1});
+  shape.node("Pow", {"two", "three"}, {"eight"});
+  auto& cat = shape.node("Concat", {"one", "eight", "three"}, {"dims"});
+  set_i(cat, "axis", 0);
+  shape.node("Reshape", {"x", "dims"}, {"y"});
+  shape.output("y");
+  CHECK(shape.load().value("y").shape == Shape{1, 8, 3});
+  for (const char* op : {"Sin", "CumSum", "Floor"}) {
+    Model r(17);
+    r.input("x", {1, 4});
+    r.ints("axis", {1});
+    auto& n = r.node(op, {"x"}, {"y"}, "pos");
+    if (std::string(op) == "CumSum") n.add_input("axis");
+    r.output("y");
+    check_import_error([&] { r.load(); },
+                       {fmt::format("node 'pos' ({})", op), "'x' is computed at run time",
+                        fmt::format("evaluates {} on constants only", op)},
+                       true);
+  }
+}
+
 TEST_CASE("onnx forms: 1-D Conv, ConvTranspose and pools run as 2-D on rows of one", "[onnx]") {
   // x [2, 4, 11] -> Conv(k 3, stride 2, pads 1/2, dilation 2, 2 groups) -> Relu -> MaxPool(k 2)
   // -> AveragePool(k 2, pads 1/0); the same as 2-D ops on x [2, 4, 1, 11].

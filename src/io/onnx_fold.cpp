@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "onnx_import.h"
 
@@ -72,11 +73,24 @@ Const fold_binary(const Const& a, const Const& b, char op) {
   for (size_t k = 0; k < ia.size(); ++k) {
     if (a.is_float()) {
       float x = a.f[size_t(ia[k])], y = b.f[size_t(ib[k])];
-      c.f.push_back(op == '+' ? x + y : op == '-' ? x - y : op == '*' ? x * y : x / y);
+      c.f.push_back(op == '+'   ? x + y
+                    : op == '-' ? x - y
+                    : op == '*' ? x * y
+                    : op == '^' ? std::pow(x, y)
+                                : x / y);
       continue;
     }
     int64_t x = a.i[size_t(ia[k])], y = b.i[size_t(ib[k])], r = 0;
     bool overflow = false;
+    if (op == '^') {  // by squaring: x^y of an exponent e = y, its bits from the lowest
+      if (y < 0) bad("integer Pow with a negative exponent ({} ^ {})", x, y);
+      int64_t base = x;
+      r = 1;
+      for (int64_t e = y; e > 0 && !overflow; e >>= 1) {
+        if (e & 1) overflow = __builtin_mul_overflow(r, base, &r);
+        if (e > 1 && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
+      }
+    }
     if (op == '+') overflow = __builtin_add_overflow(x, y, &r);
     if (op == '-') overflow = __builtin_sub_overflow(x, y, &r);
     if (op == '*') overflow = __builtin_mul_overflow(x, y, &r);
@@ -88,6 +102,35 @@ Const fold_binary(const Const& a, const Const& b, char op) {
     if (overflow) bad("integer overflow while folding constants ({} {} {})", x, op, y);
     c.i.push_back(r);
   }
+  return c;
+}
+
+Const fold_cumsum(const Const& x, int64_t axis, bool exclusive, bool reverse) {
+  axis = axis_of(axis, x.dims.size(), "axis");
+  int64_t inner = 1;
+  for (size_t d = size_t(axis) + 1; d < x.dims.size(); ++d) inner *= x.dims[d];
+  const int64_t len = x.dims[size_t(axis)];
+  const int64_t outer = len * inner == 0 ? 0 : x.numel() / (len * inner);
+  Const c = x;
+  const auto scan = [&](auto& v) {
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t i = 0; i < inner; ++i) {
+        // Sums in double (integers exactly below 2^53), written back in the input's type.
+        double acc = 0;
+        for (int64_t k = 0; k < len; ++k) {
+          const int64_t j = reverse ? len - 1 - k : k;
+          auto& at = v[size_t((o * len + j) * inner + i)];
+          const double here = double(at);
+          if (!exclusive) acc += here;
+          at = static_cast<std::remove_reference_t<decltype(at)>>(acc);
+          if (exclusive) acc += here;
+        }
+      }
+  };
+  if (x.is_float())
+    scan(c.f);
+  else
+    scan(c.i);
   return c;
 }
 

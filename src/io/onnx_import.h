@@ -138,7 +138,10 @@ void check_folded(const Shape& dims, int64_t inputs_numel);
 int64_t axis_of(int64_t axis, size_t rank, const char* what = "axis");
 Shape broadcast(const Shape& a, const Shape& b);
 // a op b for op in + - * /, with broadcasting; integer overflow and division by zero throw.
+// op: '+', '-', '*', '/', or '^' (Pow, of floats).
 Const fold_binary(const Const& a, const Const& b, char op);
+// ONNX CumSum of a constant along `axis`.
+Const fold_cumsum(const Const& x, int64_t axis, bool exclusive, bool reverse);
 Const fold_concat(const std::vector<const Const*>& xs, int64_t axis);
 
 struct SliceAxis {

@@ -46,6 +46,50 @@ void op_neg(Importer& im) {
   im.set_const(0, std::move(r));
 }
 
+// Ops epilog evaluates on constants only, at import: the Fourier features some models build in
+// the graph from shapes alone (EdgeNeXt's and XCiT's positional encodings: a cumsum of ones,
+// sin and cos). On a run-time tensor, one message.
+const Const& constant_operand(Importer& im) {
+  const Const* c = im.const_in(0);
+  if (!c)
+    im.unsupported("input '{}' is computed at run time; epilog evaluates {} on constants only",
+                   im.in_name(0), im.op());
+  return *c;
+}
+
+template <double (*F)(double)>
+void op_fold_float(Importer& im) {
+  im.allow({});
+  im.arity(1, 1);
+  Const c = constant_operand(im);
+  if (!c.is_float()) im.bad("input '{}' is {}, expected float", im.in_name(0), c.describe());
+  for (float& v : c.f) v = float(F(double(v)));
+  im.set_const(0, std::move(c));
+}
+double round_even(double v) {
+  return std::nearbyint(v);  // ties to even, the default rounding mode: ONNX Round's
+}
+
+void op_not(Importer& im) {
+  im.allow({});
+  im.arity(1, 1);
+  Const c = constant_operand(im);
+  if (c.dtype != TensorProto::BOOL)
+    im.bad("input '{}' is {}, expected bool", im.in_name(0), c.describe());
+  for (int64_t& v : c.i) v = v == 0;
+  im.set_const(0, std::move(c));
+}
+
+void op_cumsum(Importer& im) {
+  im.allow({"exclusive", "reverse"});
+  im.arity(2, 2);
+  const Const& x = constant_operand(im);
+  const std::vector<int64_t> axis = im.ints_in(1, "axis");
+  if (axis.size() != 1) im.bad("axis '{}' has {} values, expected one", im.in_name(1), axis.size());
+  const bool exclusive = im.attr_int("exclusive", 0) != 0, reverse = im.attr_int("reverse", 0) != 0;
+  im.set_const(0, fold_cumsum(x, axis[0], exclusive, reverse));
+}
+
 // The pointwise activations (graph/activation.h): each ONNX op is one epilog op, its
 // parameters attributes of the same meaning.
 template <OpKind Kind>
@@ -164,6 +208,7 @@ void op_gelu(Importer& im) {
 void op_pow(Importer& im) {
   im.allow({});
   im.arity(2, 2);
+  if (im.all_const()) return im.set_const(0, fold_binary(*im.const_in(0), *im.const_in(1), '^'));
   const Const& c = im.cst(1, "exponent");
   if (c.numel() != 1)
     im.unsupported("exponent '{}' has {} values (epilog raises to one constant power)",
@@ -582,7 +627,14 @@ void add_math_handlers(std::map<std::string, OpHandler>& table) {
   table.insert({
       {"Abs", op_activation<OpKind::Abs>},
       {"Add", op_add},
+      {"Ceil", op_fold_float<std::ceil>},
       {"Clip", op_clip},
+      {"Cos", op_fold_float<std::cos>},
+      {"CumSum", op_cumsum},
+      {"Floor", op_fold_float<std::floor>},
+      {"Not", op_not},
+      {"Round", op_fold_float<round_even>},
+      {"Sin", op_fold_float<std::sin>},
       {"Div", op_div},
       {"Elu", op_elu},
       {"PRelu", op_prelu},
