@@ -1,5 +1,5 @@
 // Structural reparameterization: the convs an add tree sums over one value become one conv
-// (RepVGG's 3x3 + 1x1 + identity branches, ACNet's 3x3 + 1x3 + 3x1).
+// (RepVGG's 3x3 + 1x1 + identity branches, ACNet's 3x3 + 1x3 + 3x1, RepGhost's conv + identity).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -96,28 +96,37 @@ struct Plan {
 };
 
 // Fills the plan for the add tree at `root`; returns why it cannot merge. An empty reason with
-// nothing merged: the tree sums fewer than two convs, nothing to say.
+// nothing merged: no two branches to merge, nothing to say.
 std::string plan(const Graph& g, const UseIndex& uses, int root, const KernelQuery& has_kernel,
                  Plan& p) {
   std::vector<int> adds;
   std::vector<std::string> operands;
   collect(g, uses, root, adds, operands);
   std::vector<Branch> branches;
-  std::map<std::string, int> convs_of;  // x -> the convs that read it
+  std::map<std::string, int> convs_of, bns_of;  // x -> the convs, the batchnorms that read it
   int convs = 0;
   for (const std::string& v : operands) {
-    branches.push_back(classify(g, uses, v));
-    if (branches.back().conv >= 0) ++convs, ++convs_of[branches.back().input];
+    const Branch& b = branches.emplace_back(classify(g, uses, v));
+    if (b.conv >= 0) ++convs, ++convs_of[b.input];
+    if (b.bn >= 0) ++bns_of[g.nodes[b.bn].inputs[0]];
   }
-  if (convs < 2) return "";
-  auto most = std::max_element(convs_of.begin(), convs_of.end(),
-                               [](const auto& a, const auto& b) { return a.second < b.second; });
-  if (most->second < 2) {
-    std::vector<std::string> xs;
-    for (const auto& [x, n] : convs_of) xs.push_back("'" + x + "'");
-    return fmt::format("the convs read different values ({})", fmt::join(xs, ", "));
+  // x: the value most convs read, where two do; else one conv's input that a batchnorm also
+  // reads, an identity branch (RepGhost's dw conv + batchnorm).
+  const auto most =
+      std::max_element(convs_of.begin(), convs_of.end(),
+                       [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (most != convs_of.end() && most->second >= 2) {
+    p.x = most->first;
+  } else {
+    for (const auto& [x, n] : convs_of)
+      if (bns_of.count(x)) p.x = x;
+    if (p.x.empty() && convs < 2) return "";
+    if (p.x.empty()) {
+      std::vector<std::string> xs;
+      for (const auto& [x, n] : convs_of) xs.push_back("'" + x + "'");
+      return fmt::format("the convs read different values ({})", fmt::join(xs, ", "));
+    }
   }
-  p.x = most->first;
   for (Branch b : branches) {
     if (b.value == p.x) {
       b = Branch{b.value, -1, -1, p.x};

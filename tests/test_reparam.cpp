@@ -475,3 +475,23 @@ TEST_CASE("reparam: timm repvgg_a0 as exported to ONNX is 22 fused convs", "[rep
 }
 
 #endif  // EPILOG_HAVE_ONNX
+
+TEST_CASE("reparam: one conv and a batchnorm of its input (RepGhost) are one conv", "[reparam]") {
+  // timm's RepGhost module: x1 = primary(x) (conv, batchnorm [, relu]); then depthwise(x1) +
+  // batchnorm(x1) [-> relu], the batchnorm an identity branch merged into the depthwise kernel.
+  for (bool relu : {true, false}) {
+    INFO("relu " << relu);
+    Builder b(3);
+    Val x = b.input("x", {2, 8, 7, 6});
+    Val x1 = b.batchnorm(b.conv2d(x, "primary", ConvOpts(8, 1)), "primary.bn");
+    if (relu) x1 = b.relu(x1, "primary.act");
+    Val x2 = b.conv2d(x1, "cheap", ConvOpts(8, 3).padding(1).groups(8).bias());
+    Val y = b.add(x2, b.batchnorm(x1, "fusion_bn"), "add");
+    b.output(relu ? b.relu(y, "act") : y);
+    PassReport r;
+    const Graph f = optimized(b.build(), r);
+    CHECK(count(f, OpKind::FusedConv2d) == 2);
+    CHECK(f.nodes.size() == 2);
+    CHECK_THAT(r.summary(), Catch::Contains(kHit));
+  }
+}

@@ -28,9 +28,10 @@ std::vector<std::string> linear_conv_inputs(const Graph& g, const Node& linear,
 // moved before it: act(layout(x)) == layout(act(x)), the activation next to what made its input.
 Replacement activation_first(const Match& m);
 
-// Structural reparameterization (RepVGG, ACNet; graph/reparam.cpp): where an add tree sums two
-// or more convs of one value x, conv2d(x) or batchnorm(conv2d(x)), with x or batchnorm(x) as
-// identity branches, they become one conv2d(x) whose kernel and bias are the branches' sum
+// Structural reparameterization (RepVGG, ACNet, RepGhost; graph/reparam.cpp): where an add tree
+// sums two or more convs of one value x, conv2d(x) or batchnorm(conv2d(x)), with x or
+// batchnorm(x) as identity branches, or one conv and batchnorm(x), they become one conv2d(x)
+// whose kernel and bias are the branches' sum
 // (float64, rounded once), each kernel zero-padded into the largest; other operands stay in the
 // add. Exact up to rounding: a branch whose taps do not line up in the largest kernel's window,
 // or whose stride, dilation or groups differ, is refused. Runs before fusion, which would take a
