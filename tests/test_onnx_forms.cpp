@@ -767,6 +767,55 @@ TEST_CASE("onnx forms: Not, CumSum, Sin, Cos, Floor, Ceil, Round and Pow fold on
   }
 }
 
+TEST_CASE("onnx forms: Tile of a run-time tensor and of a constant", "[onnx]") {
+  // y[i] = x[i mod dims], against the formula; the run-time form is a broadcasting add and two
+  // views a tiled dim, one dim deeper than x at most.
+  const auto tiled = [](const Tensor& x, const std::vector<int64_t>& idx) {
+    int64_t at = 0;
+    for (size_t d = 0; d < idx.size(); ++d) at = at * x.dim(int(d)) + idx[d] % x.dim(int(d));
+    return x.f32()[at];
+  };
+  for (const Shape& reps :
+       {Shape{1, 1, 2, 3}, Shape{2, 1, 1, 1}, Shape{1, 3, 1, 2}, Shape{1, 1, 1, 1}}) {
+    INFO(shape_str(reps));
+    Model m(17);
+    m.input("x", {2, 3, 2, 4});
+    m.ints("reps", reps);
+    m.node("Tile", {"x", "reps"}, {"y"}, "tile");
+    m.output("y");
+    const Graph g = m.load();
+    const Tensor x = Tensor::randn({2, 3, 2, 4}, 5);
+    const Tensor y = run1(g, x);
+    REQUIRE(y.shape() == Shape{2 * reps[0], 3 * reps[1], 2 * reps[2], 4 * reps[3]});
+    for (int64_t i = 0; i < y.numel(); ++i) {
+      std::vector<int64_t> idx(4);
+      for (int d = 3, r = int(i); d >= 0; r /= int(y.dim(d)), --d) idx[size_t(d)] = r % y.dim(d);
+      CHECK(y.f32()[i] == tiled(x, idx));
+    }
+    for (const Node& n : g.nodes) CHECK(g.value(n.outputs[0]).shape.size() <= 5);
+  }
+  // A constant folds: Tile of [[1, 2]] by [2, 2] added to x [2, 4].
+  Model c(17);
+  c.input("x", {2, 4});
+  c.init("row", {1, 2}, {1.0f, 2.0f});
+  c.ints("reps", {2, 2});
+  c.node("Tile", {"row", "reps"}, {"t"});
+  c.node("Add", {"x", "t"}, {"y"});
+  c.output("y");
+  const Graph g = c.load();
+  CHECK(g.nodes.size() == 1);
+  const Tensor x = Tensor::randn({2, 4}, 6);
+  const Tensor y = run1(g, x);
+  for (int64_t i = 0; i < 8; ++i) CHECK(y.f32()[i] == x.f32()[i] + float(i % 2 + 1));
+  Model bad(17);
+  bad.input("x", {2, 4});
+  bad.ints("reps", {2});
+  bad.node("Tile", {"x", "reps"}, {"y"}, "tile");
+  bad.output("y");
+  check_import_error([&] { bad.load(); },
+                     {"node 'tile' (Tile)", "repeats has 1 values for an input of 2 dims"});
+}
+
 TEST_CASE("onnx forms: 1-D Conv, ConvTranspose and pools run as 2-D on rows of one", "[onnx]") {
   // x [2, 4, 11] -> Conv(k 3, stride 2, pads 1/2, dilation 2, 2 groups) -> Relu -> MaxPool(k 2)
   // -> AveragePool(k 2, pads 1/0); the same as 2-D ops on x [2, 4, 1, 11].

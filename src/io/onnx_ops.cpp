@@ -8,7 +8,8 @@
 // ConvTranspose            -> conv_transpose2d (4-D, or 3-D as Conv; padding from pads, auto_pad
 //                             or output_shape, whose rows past the natural size are
 //                             output_padding)
-// BatchNormalization       -> batchnorm (inference form only)
+// BatchNormalization       -> batchnorm (inference form; training mode only on constants, folded:
+//                             weight standardization)
 // LayerNormalization, GroupNormalization, InstanceNormalization -> layer_norm, group_norm,
 //                             instance_norm (constant scales and biases that broadcast, or per
 //                             group in GroupNormalization-18, spread out at import)
@@ -59,11 +60,14 @@
 // Pow                      -> pow, for a constant exponent of one value
 // Expand                   -> add of zeros of the dims x lacks (canonicalization drops it where
 //                             the reader broadcasts x); folded on constants
+// Tile                     -> a tiled dim at a time: a view, an add of zeros that broadcasts it,
+//                             a view; folded on constants
 // Identity, Dropout (at inference, no mask), Cast and CastLike to float, Pad by zeros -> nothing
 //                             (the output names the input's value)
 // Constant, Shape, Size, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
 // Add, Sub, Mul, Div, Sum, Mean, Pow, Transpose, Flatten, ConstantOfShape on constants -> folded
-// at import
+// at import; Not, CumSum, Sin, Cos, Floor, Ceil, Round on constants only (Fourier features
+// built from shapes)
 //
 // Everything else throws OnnxUnsupported naming the node, the op and the attribute.
 #ifdef EPILOG_HAVE_ONNX

@@ -469,6 +469,71 @@ void op_expand(Importer& im) {
   im.emit(OpKind::Add, {im.dyn(0), z}, {}, {im.out(0)});
 }
 
+// Tile: x repeated reps[i] times along each dim i. A constant folds; a run-time tensor is tiled
+// one dim at a time: x seen as [.., 1, d, rest] plus zeros of [.., r, 1, 1] (a broadcasting add,
+// as Expand), reshaped to [.., r * d, ..]: r copies of the dim one after another. A view is one
+// dim deeper than x at most.
+void op_tile(Importer& im) {
+  im.allow({});
+  im.arity(2, 2);
+  const Shape xs = im.shape_in(0);
+  const std::vector<int64_t> reps = im.ints_in(1, "repeats");
+  if (reps.size() != xs.size())
+    im.bad("repeats has {} values for an input of {} dims", reps.size(), xs.size());
+  Shape out = xs;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (reps[i] < 0) im.bad("repeats {} has a negative value", shape_str(reps));
+    out[i] *= reps[i];
+  }
+  if (const Const* c = im.const_in(0)) {
+    check_folded(out, c->numel());
+    const std::vector<int64_t> from = strides_of(xs);
+    std::vector<int64_t> at;
+    for_each_index(out, [&](const std::vector<int64_t>& idx) {
+      int64_t p = 0;
+      for (size_t i = 0; i < idx.size(); ++i) p += idx[i] % xs[i] * from[i];
+      at.push_back(p);
+    });
+    return im.set_const(0, take(*c, out, at));
+  }
+  if (out == xs) return pass_through(im);
+  if (checked_numel(out, kMaxNumel) <= 0)
+    im.unsupported("tiling {} by {} leaves no elements", shape_str(xs), shape_str(reps));
+  const std::string name = im.node().output(0);
+  std::string cur = im.dyn(0);
+  Shape now = xs;
+  size_t last = 0;
+  for (size_t i = 0; i < xs.size(); ++i)
+    if (reps[i] > 1) last = i;
+  for (size_t i = 0; i <= last; ++i) {
+    if (reps[i] <= 1) continue;
+    int64_t rest = 1;
+    for (size_t d = i + 1; d < now.size(); ++d) rest *= now[d];
+    Shape view(now.begin(), now.begin() + long(i)), zeros(i, 1);
+    view.insert(view.end(), {1, now[i]});
+    zeros.insert(zeros.end(), {reps[i], 1});
+    if (i + 1 < now.size()) view.push_back(rest), zeros.push_back(1);
+    now[i] *= reps[i];
+    Shape merged = now;
+    if (i > 0) view[0] = merged[0] = 0;  // the batch, copied: it may be rebound (--batch)
+    const std::string tag = fmt::format("{}", i);
+    const std::string seen = im.fresh_value(name + ".view" + tag);
+    const std::string sum = im.fresh_value(name + ".tiled" + tag);
+    const std::string next = i == last ? im.out(0) : im.fresh_value(name + ".dim" + tag);
+    im.emit(OpKind::Reshape, {cur}, im.attrs({{"shape", std::vector<int64_t>(view)}}), {seen},
+            "view" + tag);
+    Const z;
+    z.dims = zeros;
+    z.f.assign(size_t(reps[i]), 0.0f);
+    const std::string zv = im.fresh_value(name + ".zeros" + tag);
+    im.add_weight(zv, z);
+    im.emit(OpKind::Add, {seen, zv}, {}, {sum}, "repeat" + tag);
+    im.emit(OpKind::Reshape, {sum}, im.attrs({{"shape", std::vector<int64_t>(merged)}}), {next},
+            "merge" + tag);
+    cur = next;
+  }
+}
+
 void op_constant_of_shape(Importer& im) {
   im.allow({"value"});
   im.arity(1, 1);
@@ -633,6 +698,7 @@ void add_layout_handlers(std::map<std::string, OpHandler>& table) {
       {"SpaceToDepth", op_depth_space<OpKind::SpaceToDepth>},
       {"Split", op_split},
       {"Squeeze", op_squeeze},
+      {"Tile", op_tile},
       {"Transpose", op_transpose},
       {"Unsqueeze", op_unsqueeze},
   });
