@@ -123,6 +123,11 @@ struct Model {
     for (int64_t x : v) t->add_int64_data(x);
     return *t;
   }
+  TensorProto& int_scalar(const std::string& name, int64_t v) {
+    TensorProto& t = ints(name, {v});
+    t.clear_dims();
+    return t;
+  }
   // An initializer of random values (seeded) of `dims`.
   Tensor random(const std::string& name, const Shape& dims, uint64_t seed) {
     Tensor t = Tensor::randn(dims, seed);

@@ -767,6 +767,61 @@ TEST_CASE("onnx forms: Not, CumSum, Sin, Cos, Floor, Ceil, Round and Pow fold on
   }
 }
 
+TEST_CASE("onnx forms: comparisons, logic, Where and Range fold on constants", "[onnx]") {
+  // Shape arithmetic as some exports write it: x [2,3,4] reshaped to dims picked by Where from
+  // masks that Range, the comparisons and the logic ops make: [2, 12, 1].
+  Model m(17);
+  m.input("x", {2, 3, 4});
+  m.ints("zero", {0});
+  m.ints("one", {1});
+  m.ints("two", {2});
+  m.ints("three", {3});
+  m.ints("yes", {2, -5, 1});
+  m.ints("no", {-7, 12, -9});
+  m.int_scalar("s0", 0);  // Range takes scalars
+  m.int_scalar("s1", 1);
+  m.int_scalar("s3", 3);
+  m.node("Range", {"s0", "s3", "s1"}, {"r"});                  // 0, 1, 2
+  m.node("Less", {"r", "two"}, {"lt"});                        // T T F
+  m.node("GreaterOrEqual", {"r", "one"}, {"ge"});              // F T T
+  m.node("And", {"lt", "ge"}, {"both"});                       // F T F
+  m.node("Or", {"lt", "ge"}, {"either"});                      // T T T
+  m.node("Xor", {"both", "either"}, {"pick"});                 // T F T
+  m.node("Equal", {"r", "one"}, {"eq"});                       // F T F
+  m.node("LessOrEqual", {"r", "zero"}, {"le"});                // T F F
+  m.node("Greater", {"r", "one"}, {"gt"});                     // F F T
+  m.node("Or", {"eq", "le"}, {"eq_le"});                       // T T F
+  m.node("Xor", {"eq_le", "gt"}, {"all"});                     // T T T
+  m.node("Where", {"pick", "yes", "no"}, {"dims0"});           // 2 12 1
+  m.node("Where", {"all", "dims0", "three"}, {"dims"});        // the same
+  m.node("Reshape", {"x", "dims"}, {"y"});
+  m.output("y");
+  const Graph g = m.load();
+  CHECK(g.value("y").shape == Shape{2, 12, 1});
+  // A float Range: 0, 0.25, 0.5, 0.75 added to x [1, 4].
+  Model f(17);
+  f.input("x", {1, 4});
+  f.init("start", {}, {0.0f});
+  f.init("limit", {}, {1.0f});
+  f.init("delta", {}, {0.25f});
+  f.node("Range", {"start", "limit", "delta"}, {"r"});
+  f.node("Add", {"x", "r"}, {"y"});
+  f.output("y");
+  const Tensor x = Tensor::randn({1, 4}, 2);
+  const Tensor y = run1(f.load(), x);
+  for (int64_t i = 0; i < 4; ++i) CHECK(y.f32()[i] == x.f32()[i] + 0.25f * float(i));
+  // On a run-time input: one message.
+  Model r(17);
+  r.input("x", {1, 4});
+  r.init("half", {}, {0.5f});
+  r.node("Less", {"x", "half"}, {"y"}, "lt");
+  r.output("y");
+  check_import_error([&] { r.load(); },
+                     {"node 'lt' (Less)", "'x' is computed at run time",
+                      "evaluates Less on constants only"},
+                     true);
+}
+
 TEST_CASE("onnx forms: Tile of a run-time tensor and of a constant", "[onnx]") {
   // y[i] = x[i mod dims], against the formula; the run-time form is a broadcasting add and two
   // views a tiled dim, one dim deeper than x at most.

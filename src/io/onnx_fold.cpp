@@ -105,6 +105,78 @@ Const fold_binary(const Const& a, const Const& b, char op) {
   return c;
 }
 
+Const fold_compare(const Const& a, const Const& b, const std::string& op) {
+  if (a.is_float() != b.is_float())
+    bad("inputs are {} and {}; both must have one type", dtype_str(a.dtype), dtype_str(b.dtype));
+  Const c;
+  c.dtype = TensorProto::BOOL;
+  c.dims = broadcast(a.dims, b.dims);
+  check_folded(c.dims, a.numel() + b.numel());
+  const std::vector<int64_t> ia = broadcast_index(a.dims, c.dims);
+  const std::vector<int64_t> ib = broadcast_index(b.dims, c.dims);
+  for (size_t k = 0; k < ia.size(); ++k) {
+    const auto test = [&](auto x, auto y) -> bool {
+      if (op == "Equal") return x == y;
+      if (op == "Less") return x < y;
+      if (op == "LessOrEqual") return x <= y;
+      if (op == "Greater") return x > y;
+      if (op == "GreaterOrEqual") return x >= y;
+      if (op == "And") return x != 0 && y != 0;
+      if (op == "Or") return x != 0 || y != 0;
+      return (x != 0) != (y != 0);  // Xor
+    };
+    c.i.push_back(a.is_float() ? test(a.f[size_t(ia[k])], b.f[size_t(ib[k])])
+                               : test(a.i[size_t(ia[k])], b.i[size_t(ib[k])]));
+  }
+  return c;
+}
+
+Const fold_where(const Const& cond, const Const& x, const Const& y) {
+  if (x.is_float() != y.is_float())
+    bad("inputs are {} and {}; both must have one type", dtype_str(x.dtype), dtype_str(y.dtype));
+  Const c;
+  c.dtype = x.dtype;
+  c.dims = broadcast(cond.dims, broadcast(x.dims, y.dims));
+  check_folded(c.dims, cond.numel() + x.numel() + y.numel());
+  const std::vector<int64_t> ic = broadcast_index(cond.dims, c.dims);
+  const std::vector<int64_t> ix = broadcast_index(x.dims, c.dims);
+  const std::vector<int64_t> iy = broadcast_index(y.dims, c.dims);
+  for (size_t k = 0; k < ic.size(); ++k) {
+    const bool pick = cond.is_float() ? cond.f[size_t(ic[k])] != 0 : cond.i[size_t(ic[k])] != 0;
+    if (x.is_float())
+      c.f.push_back(pick ? x.f[size_t(ix[k])] : y.f[size_t(iy[k])]);
+    else
+      c.i.push_back(pick ? x.i[size_t(ix[k])] : y.i[size_t(iy[k])]);
+  }
+  return c;
+}
+
+Const fold_range(const Const& start, const Const& limit, const Const& delta) {
+  if (start.numel() != 1 || limit.numel() != 1 || delta.numel() != 1)
+    bad("start, limit and delta must be scalars, got {}, {} and {}", start.describe(),
+        limit.describe(), delta.describe());
+  if (start.is_float() != limit.is_float() || start.is_float() != delta.is_float())
+    bad("start, limit and delta must have one type");
+  Const c;
+  c.dtype = start.dtype;
+  if (start.is_float()) {
+    const double s = start.f[0], d = delta.f[0];
+    const double n = std::ceil((double(limit.f[0]) - s) / d);
+    if (!(d != 0) || !std::isfinite(n)) bad("range from {} to {} by {}", s, limit.f[0], d);
+    c.dims = {int64_t(std::max(n, 0.0))};
+    check_folded(c.dims, 0);
+    for (int64_t k = 0; k < c.dims[0]; ++k) c.f.push_back(float(s + double(k) * d));
+    return c;
+  }
+  const int64_t s = start.i[0], l = limit.i[0], d = delta.i[0];
+  if (d == 0) bad("range from {} to {} by 0", s, l);
+  const double n = std::ceil((double(l) - double(s)) / double(d));
+  c.dims = {int64_t(std::max(n, 0.0))};
+  check_folded(c.dims, 0);
+  for (int64_t k = 0; k < c.dims[0]; ++k) c.i.push_back(s + k * d);
+  return c;
+}
+
 Const fold_cumsum(const Const& x, int64_t axis, bool exclusive, bool reverse) {
   axis = axis_of(axis, x.dims.size(), "axis");
   int64_t inner = 1;

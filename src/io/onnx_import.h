@@ -140,6 +140,10 @@ Shape broadcast(const Shape& a, const Shape& b);
 // a op b for op in + - * /, with broadcasting; integer overflow and division by zero throw.
 // op: '+', '-', '*', '/', or '^' (Pow, of floats).
 Const fold_binary(const Const& a, const Const& b, char op);
+// Equal, Less, LessOrEqual, Greater, GreaterOrEqual, And, Or, Xor (`op`): a BOOL constant.
+Const fold_compare(const Const& a, const Const& b, const std::string& op);
+Const fold_where(const Const& cond, const Const& x, const Const& y);
+Const fold_range(const Const& start, const Const& limit, const Const& delta);
 // ONNX CumSum of a constant along `axis`.
 Const fold_cumsum(const Const& x, int64_t axis, bool exclusive, bool reverse);
 Const fold_concat(const std::vector<const Const*>& xs, int64_t axis);

@@ -66,8 +66,9 @@
 //                             (the output names the input's value)
 // Constant, Shape, Size, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
 // Add, Sub, Mul, Div, Sum, Mean, Pow, Transpose, Flatten, ConstantOfShape on constants -> folded
-// at import; Not, CumSum, Sin, Cos, Floor, Ceil, Round on constants only (Fourier features
-// built from shapes)
+// at import; Not, CumSum, Sin, Cos, Floor, Ceil, Round, Range, Where, Equal, Less, Greater,
+// LessOrEqual, GreaterOrEqual, And, Or, Xor on constants only (Fourier features built from
+// shapes, shape arithmetic)
 //
 // Everything else throws OnnxUnsupported naming the node, the op and the attribute.
 #ifdef EPILOG_HAVE_ONNX

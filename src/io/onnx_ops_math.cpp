@@ -80,6 +80,35 @@ void op_not(Importer& im) {
   im.set_const(0, std::move(c));
 }
 
+// Comparisons and logic (shape arithmetic in some exports: a dim tested against -1, picked by
+// Where), and Range: on constants, folded.
+void op_compare(Importer& im) {
+  im.allow({});
+  im.arity(2, 2);
+  const Const& a = constant_operand(im);
+  const Const* b = im.const_in(1);
+  if (!b)
+    im.unsupported("input '{}' is computed at run time; epilog evaluates {} on constants only",
+                   im.in_name(1), im.op());
+  im.set_const(0, fold_compare(a, *b, im.op()));
+}
+
+void op_where(Importer& im) {
+  im.allow({});
+  im.arity(3, 3);
+  if (!im.all_const())
+    im.unsupported("an input is computed at run time; epilog evaluates Where on constants only");
+  im.set_const(0, fold_where(*im.const_in(0), *im.const_in(1), *im.const_in(2)));
+}
+
+void op_range(Importer& im) {
+  im.allow({});
+  im.arity(3, 3);
+  if (!im.all_const())
+    im.unsupported("an input is computed at run time; epilog evaluates Range on constants only");
+  im.set_const(0, fold_range(*im.const_in(0), *im.const_in(1), *im.const_in(2)));
+}
+
 void op_cumsum(Importer& im) {
   im.allow({"exclusive", "reverse"});
   im.arity(2, 2);
@@ -627,14 +656,24 @@ void add_math_handlers(std::map<std::string, OpHandler>& table) {
   table.insert({
       {"Abs", op_activation<OpKind::Abs>},
       {"Add", op_add},
+      {"And", op_compare},
       {"Ceil", op_fold_float<std::ceil>},
       {"Clip", op_clip},
       {"Cos", op_fold_float<std::cos>},
       {"CumSum", op_cumsum},
+      {"Equal", op_compare},
       {"Floor", op_fold_float<std::floor>},
+      {"Greater", op_compare},
+      {"GreaterOrEqual", op_compare},
+      {"Less", op_compare},
+      {"LessOrEqual", op_compare},
       {"Not", op_not},
+      {"Or", op_compare},
+      {"Range", op_range},
       {"Round", op_fold_float<round_even>},
       {"Sin", op_fold_float<std::sin>},
+      {"Where", op_where},
+      {"Xor", op_compare},
       {"Div", op_div},
       {"Elu", op_elu},
       {"PRelu", op_prelu},
