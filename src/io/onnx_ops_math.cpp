@@ -93,20 +93,15 @@ void op_compare(Importer& im) {
   im.set_const(0, fold_compare(a, *b, im.op()));
 }
 
-void op_where(Importer& im) {
+// Where and Range: three inputs, all constants.
+template <Const (*Fold)(const Const&, const Const&, const Const&)>
+void op_fold3(Importer& im) {
   im.allow({});
   im.arity(3, 3);
   if (!im.all_const())
-    im.unsupported("an input is computed at run time; epilog evaluates Where on constants only");
-  im.set_const(0, fold_where(*im.const_in(0), *im.const_in(1), *im.const_in(2)));
-}
-
-void op_range(Importer& im) {
-  im.allow({});
-  im.arity(3, 3);
-  if (!im.all_const())
-    im.unsupported("an input is computed at run time; epilog evaluates Range on constants only");
-  im.set_const(0, fold_range(*im.const_in(0), *im.const_in(1), *im.const_in(2)));
+    im.unsupported("an input is computed at run time; epilog evaluates {} on constants only",
+                   im.op());
+  im.set_const(0, Fold(*im.const_in(0), *im.const_in(1), *im.const_in(2)));
 }
 
 void op_cumsum(Importer& im) {
@@ -669,10 +664,10 @@ void add_math_handlers(std::map<std::string, OpHandler>& table) {
       {"LessOrEqual", op_compare},
       {"Not", op_not},
       {"Or", op_compare},
-      {"Range", op_range},
+      {"Range", op_fold3<fold_range>},
       {"Round", op_fold_float<round_even>},
       {"Sin", op_fold_float<std::sin>},
-      {"Where", op_where},
+      {"Where", op_fold3<fold_where>},
       {"Xor", op_compare},
       {"Div", op_div},
       {"Elu", op_elu},
