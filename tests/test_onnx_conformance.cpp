@@ -43,7 +43,7 @@ constexpr double kTolerance = 1e-4;
 
 // Passes per folder of the full data (libonnx-testdata 1.12), at least.
 const std::map<std::string, int> kMinPasses = {
-    {"node", 345},
+    {"node", 364},
     {"pytorch-converted", 67},
     {"pytorch-operator", 28},
 };

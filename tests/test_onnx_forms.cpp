@@ -1251,10 +1251,22 @@ TEST_CASE("onnx forms: LayerNormalization, GroupNormalization, InstanceNormaliza
     REQUIRE(count(g, OpKind::LayerNorm) == 1);
     CHECK(g.nodes[0].attrs.f("eps") == 1e-6);
     CHECK(run1(g, x).shape() == x.shape());
-    // The statistics outputs are refused where read.
+    // The statistics outputs, Mean and InvStdDev over the last dim (kept), against the formula.
     n.add_output("mean");
+    n.add_output("inv_std");
     m.output("mean");
-    check_import_error([&] { m.load(); }, {"node 'ln' (LayerNormalization): output 1"}, true);
+    m.output("inv_std");
+    const std::map<std::string, Tensor> out = test::run_cpu(m.load(), {{"x", x}});
+    REQUIRE(out.at("mean").shape() == Shape{2, 4, 3, 1});
+    REQUIRE(out.at("inv_std").shape() == Shape{2, 4, 3, 1});
+    for (int64_t row = 0; row < 24; ++row) {
+      const float* v = x.f32() + 3 * row;
+      const double mean = (double(v[0]) + v[1] + v[2]) / 3;
+      double var = 0;
+      for (int i = 0; i < 3; ++i) var += (v[i] - mean) * (v[i] - mean) / 3;
+      CHECK(out.at("mean").f32()[row] == Approx(mean).margin(1e-6));
+      CHECK(out.at("inv_std").f32()[row] == Approx(1 / std::sqrt(var + 1e-6)).epsilon(1e-5));
+    }
   }
   // GroupNormalization-18's scale per group is spread over the group's channels; per channel
   // (opset 21) it is taken as it is. Both give the same result.

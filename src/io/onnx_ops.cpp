@@ -12,7 +12,9 @@
 //                             weight standardization)
 // LayerNormalization, GroupNormalization, InstanceNormalization -> layer_norm, group_norm,
 //                             instance_norm (constant scales and biases that broadcast, or per
-//                             group in GroupNormalization-18, spread out at import)
+//                             group in GroupNormalization-18, spread out at import);
+//                             LayerNormalization's Mean and InvStdDev by reduce_mean, sub, pow,
+//                             reduce_mean, add, sqrt and reciprocal
 // LRN                      -> x^2, an average pool across channels (a view of x^2), then one
 //                             elementwise chain: x * (bias + alpha * mean)^-beta
 // Relu, Sigmoid            -> relu, sigmoid (Sigmoid * Mul becomes silu in canonicalization)

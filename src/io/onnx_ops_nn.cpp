@@ -242,18 +242,34 @@ double epsilon_attr(Importer& im) {
   return std::stod(fmt::format("{}", epsilon));
 }
 
-// Outputs past the first (mean and inverse standard deviation of the training forms) are refused.
-void first_output_only(Importer& im) {
-  for (int k = 1; k < im.n_out(); ++k)
-    if (im.used_out(k))
-      im.unsupported("output {} ('{}') is a statistic; epilog imports the normalized output only",
-                     k, im.node().output(k));
+// LayerNormalization's optional outputs, Mean and InvStdDev over the normalized dims (kept as 1s):
+// reduce_mean(x), and 1 / sqrt(reduce_mean((x - mean)^2) + eps), as the op computes them.
+void layer_norm_statistics(Importer& im, const std::string& x, int64_t axis) {
+  std::vector<int64_t> axes;
+  for (int64_t d = axis; d < int64_t(im.value_shape(x).size()); ++d) axes.push_back(d);
+  const Attrs mean_attrs = im.attrs({{"axes", axes}, {"keepdims", int64_t(1)}});
+  const std::string base = im.node().output(0);
+  const auto value = [&](int k, const char* what) {
+    return im.used_out(k) ? im.out(k) : im.fresh_value(base + "." + what);
+  };
+  const std::string mean = value(1, "mean");
+  im.emit(OpKind::ReduceMean, {x}, mean_attrs, {mean}, "mean");
+  if (!im.used_out(2)) return;
+  const std::string d = im.fresh_value(base + ".centered"), sq = im.fresh_value(base + ".sq");
+  const std::string var = im.fresh_value(base + ".var"), std = im.fresh_value(base + ".std");
+  const std::string shifted = im.fresh_value(base + ".var_eps");
+  im.emit(OpKind::Sub, {x, mean}, {}, {d}, "centered");
+  im.emit(OpKind::Pow, {d}, im.attrs({{"exponent", 2.0}}), {sq}, "sq");
+  im.emit(OpKind::ReduceMean, {sq}, mean_attrs, {var}, "var");
+  const std::string eps = scalar_weight(im, base + ".eps", float(epsilon_attr(im)));
+  im.emit(OpKind::Add, {var, eps}, {}, {shifted}, "var_eps");
+  im.emit(OpKind::Sqrt, {shifted}, {}, {std}, "std");
+  im.emit(OpKind::Reciprocal, {std}, {}, {im.out(2)}, "inv_std");
 }
 
 void op_layer_norm(Importer& im) {
   im.allow({"axis", "epsilon", "stash_type"});
   im.arity(2, 3, 3);
-  first_output_only(im);
   const std::string x = im.dyn(0);
   const Shape& s = im.value_shape(x);
   const int64_t axis = axis_of(im.attr_int("axis", -1), s.size());
@@ -277,6 +293,7 @@ void op_layer_norm(Importer& im) {
   }
   im.emit(OpKind::LayerNorm, ins, im.attrs({{"axis", axis}, {"eps", epsilon_attr(im)}}),
           {im.out(0)});
+  if (im.used_out(1) || im.used_out(2)) layer_norm_statistics(im, x, axis);
 }
 
 // GroupNormalization: scale and bias per channel (opset 21) or, in opset 18, per group (each
