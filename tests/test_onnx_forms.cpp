@@ -810,6 +810,34 @@ TEST_CASE("onnx forms: comparisons, logic, Where and Range fold on constants", "
   const Tensor x = Tensor::randn({1, 4}, 2);
   const Tensor y = run1(f.load(), x);
   for (int64_t i = 0; i < 4; ++i) CHECK(y.f32()[i] == x.f32()[i] + 0.25f * float(i));
+  // Mod: Python's remainder for integers by default (-7 mod 4 = 1), C's with fmod 1 (7 mod -4 =
+  // 3, 5.5 mod 2 = 1.5): x [2, 6] -> [1, 12] and [3, 4]; y = x + 1.5.
+  Model md(17);
+  md.input("x", {2, 6});
+  md.ints("minus7", {-7});
+  md.ints("four", {4});
+  md.ints("seven", {7});
+  md.ints("minus4", {-4});
+  md.ints("twelve", {12});
+  md.init("f55", {}, {5.5f});
+  md.init("f2", {}, {2.0f});
+  md.node("Mod", {"minus7", "four"}, {"one"});
+  set_i(md.node("Concat", {"one", "twelve"}, {"flat"}), "axis", 0);
+  md.node("Reshape", {"x", "flat"}, {"r"});
+  set_i(md.node("Mod", {"seven", "minus4"}, {"three"}), "fmod", 1);
+  md.ints("rest", {-1});
+  set_i(md.node("Concat", {"three", "rest"}, {"dims3"}), "axis", 0);
+  md.node("Reshape", {"x", "dims3"}, {"z"});
+  md.output("z");
+  set_i(md.node("Mod", {"f55", "f2"}, {"onehalf"}), "fmod", 1);
+  md.node("Add", {"r", "onehalf"}, {"y"});
+  md.output("y");
+  const Graph gm = md.load();
+  CHECK(gm.value("y").shape == Shape{1, 12});
+  CHECK(gm.value("z").shape == Shape{3, 4});
+  const Tensor xm = Tensor::randn({2, 6}, 4);
+  const Tensor ym = run1(gm, xm);
+  for (int64_t i = 0; i < 12; ++i) CHECK(ym.f32()[i] == xm.f32()[i] + 1.5f);
   // On a run-time input: one message.
   Model r(17);
   r.input("x", {1, 4});

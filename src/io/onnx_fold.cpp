@@ -72,11 +72,13 @@ Const fold_binary(const Const& a, const Const& b, char op) {
   c.dims = dims;
   for (size_t k = 0; k < ia.size(); ++k) {
     if (a.is_float()) {
+      if (op == 'm') bad("Mod of floats needs fmod 1");
       float x = a.f[size_t(ia[k])], y = b.f[size_t(ib[k])];
       c.f.push_back(op == '+'   ? x + y
                     : op == '-' ? x - y
                     : op == '*' ? x * y
                     : op == '^' ? std::pow(x, y)
+                    : op == '%' ? std::fmod(x, y)
                                 : x / y);
       continue;
     }
@@ -94,6 +96,11 @@ Const fold_binary(const Const& a, const Const& b, char op) {
     if (op == '+') overflow = __builtin_add_overflow(x, y, &r);
     if (op == '-') overflow = __builtin_sub_overflow(x, y, &r);
     if (op == '*') overflow = __builtin_mul_overflow(x, y, &r);
+    if (op == '%' || op == 'm') {  // C's remainder (the dividend's sign), or the divisor's
+      if (y == 0) bad("integer division by zero while folding constants");
+      r = y == -1 ? 0 : x % y;
+      if (op == 'm' && r != 0 && (r < 0) != (y < 0)) r += y;
+    }
     if (op == '/') {
       if (y == 0) bad("integer division by zero while folding constants");
       overflow = x == std::numeric_limits<int64_t>::min() && y == -1;

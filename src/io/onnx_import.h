@@ -138,7 +138,8 @@ void check_folded(const Shape& dims, int64_t inputs_numel);
 int64_t axis_of(int64_t axis, size_t rank, const char* what = "axis");
 Shape broadcast(const Shape& a, const Shape& b);
 // a op b for op in + - * /, with broadcasting; integer overflow and division by zero throw.
-// op: '+', '-', '*', '/', or '^' (Pow, of floats).
+// op: '+', '-', '*', '/', '^' (Pow), '%' (C's remainder, fmod for floats) or 'm' (integers:
+// the remainder with the divisor's sign, Python's %).
 Const fold_binary(const Const& a, const Const& b, char op);
 // Equal, Less, LessOrEqual, Greater, GreaterOrEqual, And, Or, Xor (`op`): a BOOL constant.
 Const fold_compare(const Const& a, const Const& b, const std::string& op);

@@ -49,11 +49,11 @@ void op_neg(Importer& im) {
 // Ops epilog evaluates on constants only, at import: the Fourier features some models build in
 // the graph from shapes alone (EdgeNeXt's and XCiT's positional encodings: a cumsum of ones,
 // sin and cos). On a run-time tensor, one message.
-const Const& constant_operand(Importer& im) {
-  const Const* c = im.const_in(0);
+const Const& constant_operand(Importer& im, int k = 0) {
+  const Const* c = im.const_in(k);
   if (!c)
     im.unsupported("input '{}' is computed at run time; epilog evaluates {} on constants only",
-                   im.in_name(0), im.op());
+                   im.in_name(k), im.op());
   return *c;
 }
 
@@ -85,12 +85,17 @@ void op_not(Importer& im) {
 void op_compare(Importer& im) {
   im.allow({});
   im.arity(2, 2);
-  const Const& a = constant_operand(im);
-  const Const* b = im.const_in(1);
-  if (!b)
-    im.unsupported("input '{}' is computed at run time; epilog evaluates {} on constants only",
-                   im.in_name(1), im.op());
-  im.set_const(0, fold_compare(a, *b, im.op()));
+  const Const &a = constant_operand(im), &b = constant_operand(im, 1);
+  im.set_const(0, fold_compare(a, b, im.op()));
+}
+
+// Mod on constants (shape arithmetic: a dim's remainder): fmod 1 is C's remainder, fmod 0
+// (integers only) Python's.
+void op_mod(Importer& im) {
+  im.allow({"fmod"});
+  im.arity(2, 2);
+  const Const &a = constant_operand(im), &b = constant_operand(im, 1);
+  im.set_const(0, fold_binary(a, b, im.attr_int("fmod", 0) != 0 ? '%' : 'm'));
 }
 
 // Where and Range: three inputs, all constants.
@@ -662,6 +667,7 @@ void add_math_handlers(std::map<std::string, OpHandler>& table) {
       {"GreaterOrEqual", op_compare},
       {"Less", op_compare},
       {"LessOrEqual", op_compare},
+      {"Mod", op_mod},
       {"Not", op_not},
       {"Or", op_compare},
       {"Range", op_fold3<fold_range>},
