@@ -3,6 +3,7 @@
 
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -213,8 +214,10 @@ TEST_CASE("cli: bench --batch N,M sweeps one model over batch sizes", "[cli]") {
   CHECK_THAT(r.out, Catch::Contains("batch 1 ") && Catch::Contains("batch 2 ") &&
                         Catch::Contains("images/s"));
   // A warm-up of at least so long, on top of --warmup's runs; a time below 0 is refused.
-  Result timed = cli(std::string("bench ") + kDemo + " --device cpu --iters 1 --warmup-ms 20");
+  const auto t0 = std::chrono::steady_clock::now();
+  Result timed = cli(std::string("bench ") + kDemo + " --device cpu --iters 1 --warmup-ms 400");
   CHECK(timed.status == 0);
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(400));
   Result negative = cli(std::string("bench ") + kDemo + " --device cpu --warmup-ms -5");
   CHECK(negative.status == 1);
   CHECK_THAT(negative.err, Catch::Contains("--warmup-ms: expected an integer >= 0, got '-5'"));

@@ -707,9 +707,10 @@ TEST_CASE("passes: a channel shuffle that only groups-1 convs read is read throu
   // ShuffleNet's cat(x1, branch) -> shuffle, read by a 1x1 and a padded 3x3 conv: the shuffle
   // becomes a concat of its parts and each conv's input channels are permuted to match.
   Builder b(23);
-  Val x1 = b.input("x1", {2, 6, 5, 5});
-  Val branch = b.relu(b.conv2d(b.input("x2", {2, 3, 5, 5}), "branch", ConvOpts(6, 1)), "act");
-  Val s = b.channel_shuffle({x1, branch}, 3, "shuffle");
+  // 16 channels in 2 groups: a permutation that is not its own inverse.
+  Val x1 = b.input("x1", {2, 4, 5, 5});
+  Val branch = b.relu(b.conv2d(b.input("x2", {2, 3, 5, 5}), "branch", ConvOpts(12, 1)), "act");
+  Val s = b.channel_shuffle({x1, branch}, 2, "shuffle");
   b.output(b.conv2d(s, "pw", ConvOpts(8, 1).bias()));
   b.output(b.silu(b.conv2d(s, "c3", ConvOpts(4, 3).padding(1)), "c3.act"));
   PassReport r;

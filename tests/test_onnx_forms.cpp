@@ -728,6 +728,8 @@ TEST_CASE("onnx forms: Not, CumSum, Sin, Cos, Floor, Ceil, Round and Pow fold on
   for (const char* op : {"Floor", "Ceil", "Round"})
     terms.push_back(m.node(op, {"h"}, {op}).output(0));
   terms.push_back(m.node("Pow", {"v", "two"}, {"sq"}).output(0));
+  m.ints("three_i", {3});
+  terms.push_back(m.node("Pow", {"v", "three_i"}, {"cube"}).output(0));  // an integer exponent
   std::string acc = "x";
   for (const std::string& t : terms) acc = m.node("Add", {acc, t}, {acc + "+" + t}).output(0);
   m.output(acc);
@@ -737,10 +739,9 @@ TEST_CASE("onnx forms: Not, CumSum, Sin, Cos, Floor, Ceil, Round and Pow fold on
   for (int64_t i = 0; i < y.numel(); ++i) {
     const double v = double(i % 4 + 1), row = double(i / 4 % 3);
     const double want = x.f32()[i] + (2 - row) + std::sin(v) + std::cos(v) + std::floor(v / 2) +
-                        std::ceil(v / 2) + std::nearbyint(v / 2) + v * v;
+                        std::ceil(v / 2) + std::nearbyint(v / 2) + v * v + v * v * v;
     CHECK(y.f32()[i] == Approx(want).epsilon(1e-6));
   }
-  CHECK(std::nearbyint(0.5) == 0.0);  // Round's ties go to even: v / 2 = 0.5 and 1.5 above
   // Pow of integers in shape arithmetic: [2] ^ [3] = 8 channels.
   Model shape(17);
   shape.input("x", {1, 2, 4, 3});
@@ -765,6 +766,15 @@ TEST_CASE("onnx forms: Not, CumSum, Sin, Cos, Floor, Ceil, Round and Pow fold on
                         fmt::format("evaluates {} on constants only", op)},
                        true);
   }
+  // An integer CumSum that overflows is one message, not a wrapped constant.
+  Model big(17);
+  big.input("x", {1, 2});
+  big.ints("huge", {std::numeric_limits<int64_t>::max(), 1});
+  big.int_scalar("axis", 0);
+  big.node("CumSum", {"huge", "axis"}, {"sums"}, "cumsum");
+  big.node("Reshape", {"x", "sums"}, {"y"});
+  big.output("y");
+  check_import_error([&] { big.load(); }, {"node 'cumsum' (CumSum)", "integer overflow"});
 }
 
 TEST_CASE("onnx forms: comparisons, logic, Where and Range fold on constants", "[onnx]") {
@@ -798,6 +808,20 @@ TEST_CASE("onnx forms: comparisons, logic, Where and Range fold on constants", "
   m.output("y");
   const Graph g = m.load();
   CHECK(g.value("y").shape == Shape{2, 12, 1});
+  // An integer Range counted exactly: 2^62 to 2^62 + 3 is 3 values (not 0, as in doubles),
+  // the size of x's first dim here.
+  Model rg(17);
+  rg.input("x", {3, 4});
+  rg.int_scalar("from", int64_t(1) << 62);
+  rg.int_scalar("to", (int64_t(1) << 62) + 3);
+  rg.int_scalar("by", 1);
+  rg.node("Range", {"from", "to", "by"}, {"seq"});
+  rg.node("Shape", {"seq"}, {"n"});
+  rg.ints("rest", {-1});
+  set_i(rg.node("Concat", {"n", "rest"}, {"dims"}), "axis", 0);
+  rg.node("Reshape", {"x", "dims"}, {"y"});
+  rg.output("y");
+  CHECK(rg.load().value("y").shape == Shape{3, 4});
   // A float Range: 0, 0.25, 0.5, 0.75 added to x [1, 4].
   Model f(17);
   f.input("x", {1, 4});
@@ -897,6 +921,15 @@ TEST_CASE("onnx forms: Tile of a run-time tensor and of a constant", "[onnx]") {
   bad.output("y");
   check_import_error([&] { bad.load(); },
                      {"node 'tile' (Tile)", "repeats has 1 values for an input of 2 dims"});
+  for (const int64_t r : {int64_t(6148914691236517206), int64_t(1) << 36}) {
+    Model huge(17);
+    huge.input("x", {3, 1});
+    huge.ints("reps", {r, 1});
+    huge.node("Tile", {"x", "reps"}, {"y"}, "tile");
+    huge.output("y");
+    check_import_error([&] { huge.load(); }, {"node 'tile' (Tile)", "larger than epilog's dims"},
+                       true);
+  }
 }
 
 TEST_CASE("onnx forms: 1-D Conv, ConvTranspose and pools run as 2-D on rows of one", "[onnx]") {

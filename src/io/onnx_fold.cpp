@@ -170,17 +170,20 @@ Const fold_range(const Const& start, const Const& limit, const Const& delta) {
     const double s = start.f[0], d = delta.f[0];
     const double n = std::ceil((double(limit.f[0]) - s) / d);
     if (!(d != 0) || !std::isfinite(n)) bad("range from {} to {} by {}", s, limit.f[0], d);
+    if (n > double(kMaxFolded)) bad("range from {} to {} by {} has {} values", s, limit.f[0], d, n);
     c.dims = {int64_t(std::max(n, 0.0))};
-    check_folded(c.dims, 0);
     for (int64_t k = 0; k < c.dims[0]; ++k) c.f.push_back(float(s + double(k) * d));
     return c;
   }
   const int64_t s = start.i[0], l = limit.i[0], d = delta.i[0];
   if (d == 0) bad("range from {} to {} by 0", s, l);
-  const double n = std::ceil((double(l) - double(s)) / double(d));
-  c.dims = {int64_t(std::max(n, 0.0))};
-  check_folded(c.dims, 0);
-  for (int64_t k = 0; k < c.dims[0]; ++k) c.i.push_back(s + k * d);
+  // The count ceil((l - s) / d), exactly: the span in 128 bits.
+  const __int128 span = __int128(l) - __int128(s);
+  __int128 n = span / d;
+  if (n * d != span && (span < 0) == (d < 0)) ++n;
+  if (n > kMaxFolded) bad("range from {} to {} by {} has more values than epilog folds", s, l, d);
+  c.dims = {int64_t(std::max<__int128>(n, 0))};
+  for (int64_t k = 0; k < c.dims[0]; ++k) c.i.push_back(int64_t(__int128(s) + __int128(k) * d));
   return c;
 }
 
@@ -191,25 +194,32 @@ Const fold_cumsum(const Const& x, int64_t axis, bool exclusive, bool reverse) {
   const int64_t len = x.dims[size_t(axis)];
   const int64_t outer = len * inner == 0 ? 0 : x.numel() / (len * inner);
   Const c = x;
-  const auto scan = [&](auto& v) {
+  // Floats summed in double, integers in int64 (overflow throws), each written back in its type.
+  const auto scan = [&](auto& v, auto acc0) {
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t i = 0; i < inner; ++i) {
-        // Sums in double (integers exactly below 2^53), written back in the input's type.
-        double acc = 0;
+        auto acc = acc0;
         for (int64_t k = 0; k < len; ++k) {
           const int64_t j = reverse ? len - 1 - k : k;
           auto& at = v[size_t((o * len + j) * inner + i)];
-          const double here = double(at);
-          if (!exclusive) acc += here;
+          const auto here = decltype(acc0)(at);
+          const auto add = [&] {
+            if constexpr (std::is_integral_v<decltype(acc0)>) {
+              if (__builtin_add_overflow(acc, here, &acc)) bad("integer overflow in CumSum");
+            } else {
+              acc += here;
+            }
+          };
+          if (!exclusive) add();
           at = static_cast<std::remove_reference_t<decltype(at)>>(acc);
-          if (exclusive) acc += here;
+          if (exclusive) add();
         }
       }
   };
   if (x.is_float())
-    scan(c.f);
+    scan(c.f, 0.0);
   else
-    scan(c.i);
+    scan(c.i, int64_t(0));
   return c;
 }
 

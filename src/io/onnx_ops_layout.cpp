@@ -483,8 +483,13 @@ void op_tile(Importer& im) {
   Shape out = xs;
   for (size_t i = 0; i < xs.size(); ++i) {
     if (reps[i] < 0) im.bad("repeats {} has a negative value", shape_str(reps));
-    out[i] *= reps[i];
+    if (__builtin_mul_overflow(out[i], reps[i], &out[i]) || out[i] > kMaxDim)
+      im.unsupported("tiling {} by {}: dim {} is larger than epilog's dims", shape_str(xs),
+                     shape_str(reps), i);
   }
+  const int64_t n = checked_numel(out, kMaxNumel);
+  if (n < 0)
+    im.unsupported("tiling {} by {} makes too many elements", shape_str(xs), shape_str(reps));
   if (const Const* c = im.const_in(0)) {
     check_folded(out, c->numel());
     const std::vector<int64_t> from = strides_of(xs);
@@ -497,8 +502,7 @@ void op_tile(Importer& im) {
     return im.set_const(0, take(*c, out, at));
   }
   if (out == xs) return pass_through(im);
-  if (checked_numel(out, kMaxNumel) <= 0)
-    im.unsupported("tiling {} by {} leaves no elements", shape_str(xs), shape_str(reps));
+  if (n == 0) im.unsupported("tiling {} by {} leaves no elements", shape_str(xs), shape_str(reps));
   const std::string name = im.node().output(0);
   std::string cur = im.dyn(0);
   Shape now = xs;

@@ -237,7 +237,12 @@ void op_gelu(Importer& im) {
 void op_pow(Importer& im) {
   im.allow({});
   im.arity(2, 2);
-  if (im.all_const()) return im.set_const(0, fold_binary(*im.const_in(0), *im.const_in(1), '^'));
+  if (im.all_const()) {  // the result has the base's type; a float base may take an int exponent
+    const Const &base = *im.const_in(0), &e = *im.const_in(1);
+    if (!base.is_float() && e.is_float())
+      im.unsupported("integer base '{}' with a float exponent is not folded", im.in_name(0));
+    return im.set_const(0, fold_binary(base, base.is_float() ? fold_cast(e, base.dtype) : e, '^'));
+  }
   const Const& c = im.cst(1, "exponent");
   if (c.numel() != 1)
     im.unsupported("exponent '{}' has {} values (epilog raises to one constant power)",
