@@ -700,7 +700,7 @@ TEST_CASE("onnx forms: BatchNormalization in training mode on constants (weight 
       true);
 }
 
-TEST_CASE("onnx forms: Not, CumSum, Sin, Cos, Floor, Ceil, Round and Pow fold on constants",
+TEST_CASE("onnx forms: Not, CumSum, Sin, Cos, Floor, Ceil, Round, Pow and Trilu fold on constants",
           "[onnx]") {
   // A Fourier feature map built from a shape alone (EdgeNeXt's positional encoding): a cumsum of
   // ones (~zeros), then elementwise math, all constants; added to x. On a run-time tensor the
@@ -765,6 +765,23 @@ TEST_CASE("onnx forms: Not, CumSum, Sin, Cos, Floor, Ceil, Round and Pow fold on
                        {fmt::format("node 'pos' ({})", op), "'x' is computed at run time",
                         fmt::format("evaluates {} on constants only", op)},
                        true);
+  }
+  // Trilu of constant ones (a causal mask as attention builds it): upper from diagonal 1, lower
+  // from 0, summed onto x [2, 3, 4].
+  Model tri(17);
+  tri.input("x", {2, 3, 4});
+  tri.init("ones", {3, 4}, std::vector<float>(12, 1.0f));
+  tri.int_scalar("k1", 1);
+  tri.node("Trilu", {"ones", "k1"}, {"up"});
+  set_i(tri.node("Trilu", {"ones"}, {"low"}), "upper", 0);
+  tri.node("Add", {"x", "up"}, {"xu"});
+  tri.node("Add", {"xu", "low"}, {"y"});
+  tri.output("y");
+  const Tensor xt = Tensor::randn({2, 3, 4}, 7);
+  const Tensor yt = run1(tri.load(), xt);
+  for (int64_t e = 0; e < 24; ++e) {
+    const int64_t i = e / 4 % 3, j = e % 4;
+    CHECK(yt.f32()[e] == xt.f32()[e] + float(j - i >= 1) + float(j - i <= 0));
   }
   // An integer CumSum that overflows is one message, not a wrapped constant.
   Model big(17);

@@ -69,8 +69,8 @@
 // Constant, Shape, Size, Gather, Unsqueeze, Squeeze, Reshape, Concat, Slice, Split, Cast, CastLike,
 // Add, Sub, Mul, Div, Sum, Mean, Pow, Transpose, Flatten, ConstantOfShape on constants -> folded
 // at import; Not, CumSum, Sin, Cos, Floor, Ceil, Round, Range, Where, Equal, Less, Greater,
-// LessOrEqual, GreaterOrEqual, And, Or, Xor, Mod on constants only (Fourier features built from
-// shapes, shape arithmetic)
+// LessOrEqual, GreaterOrEqual, And, Or, Xor, Mod, Trilu on constants only (Fourier features and
+// masks built from shapes, shape arithmetic)
 //
 // Everything else throws OnnxUnsupported naming the node, the op and the attribute.
 #ifdef EPILOG_HAVE_ONNX

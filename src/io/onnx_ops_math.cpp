@@ -98,6 +98,30 @@ void op_mod(Importer& im) {
   im.set_const(0, fold_binary(a, b, im.attr_int("fmod", 0) != 0 ? '%' : 'm'));
 }
 
+// Trilu of a constant (the triangular masks attention builds from a shape): the elements on and
+// above (upper) or below (lower) diagonal k of the last two dims kept, the others 0.
+void op_trilu(Importer& im) {
+  im.allow({"upper"});
+  im.arity(1, 2);
+  Const c = constant_operand(im);
+  const bool upper = im.attr_int("upper", 1) != 0;
+  const std::vector<int64_t> kv = im.has_in(1) ? im.ints_in(1, "k") : std::vector<int64_t>{0};
+  if (kv.size() != 1) im.bad("k '{}' has {} values, expected 1", im.in_name(1), kv.size());
+  const int64_t k = kv[0];
+  if (c.dims.size() < 2)
+    im.bad("input '{}' is {}, expected 2 dims or more", im.in_name(0), c.describe());
+  const int64_t rows = c.dims[c.dims.size() - 2], cols = c.dims.back();
+  for (int64_t e = 0; e < c.numel(); ++e) {
+    const int64_t i = e / cols % rows, j = e % cols;
+    if (upper ? j - i >= k : j - i <= k) continue;
+    if (c.is_float())
+      c.f[size_t(e)] = 0.0f;
+    else
+      c.i[size_t(e)] = 0;
+  }
+  im.set_const(0, std::move(c));
+}
+
 // Where and Range: three inputs, all constants.
 template <Const (*Fold)(const Const&, const Const&, const Const&)>
 void op_fold3(Importer& im) {
@@ -717,6 +741,7 @@ void add_math_handlers(std::map<std::string, OpHandler>& table) {
       {"Relu", op_relu},
       {"Sigmoid", op_sigmoid},
       {"Sub", op_sub},
+      {"Trilu", op_trilu},
       {"Sum", op_sum},
   });
 }
