@@ -15,6 +15,7 @@
 //   cancel                                               -> none
 //   conv_transpose2d of groups 1, dilation 1          -> conv2d, depth_to_space (+ slice)
 //   batchnorm or activation of depth_to_space          -> the same before it
+//   batchnorm or activation of a concat of convs       -> one a part (each fuses into its conv)
 #include <algorithm>
 #include <cmath>
 
@@ -545,6 +546,19 @@ Rule batchnorm_first_rule() {
 // conv_transpose2d's rewrite) runs before the crop, on the depth_to_space, so that the rules
 // about it take the op on into the conv: a per-channel op commutes with a crop that keeps the
 // batch and the channels.
+// Whether `value` is a conv2d's output, back through the batchnorms and activations already
+// moved next to it.
+bool made_by_conv(const Graph& g, std::string value) {
+  const Node* made = nullptr;
+  do {
+    made = nullptr;
+    for (const Node& n : g.nodes)
+      if (n.outputs[0] == value) made = &n;
+    if (made) value = made->inputs[0];
+  } while (made && (made->op == OpKind::BatchNorm || is_activation_op(made->op)));
+  return made && made->op == OpKind::Conv2d;
+}
+
 Rule before_crop_rule(OpKind kind) {
   const std::string name = op_name(kind);
   return {name + "(slice(depth_to_space))->slice(" + name + "(depth_to_space))",
@@ -554,18 +568,8 @@ Rule before_crop_rule(OpKind kind) {
           [](const Match& m) -> std::string {
             const Graph& g = *m.graph;
             const Node& crop = m.node("crop");
-            // Back from the depth_to_space through the per-channel ops already moved before it.
             const std::string& into = m.node("layout").inputs[0];
-            std::string v = into;
-            const Node* made = nullptr;
-            do {
-              made = nullptr;
-              for (const Node& n : g.nodes)
-                if (n.outputs[0] == v) made = &n;
-              if (made) v = made->inputs[0];
-            } while (made && (made->op == OpKind::BatchNorm || is_activation_op(made->op)));
-            if (!made || made->op != OpKind::Conv2d)
-              return fmt::format("'{}' is no conv's output", into);
+            if (!made_by_conv(g, into)) return fmt::format("'{}' is no conv's output", into);
             const std::vector<Shape> x{g.value(crop.inputs[0]).shape};
             const SliceDims d = slice_dims(InferContext{crop.op, crop.name, crop.attrs, x});
             for (size_t k : {size_t(0), size_t(1)})
@@ -582,6 +586,59 @@ Rule before_crop_rule(OpKind kind) {
             pw.inputs[0] = m.value("layout");
             pw.outputs = {pre};
             return Replacement{{m.node("layout"), pw, crop}, {}};
+          }};
+}
+
+// A batchnorm or activation of a concat on the channels whose parts are each a conv's output read
+// by the concat alone (MixNet's mixed depthwise convs, split and concatenated): one a part, the
+// batchnorm's constants sliced, so that each fuses into its conv and the concat runs in place.
+Rule into_concat_rule(OpKind kind) {
+  const std::string name = op_name(kind);
+  return {name + "(concat(convs))->concat(" + name + "(conv))",
+          op(kind, {op(OpKind::Concat, {}, "cat")}, "pw"), kind,
+          [](const Match& m) -> std::string {
+            const Graph& g = *m.graph;
+            const Node &cat = m.node("cat"), &pw = m.node("pw");
+            const int64_t rank = int64_t(g.value(cat.outputs[0]).shape.size());
+            const int64_t axis = cat.attrs.i("axis");
+            if (rank < 2 || (axis != 1 && axis != 1 - rank))
+              return fmt::format("concat '{}' is not on the channels", cat.name);
+            const int64_t c = g.value(cat.outputs[0]).shape[1];
+            for (size_t k = 1; k < pw.inputs.size(); ++k)
+              if (!g.is_weight(pw.inputs[k]) || shape_numel(g.value(pw.inputs[k]).shape) != c)
+                return fmt::format("'{}' of '{}' is no constant per channel", pw.inputs[k],
+                                   pw.name);
+            const UseIndex uses(g);
+            for (const std::string& part : cat.inputs)
+              if (!made_by_conv(g, part) || g.is_output(part) || uses.consumers(part).size() != 1)
+                return fmt::format("'{}' is no conv's output that the concat alone reads", part);
+            return "";
+          },
+          [](const Match& m) {
+            const Graph& g = *m.graph;
+            const Node &cat = m.node("cat"), &pw = m.node("pw");
+            Replacement r;
+            std::vector<std::string> parts;
+            int64_t c0 = 0;
+            for (size_t i = 0; i < cat.inputs.size(); ++i) {
+              const int64_t c = g.value(cat.inputs[i]).shape[1];
+              Node one = pw;
+              one.name = g.unique_name(fmt::format("{}.{}", pw.name, i));
+              one.inputs[0] = cat.inputs[i];
+              one.outputs = {g.unique_name(one.name + ".y")};
+              for (size_t k = 1; k < pw.inputs.size(); ++k) {  // batchnorm's per-channel constants
+                const Tensor& t = g.weights.at(pw.inputs[k]).data;
+                Tensor slice = Tensor::empty({c});
+                std::copy(t.f32() + c0, t.f32() + c0 + c, slice.f32());
+                one.inputs[k] = g.unique_name(fmt::format("{}.{}", pw.inputs[k], i));
+                r.weights[one.inputs[k]] = slice;
+              }
+              parts.push_back(one.outputs[0]);
+              r.nodes.push_back(one);
+              c0 += c;
+            }
+            r.nodes.push_back(Node{cat.name, OpKind::Concat, cat.attrs, parts, pw.outputs});
+            return r;
           }};
 }
 
@@ -773,10 +830,12 @@ std::vector<Rule> canonicalize_rules() {
   rules.push_back(sub_pixel_rule());
   rules.push_back(batchnorm_first_rule());
   rules.push_back(before_crop_rule(OpKind::BatchNorm));
+  rules.push_back(into_concat_rule(OpKind::BatchNorm));
   for (int i = 0; i < kNumOps; ++i) {
     const OpKind kind = OpKind(i);
     if (!is_activation_op(kind)) continue;
     rules.push_back(before_crop_rule(kind));
+    rules.push_back(into_concat_rule(kind));
     rules.push_back(
         Rule{std::string(op_name(kind)) + "(depth_to_space)->depth_to_space(" + op_name(kind) + ")",
              op(kind, {op(OpKind::DepthToSpace, {any("x")}, "layout")}, "act"), kind, nullptr,

@@ -736,3 +736,31 @@ TEST_CASE("canonicalize: pixel_shuffle as reshape, transpose, reshape is depth_t
   CHECK(g.nodes[0].attrs.ints("blocksize") == std::vector<int64_t>{2, 2});
   untouched(build({2, 3, 2, 2, 3, 5}, {0, 1, 4, 3, 5, 2}), "is no depth_to_space");
 }
+
+TEST_CASE("canonicalize: a batchnorm and an activation of a concat of convs go into each conv",
+          "[canonicalize]") {
+  // MixNet's mixed depthwise conv: x split into 4, 4 and 8 channels, 3x3, 5x5 and 7x7 depthwise
+  // convs, concatenated, then batchnorm and SiLU: a fused conv a part, the concat in place.
+  const auto mixed = [](bool passthrough) {
+    Builder b(45);
+    const std::vector<Val> parts = b.split(b.input("x", {2, 16, 9, 9}), 1, {4, 4, 8}, "split");
+    std::vector<Val> ys;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const int64_t c = b.shape(parts[i])[1], k = 3 + 2 * int64_t(i);
+      ys.push_back(passthrough && i == 0 ? parts[i]
+                                         : b.conv2d(parts[i], fmt::format("dw{}", i),
+                                                    ConvOpts(c, k).padding(k / 2).groups(c)));
+    }
+    b.output(b.silu(b.batchnorm(b.concat(ys, 1, "cat"), "bn"), "act"));
+    return b.build();
+  };
+  const Graph g = same_values(mixed(false), true);
+  CHECK(g.op_counts().count(OpKind::BatchNorm) == 0);
+  CHECK(g.op_counts().count(OpKind::Silu) == 0);
+  CHECK(g.op_counts().at(OpKind::FusedConv2d) == 3);
+  CHECK(g.op_counts().at(OpKind::Concat) == 1);
+  for (const Node& n : g.nodes)
+    if (n.op == OpKind::FusedConv2d) CHECK(n.attrs.s("activation") == "silu");
+  // A part no conv made (a split's view passed through) keeps them after the concat.
+  untouched(mixed(true), "'split.0' is no conv's output that the concat alone reads");
+}
