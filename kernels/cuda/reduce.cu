@@ -190,6 +190,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Where column i of the columns kernels' output row o starts in x: the kept dims before the last
+// decoded from o.
+__device__ __forceinline__ int64_t column_base(const ReduceShape& s, int64_t o, int64_t i) {
+  int64_t base = i, rest = o;
+  for (int d = s.kept_rank - 2; d >= 0; --d) {
+    base += rest % s.kept[d] * s.kept_stride[d];
+    rest /= s.kept[d];
+  }
+  return base;
+}
+
 // Columns: the last kept dim (inner outputs) is x's innermost, stride 1; the other kept dims
 // (decoded from the tile's outer index) and the reduced dims (one stride where they merged into
 // one, else decoded an element) lie further apart. Output (o, i) of y as [outer, inner].
@@ -208,11 +219,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t tile = blockIdx.x; tile < outer * tiles_per_outer; tile += gridDim.x) {
     const int64_t o = tile / tiles_per_outer, i = tile % tiles_per_outer * kCols + col;
     const bool live = i < inner;  // dead threads still join the block's barriers
-    int64_t base = i, rest = o;
-    for (int d = last - 1; d >= 0; --d) {
-      base += rest % s.kept[d] * s.kept_stride[d];
-      rest /= s.kept[d];
-    }
+    const int64_t base = column_base(s, o, i);
     float v = identity(op);
     if (live && s.reduced_rank == 1) {
       // Four loads in flight a thread, combined in the order j ascending.
@@ -265,11 +272,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t tile = blockIdx.x; tile < outer * tiles_per_outer; tile += gridDim.x) {
     const int64_t o = tile / tiles_per_outer, i = 4 * (tile % tiles_per_outer * kCols + col);
     const bool live = i < inner;  // inner % 4 == 0: a live thread's 4 columns all are
-    int64_t base = i, rest = o;
-    for (int d = last - 1; d >= 0; --d) {
-      base += rest % s.kept[d] * s.kept_stride[d];
-      rest /= s.kept[d];
-    }
+    const int64_t base = column_base(s, o, i);
     const float id = identity(op);
     float4 v = make_float4(id, id, id, id);
     if (live) {
