@@ -257,7 +257,12 @@ std::vector<Shape> infer_depth_to_space(const InferContext& ctx) {
   if (ctx.op == OpKind::DepthToSpace) {
     if (x[1] % (bh * bw) != 0)
       ctx.fail("blocksize {}x{} does not divide the {} channels of {}", bh, bw, x[1], shape_str(x));
-    return {{x[0], x[1] / (bh * bw), x[2] * bh, x[3] * bw}};
+    const auto& crop = ctx.attrs.ints("crop");
+    const int64_t h = x[2] * bh - crop[0] - crop[2], w = x[3] * bw - crop[1] - crop[3];
+    if (*std::min_element(crop.begin(), crop.end()) < 0 || h < 1 || w < 1)
+      ctx.fail("crop {} of the {}x{} output of {} leaves no output or is negative",
+               fmt::join(crop, ","), x[2] * bh, x[3] * bw, shape_str(x));
+    return {{x[0], x[1] / (bh * bw), h, w}};
   }
   if (x[2] % bh != 0 || x[3] % bw != 0)
     ctx.fail("blocksize {}x{} does not divide the plane of {}", bh, bw, shape_str(x));

@@ -86,15 +86,19 @@ void channel_shuffle(const std::vector<const Tensor*>& parts, int64_t groups, Te
       }
 }
 
-void depth_space(const Tensor& x, int64_t bh, int64_t bw, bool crd, bool to_space, Tensor& y) {
+void depth_space(const Tensor& x, int64_t bh, int64_t bw, bool crd, bool to_space, Tensor& y,
+                 int64_t crop_t, int64_t crop_l) {
   const Tensor& deep = to_space ? x : y;
   const Tensor& wide = to_space ? y : x;
   const Shape &ds = deep.shape(), &ws = wide.shape();
   EPILOG_ASSERT(ds.size() == 4 && ws.size() == 4 && bh >= 1 && bw >= 1 && ds[0] == ws[0] &&
-                    ds[1] == ws[1] * bh * bw && ws[2] == ds[2] * bh && ws[3] == ds[3] * bw &&
+                    ds[1] == ws[1] * bh * bw && crop_t >= 0 && crop_l >= 0 &&
+                    crop_t + ws[2] <= ds[2] * bh && crop_l + ws[3] <= ds[3] * bw &&
+                    (to_space || (crop_t == 0 && crop_l == 0 && ws[2] == ds[2] * bh &&
+                                  ws[3] == ds[3] * bw)) &&
                     x.contiguous() && y.contiguous(),
-                "depth_space between {} and {} in blocks of {}x{}", shape_str(ds), shape_str(ws),
-                bh, bw);
+                "depth_space between {} and {} in blocks of {}x{} (crop {}, {})", shape_str(ds),
+                shape_str(ws), bh, bw, crop_t, crop_l);
   const int64_t c = ws[1], h = ds[2], w = ds[3];
   const float* xp = x.f32();
   float* yp = y.f32();
@@ -102,9 +106,9 @@ void depth_space(const Tensor& x, int64_t bh, int64_t bw, bool crd, bool to_spac
     for (int64_t ch = 0; ch < c; ++ch)
       for (int64_t oh = 0; oh < ws[2]; ++oh)
         for (int64_t ow = 0; ow < ws[3]; ++ow) {
-          const int64_t i = oh % bh, j = ow % bw;
+          const int64_t fh = oh + crop_t, fw = ow + crop_l, i = fh % bh, j = fw % bw;
           const int64_t dc = crd ? ch * bh * bw + i * bw + j : (i * bw + j) * c + ch;
-          const int64_t d = ((n * ds[1] + dc) * h + oh / bh) * w + ow / bw;
+          const int64_t d = ((n * ds[1] + dc) * h + fh / bh) * w + fw / bw;
           const int64_t o = ((n * c + ch) * ws[2] + oh) * ws[3] + ow;
           if (to_space)
             yp[o] = xp[d];

@@ -296,13 +296,15 @@ Val Builder::channel_shuffle(const std::vector<Val>& parts, int64_t groups,
 }
 
 Val Builder::depth_space(OpKind op, Val x, const std::vector<int64_t>& blocksize,
-                         const std::string& mode, const std::string& name) {
+                         const std::string& mode, const std::string& name,
+                         const std::vector<int64_t>& crop) {
   Attrs a;
   if (blocksize.size() == 1)
     a.set("blocksize", blocksize[0]);
   else
     a.set("blocksize", blocksize);
   a.set("mode", mode);
+  if (!crop.empty()) a.set("crop", crop);
   return single(op, {x}, a, name);
 }
 

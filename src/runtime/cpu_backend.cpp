@@ -93,8 +93,10 @@ const std::array<CpuKernel, kNumOps>& kernels() {
     for (OpKind op : {OpKind::DepthToSpace, OpKind::SpaceToDepth})
       at(op) = [](const Node& n, In in, Out out) {
         const auto& b = n.attrs.ints("blocksize");
-        cpu::depth_space(in[0], b[0], b[1], n.attrs.s("mode") == "CRD",
-                         n.op == OpKind::DepthToSpace, out[0]);
+        const bool to_space = n.op == OpKind::DepthToSpace;
+        cpu::depth_space(in[0], b[0], b[1], n.attrs.s("mode") == "CRD", to_space, out[0],
+                         to_space ? n.attrs.ints("crop")[0] : 0,
+                         to_space ? n.attrs.ints("crop")[1] : 0);
       };
     at(OpKind::Pad) = [](const Node& n, In in, Out out) {
       const std::string& mode = n.attrs.s("mode");

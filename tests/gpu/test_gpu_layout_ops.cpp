@@ -3,6 +3,7 @@
 // so any element a kernel does not write fails). Tolerance test::kFloat32Op, except where noted:
 // copies must match exactly; sums and normalizations in float32 against the CPU's float64 sums.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <functional>
@@ -476,12 +477,13 @@ namespace {
 
 // One depth_to_space or space_to_depth node of blocksize [bh, bw] on x of `shape`, on both
 // backends: a copy, exact.
-void check_depth_space(OpKind op, const Shape& shape, int64_t bh, int64_t bw, const char* mode) {
-  INFO(mode << " " << bh << "x" << bw);
+void check_depth_space(OpKind op, const Shape& shape, int64_t bh, int64_t bw, const char* mode,
+                       const std::vector<int64_t>& crop = {}) {
+  INFO(mode << " " << bh << "x" << bw << " crop " << fmt::format("{}", fmt::join(crop, ",")));
   check_op(
       {shape},
       [&](Builder& b, std::vector<Val> v) {
-        return b.depth_space(op, v[0], {bh, bw}, mode);
+        return b.depth_space(op, v[0], {bh, bw}, mode, "", crop);
       },
       kExact);
 }
@@ -498,11 +500,14 @@ TEST_CASE("gpu layout ops: depth_to_space and space_to_depth, both modes", "[gpu
     check_depth_space(OpKind::SpaceToDepth, {2, 16, 32, 32}, 2, 2, mode);
     check_depth_space(OpKind::SpaceToDepth, {1, 3, 15, 21}, 3, 3, mode);
     check_depth_space(OpKind::SpaceToDepth, {2, 5, 4, 9}, 2, 3, mode);
+    // Cropped (a conv_transpose2d's rewrite): float4 rows and not, offsets odd and even.
+    check_depth_space(OpKind::DepthToSpace, {2, 64, 17, 17}, 2, 2, mode, {1, 1, 1, 1});
+    check_depth_space(OpKind::DepthToSpace, {1, 18, 5, 7}, 3, 2, mode, {2, 0, 1, 3});
   }
 }
 
 // A conv_transpose2d through compile() and the executor, as a model runs it: the rewrite makes
-// a conv2d (gemm, TF32) and a depth_to_space (with a slice where the output is cropped), a
+// a conv2d (gemm, TF32) and a depth_to_space (cropped where the output is), a
 // batchnorm and a relu after it fused into the conv. Against the graph as built on the CPU (no
 // passes), over the magnitude of the same graph on |x| and |weights|.
 TEST_CASE("gpu layout ops: conv_transpose2d rewritten, through the executor",

@@ -123,9 +123,11 @@ class Builder {
   Val channel_shuffle(Val x, int64_t groups, const std::string& name = "");
   Val channel_shuffle(const std::vector<Val>& parts, int64_t groups, const std::string& name = "");
   // OpKind::DepthToSpace or SpaceToDepth (ONNX's) in blocks of blocksize [bh, bw] (one value:
-  // square), mode "DCR" or "CRD" (PyTorch's pixel_shuffle and pixel_unshuffle).
+  // square), mode "DCR" or "CRD" (PyTorch's pixel_shuffle and pixel_unshuffle); depth_to_space's
+  // crop [top, left, bottom, right] (empty: none) drops those rows and columns of its output.
   Val depth_space(OpKind op, Val x, const std::vector<int64_t>& blocksize,
-                  const std::string& mode = "DCR", const std::string& name = "");
+                  const std::string& mode = "DCR", const std::string& name = "",
+                  const std::vector<int64_t>& crop = {});
   // ONNX Reshape: 0 keeps the dim, one -1 takes what is left.
   Val reshape(Val x, const std::vector<int64_t>& shape, const std::string& name = "");
   // ONNX Slice (axes empty: the first starts.size() dims; steps empty: 1).

@@ -67,8 +67,10 @@ void gather(const Tensor& x, int64_t offset, const std::vector<int64_t>& strides
 void channel_shuffle(const std::vector<const Tensor*>& parts, int64_t groups, Tensor& y);
 // depth_to_space (to_space: x deep [N, C * bh * bw, H, W], y wide [N, C, H * bh, W * bw]) and
 // space_to_depth (x wide, y deep): wide[n, ch, h * bh + i, w * bw + j] is deep[n, dc, h, w] with
-// dc = ch * bh * bw + i * bw + j (crd) or (i * bw + j) * C + ch (DCR).
-void depth_space(const Tensor& x, int64_t bh, int64_t bw, bool crd, bool to_space, Tensor& y);
+// dc = ch * bh * bw + i * bw + j (crd) or (i * bw + j) * C + ch (DCR). The wide tensor may be a
+// window of that at rows crop_t.., columns crop_l.. (depth_to_space's crop).
+void depth_space(const Tensor& x, int64_t bh, int64_t bw, bool crd, bool to_space, Tensor& y,
+                 int64_t crop_t = 0, int64_t crop_l = 0);
 using epilog::PadMode;
 // `begins`: the padding before each dim of x (y's shape gives the rest).
 void pad(const Tensor& x, const std::vector<int64_t>& begins, PadMode mode, float value, Tensor& y);

@@ -198,10 +198,13 @@ void conv_transpose2d(const ConvShape& s, const float* x, const float* w, const 
 // -- depth_to_space and space_to_depth: between deep [n, c * bh * bw, h, w] and wide
 // [n, c, h * bh, w * bw] (both contiguous, not overlapping), wide element (ch, h * bh + i,
 // w * bw + j) being deep channel ch * bh * bw + i * bw + j (crd) or (i * bw + j) * c + ch (DCR)
-// at (h, w). to_space: x deep, y wide (depth_to_space); else x wide, y deep --
+// at (h, w). to_space: x deep, y wide (depth_to_space); else x wide, y deep. The wide tensor is
+// [n, c, ho, wo] at rows crop_t.. and columns crop_l.. of that (0, h * bh, w * bw: all of it;
+// depth_to_space's crop) --
 struct DepthSpace {
   int64_t n, c, h, w, bh, bw;
   bool crd;
+  int64_t ho, wo, crop_t = 0, crop_l = 0;
 };
 void depth_space(const DepthSpace& s, bool to_space, const float* x, float* y, Stream stream);
 
