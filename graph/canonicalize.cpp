@@ -368,23 +368,22 @@ Rule shuffle_concat_rule() {
 
 // -- conv_transpose2d as a conv2d and a depth_to_space (sub-pixel convolution) --
 // Output row oh = s * m + p (phase p = oh % s) of a transposed conv with stride s, padding pad
-// and dilation 1 gathers input rows ih = m + d through taps i = p + pad - s * d, 0 <= i < R:
-// phase p reads the offsets d in lo_p..hi_p. Conv row u reads rows u - P + t, t < T = the
-// widest phase's hi_p - lo_p + 1, and phase p's tap at d sits at t = d - w_p, its window's start
-// w_p <= lo_p (w_p = hi_p - T + 1 at least), giving output row s * u + p - s * (P + w_p). w_p
-// grows by at most 1 over the phases, so those rows are s neighbours: a depth_to_space (CRD) of
-// the phases in the order of their rows, cropping the rows before the first output row (at most
-// s - 1) and past the last; none before where one window w holds every phase. A kernel as
-// large as the stride (U-Net's 2x2 stride 2) makes a 1x1 conv; 4x4 stride 2 padding 1 (DCGAN)
-// a 2x2 conv of 4 * K channels on one more row and column, the first and last cropped (one
-// window for all phases would be 3x3: 9 taps for 4). The conv then runs on the conv kernels
-// (tensor cores). Groups and dilation keep the op (cuda::conv_transpose2d).
+// and dilation 1 gathers input rows ih = m + d through taps i = p + pad - s * d, 0 <= i < R: for
+// every phase the same window of offsets d_min..d_max around m. So the op is a stride-1 conv2d
+// of x with a T = d_max - d_min + 1 tall kernel (padded -d_min on top), whose K * sh * sw output
+// channels are the K channels at each phase, tap (i, j) of phase (p, q) at row d - d_min, column
+// e - e_min (zero where no tap lands), then depth_to_space (CRD) of those phases, cropped where
+// the output is not a whole number of strides tall or wide. A kernel as large as the stride
+// (U-Net's 2x2 stride 2) makes a 1x1 conv, each output pixel from one input pixel; 4x4 stride 2
+// padding 1 (DCGAN) a 3x3 conv of 4 * K channels (a window a phase would make it 2x2, half the
+// taps, but on the gather kernel, not the 3x3 halo one: perf-history "conv_transpose2d in
+// ceil(r / s) taps"). The conv then runs on the conv kernels (tensor cores). Groups and
+// dilation keep the op (cuda::conv_transpose2d).
 
-// One spatial dim of the rewrite: the conv's kernel extent and padding, its output extent, the
-// output rows cropped before the first, and each phase's window start and block position.
+// One spatial dim of the rewrite: the conv's kernel extent and padding, the first offset, and
+// the conv's output extent (ceil(out / stride)).
 struct SubPixelDim {
-  int64_t taps = 0, pad_begin = 0, pad_end = 0, rows = 0, crop = 0;
-  std::vector<int64_t> lo, pos;
+  int64_t taps = 0, pad_begin = 0, pad_end = 0, d_min = 0, rows = 0;
 };
 
 int64_t floor_div(int64_t a, int64_t b) {
@@ -394,31 +393,13 @@ int64_t floor_div(int64_t a, int64_t b) {
 // Input extent `in`, output `out`, kernel extent r, stride s, begin padding pad; false where
 // the conv would need negative padding.
 bool sub_pixel_dim(int64_t in, int64_t out, int64_t r, int64_t s, int64_t pad, SubPixelDim& d) {
-  std::vector<int64_t> hi(static_cast<size_t>(s));
-  d.lo.assign(size_t(s), 0);
-  d.pos.assign(size_t(s), 0);
-  d.taps = 1;
-  int64_t least = 0;
-  for (int64_t p = 0; p < s; ++p) {
-    d.lo[size_t(p)] = -floor_div(r - 1 - p - pad, s);
-    hi[size_t(p)] = floor_div(p + pad, s);
-    d.taps = std::max(d.taps, hi[size_t(p)] - d.lo[size_t(p)] + 1);
-    least = p == 0 ? d.lo[0] : std::min(least, d.lo[size_t(p)]);
-  }
-  // Each window as low as its taps allow, down to the lowest phase's: one shared window (no
-  // crop) where the widest phase's extent covers them all.
-  int64_t first = 0;  // the least p - s * lo_p: the first phase's row offset
-  for (int64_t p = 0; p < s; ++p) {
-    d.lo[size_t(p)] = std::max(hi[size_t(p)] - d.taps + 1, least);
-    first = p == 0 ? -s * d.lo[0] : std::min(first, p - s * d.lo[size_t(p)]);
-  }
-  for (int64_t p = 0; p < s; ++p) d.pos[size_t(p)] = p - s * d.lo[size_t(p)] - first;
-  // Rows s * u + pos - crop: P = ceil(first / s) puts the first output row in conv row 0.
-  d.pad_begin = -floor_div(-first, s);
-  d.crop = s * d.pad_begin - first;
-  d.rows = std::max((d.crop + out + s - 1) / s, in + d.pad_begin - d.taps + 1);
-  d.pad_end = d.rows + d.taps - 1 - d.pad_begin - in;
-  return d.pad_begin >= 0;
+  d.d_min = -floor_div(r - 1 - pad, s);  // ceil((pad - (r - 1)) / s)
+  const int64_t d_max = floor_div(s - 1 + pad, s);
+  d.taps = d_max - d.d_min + 1;
+  d.pad_begin = -d.d_min;
+  d.rows = (out + s - 1) / s;
+  d.pad_end = d.rows - in + d.taps - 1 - d.pad_begin;
+  return d.pad_begin >= 0 && d.pad_end >= 0 && d.taps >= 1;
 }
 
 std::string sub_pixel_refusal(const Graph& g, const Node& ct, SubPixelDim dims[2]) {
@@ -464,10 +445,9 @@ Replacement to_sub_pixel(const Match& m) {
       for (int64_t q = 0; q < sw; ++q)
         for (int64_t th = 0; th < dh.taps; ++th)
           for (int64_t tw = 0; tw < dw.taps; ++tw) {
-            const int64_t i = p + pt - sh * (th + dh.lo[size_t(p)]);
-            const int64_t j = q + pl - sw * (tw + dw.lo[size_t(q)]);
+            const int64_t i = p + pt - sh * (th + dh.d_min), j = q + pl - sw * (tw + dw.d_min);
             if (i < 0 || i >= r || j < 0 || j >= s) continue;
-            const int64_t o = ko * phases + dh.pos[size_t(p)] * sw + dw.pos[size_t(q)];
+            const int64_t o = ko * phases + p * sw + q;
             for (int64_t ci = 0; ci < c; ++ci)
               out[((o * c + ci) * dh.taps + th) * dw.taps + tw] =
                   w[((ci * k + ko) * r + i) * s + j];
@@ -486,8 +466,7 @@ Replacement to_sub_pixel(const Match& m) {
   // -- conv2d -> depth_to_space (cropped): at stride 1 the conv alone where nothing is cropped --
   Attrs conv;
   conv.set("padding", std::vector<int64_t>{dh.pad_begin, dw.pad_begin, dh.pad_end, dw.pad_end});
-  const std::vector<int64_t> crop{dh.crop, dw.crop, dh.rows * sh - dh.crop - ys[2],
-                                  dw.rows * sw - dw.crop - ys[3]};
+  const std::vector<int64_t> crop{0, 0, dh.rows * sh - ys[2], dw.rows * sw - ys[3]};
   const bool cropped = crop != std::vector<int64_t>(4, 0);
   const std::string phased =
       phases == 1 && !cropped ? ct.outputs[0] : g.unique_name(ct.outputs[0] + ".phases");
