@@ -15,7 +15,6 @@
 //   each block's mean and squared deviations (two exact passes over registers) merge across the
 //   cluster through distributed shared memory in one round. x read once, y written once, and
 //   group_norm's few long groups (512 of 25088 floats at [16, 256, 56, 56]) fill the GPU.
-//   Longer rows (Hopper) stream through the cluster's blocks, each chunk read three times.
 // Columns (reductions whose kept dims end with x's innermost, e.g. over the channels of NCHW; and
 //   layer_norm over dims that have inner dims after them): a block takes 8 to 32 neighbouring
 //   columns of one outer index (a warp reads 8 to 32 consecutive floats an element, coalesced)
@@ -476,32 +475,6 @@ constexpr int kClusterPer = 16;
 constexpr int kClusterMax = 8;  // blocks a cluster (the portable limit)
 constexpr int64_t kClusterRowMax = int64_t(kClusterMax) * kThreads * kClusterPer;
 
-// The row's mean and M2 from each block's (mean, m2) of its chunk: rank q holds elements
-// [q * chunk, min(len, (q + 1) * chunk)). Merged in rank order (Chan et al.: n = na + nb,
-// mean += (mb - mean) nb / n, M2 += M2b + (mb - mean_a)^2 na nb / n), the same total in every
-// block. One cluster barrier; the caller syncs the cluster again before it exits.
-__device__ __forceinline__ void cluster_merge(float* part, int splits, int64_t chunk, int64_t len,
-                                              float& mean, float& m2) {
-#if __CUDA_ARCH__ >= 900  // clusters; the launchers split rows on Hopper only
-  if (splits == 1) return;
-  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  if (threadIdx.x == 0) part[0] = mean, part[1] = m2;
-  cluster.sync();
-  float n = 0.0f;
-  mean = 0.0f;
-  m2 = 0.0f;
-  for (int q = 0; q < splits; ++q) {
-    const float* pq = cluster.map_shared_rank(part, q);
-    const float nq = float(max(min(len, (q + 1) * chunk) - q * chunk, int64_t(0)));
-    if (nq == 0.0f) continue;
-    const float total = n + nq, d = pq[0] - mean;
-    mean += d * (nq / total);
-    m2 += pq[1] + d * d * (n * nq / total);
-    n = total;
-  }
-#endif
-}
-
 template <bool kVec4>
 __global__ void __launch_bounds__(kThreads)
     row_norm_cluster_kernel(RowNorm s, int splits, int chunk, const float* __restrict__ x,
@@ -542,7 +515,28 @@ __global__ void __launch_bounds__(kThreads)
     }
   m2 = row_all<true>(Reduce::Sum, m2, scratch);
   float mean = block_mean;
-  cluster_merge(part, splits, chunk, len, mean, m2);
+#if __CUDA_ARCH__ >= 900  // clusters; the launcher splits rows on Hopper only
+  namespace cg = cooperative_groups;
+  if (splits > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0) part[0] = block_mean, part[1] = m2;
+    cluster.sync();
+    // Merge the blocks' (count, mean, M2) in rank order: n = na + nb, mean += (mb - mean) nb / n,
+    // M2 += M2b + (mb - mean_a)^2 na nb / n.
+    float n = 0.0f;
+    mean = 0.0f;
+    m2 = 0.0f;
+    for (int q = 0; q < splits; ++q) {
+      const float* pq = cluster.map_shared_rank(part, q);
+      const float nq = float(max(min(len, (q + 1) * chunk) - q * chunk, 0));
+      if (nq == 0.0f) continue;
+      const float total = n + nq, d = pq[0] - mean;
+      mean += d * (nq / total);
+      m2 += pq[1] + d * d * (n * nq / total);
+      n = total;
+    }
+  }
+#endif
   const float rstd = rsqrtf(m2 / float(len) + s.eps);
   // -- normalize: channel c0 + j / inner (group_norm, instance_norm) or j (layer_norm) --
   const int per_group = s.groups ? int(s.len / s.inner) : 0, inner = int(s.inner);
@@ -566,75 +560,6 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e)
         if (at(i, e) < hi) out[at(i, e)] = o[e];
     }
-  }
-#if __CUDA_ARCH__ >= 900
-  // No block may leave while the others still read its shared memory.
-  if (splits > 1) cooperative_groups::this_cluster().sync();
-#endif
-}
-
-// Streamed cluster rows (rows over kClusterRowMax on Hopper, e.g. PoolFormer's GroupNorm(1, C):
-// a whole image a group): as the cluster rows, but each block reads its chunk three times
-// (its mean, its squared deviations, the output; the later two mostly from L2), V floats a
-// thread a step (float4 where kVec4: len and chunk multiples of 4, the row 16-byte aligned).
-// len < 2^31.
-template <bool kVec4>
-__global__ void __launch_bounds__(kThreads)
-    row_norm_stream_kernel(RowNorm s, int splits, int chunk, const float* __restrict__ x,
-                           const float* __restrict__ scale, const float* __restrict__ bias,
-                           float* __restrict__ y) {
-  constexpr int V = kVec4 ? 4 : 1;
-  pdl_begin();
-  __shared__ float scratch[kWarps];
-  __shared__ float part[2];
-  const int64_t r = blockIdx.x / splits;
-  const int len = int(s.len), lo = int(blockIdx.x % splits) * chunk, hi = min(len, lo + chunk);
-  const float* __restrict__ row = x + r * s.len;
-  const auto load = [&](int j, float (&v)[V]) {
-    if constexpr (kVec4) {
-      const float4 q = __ldg(reinterpret_cast<const float4*>(row + j));
-      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-    } else {
-      v[0] = __ldg(row + j);
-    }
-  };
-  float sum = 0.0f;
-#pragma unroll 4
-  for (int j = lo + V * int(threadIdx.x); j < hi; j += V * kThreads) {
-    float v[V];
-    load(j, v);
-#pragma unroll
-    for (int e = 0; e < V; ++e) sum += v[e];
-  }
-  float mean = row_all<true>(Reduce::Sum, sum, scratch) / fmaxf(float(max(hi - lo, 0)), 1.0f);
-  float m2 = 0.0f;
-#pragma unroll 4
-  for (int j = lo + V * int(threadIdx.x); j < hi; j += V * kThreads) {
-    float v[V];
-    load(j, v);
-#pragma unroll
-    for (int e = 0; e < V; ++e) m2 += (v[e] - mean) * (v[e] - mean);
-  }
-  m2 = row_all<true>(Reduce::Sum, m2, scratch);
-  cluster_merge(part, splits, chunk, len, mean, m2);
-  const float rstd = rsqrtf(m2 / float(len) + s.eps);
-  // -- normalize: channel c0 + j / inner (group_norm, instance_norm) or j (layer_norm) --
-  const int inner = int(s.inner), c0 = s.groups ? int(r % s.groups) * (len / inner) : 0;
-  float* __restrict__ out = y + r * s.len;
-#pragma unroll 2
-  for (int j = lo + V * int(threadIdx.x); j < hi; j += V * kThreads) {
-    float v[V];
-    load(j, v);
-    int p = s.groups ? c0 + j / inner : j, at = s.groups ? j % inner : 0;
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      v[e] = (v[e] - mean) * rstd * __ldg(scale + p) + (bias ? __ldg(bias + p) : 0.0f);
-      if (!s.groups || ++at == inner) ++p, at = 0;
-    }
-    if constexpr (kVec4)
-      *reinterpret_cast<float4*>(out + j) = make_float4(v[0], v[1], v[2], v[3]);
-    else
-      out[j] = v[0];
   }
 #if __CUDA_ARCH__ >= 900
   // No block may leave while the others still read its shared memory.
@@ -765,18 +690,6 @@ void row_norm(const RowNorm& s, const float* x, const float* scale, const float*
     const bool vec4 = s.len % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(y) % 16 == 0;
     launch_pdl(vec4 ? row_norm_cluster_kernel<true> : row_norm_cluster_kernel<false>,
-               dim3(unsigned(s.rows * splits)), dim3(kThreads), 0, stream, unsigned(splits), s,
-               splits, chunk, x, scale, bias, y);
-  } else if (s.len > kClusterRowMax && s.len < (int64_t(1) << 31) && device_sm90()) {
-    // As many blocks a row as give an SM two, up to a cluster's 8 (a row a block starved
-    // PoolFormer's 16 rows at batch 16).
-    const int splits =
-        int(std::clamp<int64_t>(ceil_div(max_blocks() / 4, s.rows), 1, kClusterMax));
-    const int chunk = int(ceil_div(ceil_div(s.len, splits), 4) * 4);
-    EPILOG_CUDA_REQUIRE(s.rows * splits < (int64_t(1) << 31));
-    const bool vec4 = s.len % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(y) % 16 == 0;
-    launch_pdl(vec4 ? row_norm_stream_kernel<true> : row_norm_stream_kernel<false>,
                dim3(unsigned(s.rows * splits)), dim3(kThreads), 0, stream, unsigned(splits), s,
                splits, chunk, x, scale, bias, y);
   } else {
