@@ -258,11 +258,14 @@ std::vector<Shape> infer_depth_to_space(const InferContext& ctx) {
     if (x[1] % (bh * bw) != 0)
       ctx.fail("blocksize {}x{} does not divide the {} channels of {}", bh, bw, x[1], shape_str(x));
     const auto& crop = ctx.attrs.ints("crop");
-    const int64_t h = x[2] * bh - crop[0] - crop[2], w = x[3] * bw - crop[1] - crop[3];
-    if (*std::min_element(crop.begin(), crop.end()) < 0 || h < 1 || w < 1)
-      ctx.fail("crop {} of the {}x{} output of {} leaves no output or is negative",
-               fmt::join(crop, ","), x[2] * bh, x[3] * bw, shape_str(x));
-    return {{x[0], x[1] / (bh * bw), h, w}};
+    const int64_t full[2] = {x[2] * bh, x[3] * bw};
+    for (int d = 0; d < 2; ++d)  // each crop within its extent first: the sum cannot wrap
+      if (std::min(crop[size_t(d)], crop[size_t(d + 2)]) < 0 ||
+          std::max(crop[size_t(d)], crop[size_t(d + 2)]) >= full[d] ||
+          full[d] - crop[size_t(d)] - crop[size_t(d + 2)] < 1)
+        ctx.fail("crop {} of the {}x{} output of {} leaves no output or is negative",
+                 fmt::join(crop, ","), full[0], full[1], shape_str(x));
+    return {{x[0], x[1] / (bh * bw), full[0] - crop[0] - crop[2], full[1] - crop[1] - crop[3]}};
   }
   if (x[2] % bh != 0 || x[3] % bw != 0)
     ctx.fail("blocksize {}x{} does not divide the plane of {}", bh, bw, shape_str(x));

@@ -1,5 +1,6 @@
 // depth_to_space and space_to_depth on the GPU: the copies between deep [n, c * bh * bw, h, w]
-// and wide [n, c, h * bh, w * bw] (cuda.h DepthSpace; cpu::depth_space is the CPU twin).
+// and wide [n, c, h * bh, w * bw], or a window of it (depth_to_space's crop) (cuda.h DepthSpace;
+// cpu::depth_space is the CPU twin).
 //
 // Math: wide[img, ch, oh, ow] <-> deep[img, dc, fh / bh, fw / bw], i = fh % bh, j = fw % bw,
 //   dc = ch * bh * bw + i * bw + j (CRD) or (i * bw + j) * c + ch (DCR), where fh = oh + crop_t
@@ -77,11 +78,11 @@ __global__ void __launch_bounds__(kThreads)
 
 void depth_space(const DepthSpace& s, bool to_space, const float* x, float* y, Stream stream) {
   const int64_t ho = s.ho, wo = s.wo, rows = s.n * s.c * ho;
-  if (rows == 0 || wo == 0) return;
   EPILOG_CUDA_REQUIRE(
       s.bh > 0 && s.bw > 0 && s.crop_t >= 0 && s.crop_l >= 0 && s.crop_t + ho <= s.h * s.bh &&
       s.crop_l + wo <= s.w * s.bw &&
       (to_space || (s.crop_t == 0 && s.crop_l == 0 && ho == s.h * s.bh && wo == s.w * s.bw)));
+  if (rows == 0 || wo == 0) return;
   const bool vec = wo % 4 == 0 && aligned16(x) && aligned16(y);
   const int64_t chunks = vec ? wo / 4 : wo, items = rows * chunks;
   dispatch(

@@ -3,7 +3,6 @@
 // so any element a kernel does not write fails). Tolerance test::kFloat32Op, except where noted:
 // copies must match exactly; sums and normalizations in float32 against the CPU's float64 sums.
 #include <catch2/catch.hpp>
-#include <fmt/format.h>
 
 #include <cmath>
 #include <functional>
@@ -507,9 +506,9 @@ TEST_CASE("gpu layout ops: depth_to_space and space_to_depth, both modes", "[gpu
 }
 
 // A conv_transpose2d through compile() and the executor, as a model runs it: the rewrite makes
-// a conv2d (gemm, TF32) and a depth_to_space (cropped where the output is), a
-// batchnorm and a relu after it fused into the conv. Against the graph as built on the CPU (no
-// passes), over the magnitude of the same graph on |x| and |weights|.
+// a conv2d (gemm, TF32) and a depth_to_space (cropping where the output is not a whole number of
+// strides), a batchnorm and a relu after it fused into the conv. Against the graph as built on
+// the CPU (no passes), over the magnitude of the same graph on |x| and |weights|.
 TEST_CASE("gpu layout ops: conv_transpose2d rewritten, through the executor",
           "[gpu][ops][conv_transpose]") {
   const std::vector<std::tuple<Shape, ConvOpts, bool>> cases = {
