@@ -4,10 +4,13 @@
 // forms epilog refuses, each with one message naming the node and the op.
 #ifdef EPILOG_HAVE_ONNX
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
+#include <tuple>
 
 #include "epilog/graph/activation.h"
 #include "epilog/graph/passes.h"
@@ -1217,12 +1220,13 @@ TEST_CASE("onnx forms: Clip without bounds, with min 0 alone or as clip; Pad by 
 
 TEST_CASE("onnx forms: an op epilog lacks is one message naming the node and the op", "[onnx]") {
   Model m(20);
-  m.input("x", {2, 3});
-  m.input("w", {3, 4});
-  set_s(m.node("Einsum", {"x", "w"}, {"y"}, "node_Einsum_3"), "equation", "ij,jk->ik");
+  m.input("x", {1, 3, 4, 4});
+  m.input("grid", {1, 4, 4, 2});
+  m.node("GridSample", {"x", "grid"}, {"y"}, "node_GridSample_3");
   m.output("y");
-  check_import_error([&] { m.load(); },
-                     {"m.onnx: node 'node_Einsum_3' (Einsum): op 'Einsum' is not supported"}, true);
+  check_import_error(
+      [&] { m.load(); },
+      {"m.onnx: node 'node_GridSample_3' (GridSample): op 'GridSample' is not supported"}, true);
 }
 
 // -- the elementwise, layout, reduction, normalization, resize and matmul ops --
@@ -1677,3 +1681,98 @@ TEST_CASE("onnx forms: Gather from a run-time tensor by evenly stepping indices 
 }
 
 #endif  // EPILOG_HAVE_ONNX
+
+TEST_CASE("onnx forms: Einsum of one or two operands, against its sum", "[onnx]") {
+  // Each case: the equation and the inputs' shapes; y against the sum over every letter's values
+  // of the product of the operands, in double.
+  const std::vector<std::pair<std::string, std::vector<Shape>>> cases = {
+      {"bij,bjk->bik", {{2, 3, 4}, {2, 4, 5}}},
+      {"bhqd,bhkd->bhqk", {{2, 3, 4, 5}, {2, 3, 6, 5}}},  // attention scores
+      {"bi,bj->bij", {{2, 3}, {2, 4}}},                   // no letter contracted
+      {"ij,jk", {{3, 4}, {4, 2}}},                        // implicit output: ik
+      {"ij,jk->k", {{3, 4}, {4, 2}}},                     // i summed in x alone
+      {"nchw,c->nhw", {{2, 3, 4, 5}, {3}}},
+      {"ij->ji", {{3, 4}}},
+      {"ijk->ki", {{2, 3, 4}}},
+      {"ij -> i", {{3, 4}}}};
+  uint64_t seed = 70;
+  for (const auto& [eq, shapes] : cases) {
+    INFO(eq);
+    Model m(17);
+    std::map<std::string, Tensor> in;
+    std::vector<std::string> names;
+    for (size_t t = 0; t < shapes.size(); ++t) {
+      names.push_back(t == 0 ? "x" : "w");
+      m.input(names.back(), shapes[t]);
+      in[names.back()] = Tensor::randn(shapes[t], ++seed);
+    }
+    set_s(m.node("Einsum", names, {"y"}, "einsum"), "equation", eq);
+    m.output("y");
+    const Graph g = m.load();
+    const Tensor y = test::run_cpu(g, in).at("y");
+    // -- the reference: every assignment of the letters --
+    std::string spaced = eq, lhs, out;
+    spaced.erase(std::remove(spaced.begin(), spaced.end(), ' '), spaced.end());
+    const size_t arrow = spaced.find("->");
+    lhs = spaced.substr(0, arrow);
+    std::vector<std::string> terms{lhs.substr(0, lhs.find(','))};
+    if (lhs.find(',') != std::string::npos) terms.push_back(lhs.substr(lhs.find(',') + 1));
+    std::map<char, int64_t> size, seen;
+    for (size_t t = 0; t < terms.size(); ++t)
+      for (size_t d = 0; d < terms[t].size(); ++d) {
+        size[terms[t][d]] = shapes[t][d];
+        ++seen[terms[t][d]];
+      }
+    if (arrow == std::string::npos) {
+      for (const auto& [ch, n] : seen)
+        if (n == 1) out += ch;
+    } else {
+      out = spaced.substr(arrow + 2);
+    }
+    Shape ys;
+    for (char ch : out) ys.push_back(size[ch]);
+    REQUIRE(y.shape() == ys);
+    std::vector<double> want(size_t(shape_numel(ys)), 0.0);
+    std::string letters;
+    for (const auto& [ch, n] : size) letters += ch;
+    std::map<char, int64_t> at;
+    int64_t total = 1;
+    for (char ch : letters) total *= size[ch];
+    for (int64_t i = 0; i < total; ++i) {
+      int64_t r = i;
+      for (char ch : letters) at[ch] = r % size[ch], r /= size[ch];
+      double p = 1.0;
+      for (size_t t = 0; t < terms.size(); ++t) {
+        int64_t off = 0;
+        for (size_t d = 0; d < terms[t].size(); ++d) off = off * shapes[t][d] + at[terms[t][d]];
+        p *= double(in[names[t]].f32()[off]);
+      }
+      int64_t o = 0;
+      for (size_t d = 0; d < out.size(); ++d) o = o * ys[d] + at[out[d]];
+      want[size_t(o)] += p;
+    }
+    double worst = 0.0;
+    for (size_t i = 0; i < want.size(); ++i)
+      worst = std::max(worst, std::fabs(double(y.f32()[i]) - want[i]) / (1.0 + std::fabs(want[i])));
+    CHECK(worst < 1e-5);
+  }
+  // Refused: an ellipsis, a diagonal (epilog lacks them), sizes that disagree (a bad model).
+  const std::vector<std::tuple<std::string, std::vector<Shape>, std::string, bool>> bad = {
+      {"...ij,...jk->...ik", {{2, 3, 4}, {2, 4, 5}}, "has an ellipsis", true},
+      {"ii->i", {{3, 3}}, "takes a diagonal", true},
+      {"ij,jk->ik", {{3, 4}, {5, 2}}, "'j' is 4 in one input and 5 in another", false},
+      {"ij,jk->iz", {{3, 4}, {4, 2}}, "output letter 'z' is in no input", false},
+      {"ijk->i", {{3, 4}}, "has 3 letters for input 0", false}};
+  for (const auto& [eq, shapes, why, unsupported] : bad) {
+    INFO(eq);
+    Model m(17);
+    std::vector<std::string> names;
+    for (size_t t = 0; t < shapes.size(); ++t) {
+      names.push_back(t == 0 ? "x" : "w");
+      m.input(names.back(), shapes[t]);
+    }
+    set_s(m.node("Einsum", names, {"y"}, "einsum"), "equation", eq);
+    m.output("y");
+    check_import_error([&] { m.load(); }, {"node 'einsum' (Einsum)", why}, unsupported);
+  }
+}

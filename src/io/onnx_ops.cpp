@@ -53,6 +53,9 @@
 //                             C: the linear's bias, or an add (beta folded, or a mul)
 // MatMul [+ Add]           -> linear for a 2-D tensor by a constant matrix (transposed at import,
 //                             the bias of a following Add taken in); else matmul (batched)
+// Einsum                   -> one or two operands, no ellipsis or diagonal: reduce_sum of the
+//                             letters one operand alone holds, then transpose, or a batched
+//                             matmul between reshapes and transposes
 // Clip                     -> clip; relu for min 0 and no max; nothing without bounds (min and
 //                             max: attributes before opset 11, inputs from 11)
 // PRelu                    -> leaky_relu for one slope, else max or min(x, slope * x) (a chain)

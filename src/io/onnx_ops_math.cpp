@@ -679,6 +679,133 @@ void op_matmul(Importer& im) {
   im.emit(OpKind::Linear, {a, w}, {}, {im.out(0)});
 }
 
+// Einsum of one or two operands without ellipses or diagonals (a letter twice in one term), as
+// epilog's ops: each operand's letters found in no other term and not in the output summed
+// (reduce_sum); one operand then transposed to the output's order; two multiplied as a batched
+// matmul, [batch, a's free, contracted] by [batch, contracted, b's free] (letters in both and in
+// the output, in a only, in both but not the output, in b only), reshaped to those letters and
+// transposed to the output's order. Without "->" the output holds the letters seen once, sorted.
+void op_einsum(Importer& im) {
+  im.allow({"equation"});
+  im.arity(1, 2);
+  std::string eq;
+  for (char ch : im.attr_string("equation", "")) {
+    if (ch != ' ') eq += ch;
+  }
+  if (eq.find("...") != std::string::npos)
+    im.unsupported_attr("equation", "'{}' has an ellipsis; epilog takes explicit letters", eq);
+  const size_t arrow = eq.find("->");
+  const std::string lhs = eq.substr(0, arrow);
+  std::vector<std::string> terms;
+  for (size_t at = 0;;) {
+    const size_t comma = lhs.find(',', at);
+    terms.push_back(lhs.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  if (int(terms.size()) != im.n_in())
+    im.bad_attr("equation", "'{}' has {} operands, the node {} inputs", eq, terms.size(),
+                im.n_in());
+  std::map<char, int64_t> size, seen;
+  for (size_t t = 0; t < terms.size(); ++t) {
+    const Shape sh = im.shape_in(int(t));
+    if (terms[t].size() != sh.size())
+      im.bad_attr("equation", "'{}' has {} letters for input {} of shape {}", terms[t],
+                  terms[t].size(), t, shape_str(sh));
+    for (size_t d = 0; d < sh.size(); ++d) {
+      const char ch = terms[t][d];
+      if (!std::isalpha(static_cast<unsigned char>(ch)))
+        im.bad_attr("equation", "'{}' holds '{}', not a letter", eq, ch);
+      if (terms[t].find(ch) != d)
+        im.unsupported_attr("equation", "'{}' takes a diagonal ('{}' twice in one term)", eq, ch);
+      if (size.count(ch) && size[ch] != sh[d])
+        im.bad_attr("equation", "'{}' is {} in one input and {} in another", ch, size[ch], sh[d]);
+      size[ch] = sh[d];
+      ++seen[ch];
+    }
+  }
+  std::string out;
+  if (arrow == std::string::npos) {
+    for (const auto& [ch, n] : seen)
+      if (n == 1) out += ch;
+  } else {
+    out = eq.substr(arrow + 2);
+  }
+  for (size_t d = 0; d < out.size(); ++d)
+    if (!size.count(out[d]) || out.find(out[d]) != d)
+      im.bad_attr("equation", "output letter '{}' is in no input or twice", out[d]);
+  const std::string base = im.node().output(0);
+  const auto in = [](const std::string& text, char ch) {
+    return text.find(ch) != std::string::npos;
+  };
+  // -- each operand: its letters in no other term summed away --
+  std::vector<std::string> vals, kept(terms.size());
+  for (size_t t = 0; t < terms.size(); ++t) {
+    std::vector<int64_t> axes;
+    for (size_t d = 0; d < terms[t].size(); ++d) {
+      const char ch = terms[t][d];
+      const bool other = terms.size() == 2 && in(terms[1 - t], ch);
+      if (in(out, ch) || other)
+        kept[t] += ch;
+      else
+        axes.push_back(int64_t(d));
+    }
+    vals.push_back(im.dyn(int(t)));
+    if (axes.empty()) continue;
+    const std::string y = im.fresh_value(base + ".sum" + std::to_string(t));
+    im.emit(OpKind::ReduceSum, {vals[t]}, im.attrs({{"axes", axes}, {"keepdims", int64_t(0)}}), {y},
+            "sum" + std::to_string(t));
+    vals[t] = y;
+  }
+  // `v` (letters `have`) transposed to the letters `want`, into `y` (a fresh value if empty).
+  const auto permute = [&](const std::string& v, const std::string& have, const std::string& want,
+                           std::string y, const std::string& suffix) {
+    std::vector<int64_t> perm;
+    for (char ch : want) perm.push_back(int64_t(have.find(ch)));
+    bool same = true;
+    for (size_t d = 0; d < perm.size(); ++d) same = same && perm[d] == int64_t(d);
+    if (same && y.empty()) return v;
+    if (y.empty()) y = im.fresh_value(base + "." + suffix);
+    if (same)
+      im.emit(OpKind::Reshape, {v}, im.attrs({{"shape", im.value_shape(v)}}), {y}, suffix);
+    else
+      im.emit(OpKind::Transpose, {v}, im.attrs({{"perm", perm}}), {y}, suffix);
+    return y;
+  };
+  if (terms.size() == 1) {
+    permute(vals[0], kept[0], out, im.out(0), "transpose");
+    return;
+  }
+  // -- two operands: a batched matmul --
+  std::string batch, a_free, contracted, b_free;
+  for (char ch : kept[0]) (in(kept[1], ch) ? in(out, ch) ? batch : contracted : a_free) += ch;
+  for (char ch : kept[1])
+    if (!in(kept[0], ch)) b_free += ch;
+  const auto extent = [&](const std::string& letters) {
+    int64_t n = 1;
+    for (char ch : letters) n *= size[ch];
+    return n;
+  };
+  const int64_t nb = extent(batch), m = extent(a_free), k = extent(contracted), n = extent(b_free);
+  const auto as_3d = [&](int t, const std::string& order, Shape to) {
+    const std::string v = permute(vals[size_t(t)], kept[size_t(t)], order, "",
+                                  std::string(t == 0 ? "a" : "b") + ".transpose");
+    const std::string y = im.fresh_value(base + (t == 0 ? ".a" : ".b"));
+    im.emit(OpKind::Reshape, {v}, im.attrs({{"shape", to}}), {y}, t == 0 ? "a" : "b");
+    return y;
+  };
+  const std::string a = as_3d(0, batch + a_free + contracted, {nb, m, k});
+  const std::string b = as_3d(1, batch + contracted + b_free, {nb, k, n});
+  const std::string mm = im.fresh_value(base + ".mm");
+  im.emit(OpKind::MatMul, {a, b}, {}, {mm}, "mm");
+  const std::string letters = batch + a_free + b_free;
+  Shape dims;
+  for (char ch : letters) dims.push_back(size[ch]);
+  const std::string y = im.fresh_value(base + ".letters");
+  im.emit(OpKind::Reshape, {mm}, im.attrs({{"shape", dims}}), {y}, "letters");
+  permute(y, letters, out, im.out(0), "transpose");
+}
+
 }  // namespace
 
 void add_math_handlers(std::map<std::string, OpHandler>& table) {
@@ -722,6 +849,7 @@ void add_math_handlers(std::map<std::string, OpHandler>& table) {
       {"Softplus", op_activation<OpKind::Softplus>},
       {"Sqrt", op_activation<OpKind::Sqrt>},
       {"Tanh", op_activation<OpKind::Tanh>},
+      {"Einsum", op_einsum},
       {"Gemm", op_gemm},
       {"MatMul", op_matmul},
       {"Max", op_max},
