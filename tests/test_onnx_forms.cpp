@@ -1694,7 +1694,8 @@ TEST_CASE("onnx forms: Einsum of one or two operands, against its sum", "[onnx]"
       {"nchw,c->nhw", {{2, 3, 4, 5}, {3}}},
       {"ij->ji", {{3, 4}}},
       {"ijk->ki", {{2, 3, 4}}},
-      {"ij -> i", {{3, 4}}}};
+      {"ij -> i", {{3, 4}}},
+      {"i,i", {{5}, {5}}}};  // a scalar
   uint64_t seed = 70;
   for (const auto& [eq, shapes] : cases) {
     INFO(eq);

@@ -166,7 +166,7 @@ dict=$out/fuzz.dict
   for w in Conv BatchNormalization Relu Sigmoid Add Mul Concat Split Slice MaxPool AveragePool \
     GlobalAveragePool Resize Upsample Flatten Gemm MatMul Identity Constant Shape Gather Div \
     Unsqueeze Reshape Cast auto_pad SAME_UPPER pads strides kernel_shape nearest asymmetric \
-    ReduceMean keepdims num_outputs Dropout CastLike; do
+    ReduceMean keepdims num_outputs Dropout CastLike Einsum equation "ij,jk->ik"; do
     echo "\"$w\""
   done
 } >"$dict"
