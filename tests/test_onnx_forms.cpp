@@ -1683,73 +1683,69 @@ TEST_CASE("onnx forms: Gather from a run-time tensor by evenly stepping indices 
 #endif  // EPILOG_HAVE_ONNX
 
 TEST_CASE("onnx forms: Einsum of one or two operands, against its sum", "[onnx]") {
-  // Each case: the equation and the inputs' shapes; y against the sum over every letter's values
-  // of the product of the operands, in double.
-  const std::vector<std::pair<std::string, std::vector<Shape>>> cases = {
-      {"bij,bjk->bik", {{2, 3, 4}, {2, 4, 5}}},
-      {"bhqd,bhkd->bhqk", {{2, 3, 4, 5}, {2, 3, 6, 5}}},  // attention scores
-      {"bi,bj->bij", {{2, 3}, {2, 4}}},                   // no letter contracted
-      {"ij,jk", {{3, 4}, {4, 2}}},                        // implicit output: ik
-      {"ij,jk->k", {{3, 4}, {4, 2}}},                     // i summed in x alone
-      {"nchw,c->nhw", {{2, 3, 4, 5}, {3}}},
-      {"ij->ji", {{3, 4}}},
-      {"ijk->ki", {{2, 3, 4}}},
-      {"ij -> i", {{3, 4}}},
-      {"i,i", {{5}, {5}}}};  // a scalar
-  uint64_t seed = 70;
-  for (const auto& [eq, shapes] : cases) {
-    INFO(eq);
+  // An Einsum of `eq` on inputs x (and w) of `shapes`.
+  const auto einsum = [](const std::string& eq, const std::vector<Shape>& shapes) {
     Model m(17);
-    std::map<std::string, Tensor> in;
-    std::vector<std::string> names;
-    for (size_t t = 0; t < shapes.size(); ++t) {
-      names.push_back(t == 0 ? "x" : "w");
-      m.input(names.back(), shapes[t]);
-      in[names.back()] = Tensor::randn(shapes[t], ++seed);
-    }
+    std::vector<std::string> names{"x", "w"};
+    names.resize(shapes.size());
+    for (size_t t = 0; t < shapes.size(); ++t) m.input(names[t], shapes[t]);
     set_s(m.node("Einsum", names, {"y"}, "einsum"), "equation", eq);
     m.output("y");
-    const Graph g = m.load();
-    const Tensor y = test::run_cpu(g, in).at("y");
-    // -- the reference: every assignment of the letters --
-    std::string spaced = eq, lhs, out;
-    spaced.erase(std::remove(spaced.begin(), spaced.end(), ' '), spaced.end());
-    const size_t arrow = spaced.find("->");
-    lhs = spaced.substr(0, arrow);
-    std::vector<std::string> terms{lhs.substr(0, lhs.find(','))};
-    if (lhs.find(',') != std::string::npos) terms.push_back(lhs.substr(lhs.find(',') + 1));
-    std::map<char, int64_t> size, seen;
-    for (size_t t = 0; t < terms.size(); ++t)
-      for (size_t d = 0; d < terms[t].size(); ++d) {
-        size[terms[t][d]] = shapes[t][d];
-        ++seen[terms[t][d]];
-      }
-    if (arrow == std::string::npos) {
-      for (const auto& [ch, n] : seen)
-        if (n == 1) out += ch;
-    } else {
-      out = spaced.substr(arrow + 2);
+    return m;
+  };
+  // Each case: the equation, the inputs' letters and shapes, the output's letters (written out
+  // here, not parsed); y against the sum over every letter's values of the operands' product,
+  // in double.
+  struct Case {
+    std::string eq;
+    std::vector<std::string> terms;
+    std::vector<Shape> shapes;
+    std::string out;
+  };
+  const std::vector<Case> cases = {
+      {"bij,bjk->bik", {"bij", "bjk"}, {{2, 3, 4}, {2, 4, 5}}, "bik"},
+      {"bhqd,bhkd->bhqk", {"bhqd", "bhkd"}, {{2, 3, 4, 5}, {2, 3, 6, 5}}, "bhqk"},  // attention
+      {"bi,bj->bij", {"bi", "bj"}, {{2, 3}, {2, 4}}, "bij"},  // no letter contracted
+      {"ij,jk", {"ij", "jk"}, {{3, 4}, {4, 2}}, "ik"},        // implicit output
+      {"ij,jk->k", {"ij", "jk"}, {{3, 4}, {4, 2}}, "k"},      // i summed in x alone
+      {"nchw,c->nhw", {"nchw", "c"}, {{2, 3, 4, 5}, {3}}, "nhw"},
+      {"ij->ji", {"ij"}, {{3, 4}}, "ji"},
+      {"ijk->ki", {"ijk"}, {{2, 3, 4}}, "ki"},
+      {"ij -> i", {"ij"}, {{3, 4}}, "i"},
+      {"ij", {"ij"}, {{3, 4}}, "ij"},  // x itself
+      {"i,i", {"i", "i"}, {{5}, {5}}, ""}};  // a scalar
+  uint64_t seed = 70;
+  for (const Case& c : cases) {
+    INFO(c.eq);
+    std::vector<Tensor> in;
+    std::map<char, int64_t> size;
+    for (size_t t = 0; t < c.shapes.size(); ++t) {
+      in.push_back(Tensor::randn(c.shapes[t], ++seed));
+      for (size_t d = 0; d < c.terms[t].size(); ++d) size[c.terms[t][d]] = c.shapes[t][d];
     }
+    std::map<std::string, Tensor> feeds{{"x", in[0]}};
+    if (in.size() == 2) feeds["w"] = in[1];
+    const Tensor y = test::run_cpu(einsum(c.eq, c.shapes).load(), feeds).at("y");
     Shape ys;
-    for (char ch : out) ys.push_back(size[ch]);
+    for (char ch : c.out) ys.push_back(size[ch]);
     REQUIRE(y.shape() == ys);
+    // -- the reference: every assignment of the letters --
     std::vector<double> want(size_t(shape_numel(ys)), 0.0);
-    std::string letters;
-    for (const auto& [ch, n] : size) letters += ch;
-    std::map<char, int64_t> at;
     int64_t total = 1;
-    for (char ch : letters) total *= size[ch];
+    for (const auto& [ch, n] : size) total *= n;
+    std::map<char, int64_t> at;
     for (int64_t i = 0; i < total; ++i) {
       int64_t r = i;
-      for (char ch : letters) at[ch] = r % size[ch], r /= size[ch];
+      for (const auto& [ch, n] : size) at[ch] = r % n, r /= n;
       double p = 1.0;
-      for (size_t t = 0; t < terms.size(); ++t) {
+      for (size_t t = 0; t < c.terms.size(); ++t) {
         int64_t off = 0;
-        for (size_t d = 0; d < terms[t].size(); ++d) off = off * shapes[t][d] + at[terms[t][d]];
-        p *= double(in[names[t]].f32()[off]);
+        for (size_t d = 0; d < c.terms[t].size(); ++d)
+          off = off * c.shapes[t][d] + at[c.terms[t][d]];
+        p *= double(in[t].f32()[off]);
       }
       int64_t o = 0;
-      for (size_t d = 0; d < out.size(); ++d) o = o * ys[d] + at[out[d]];
+      for (size_t d = 0; d < c.out.size(); ++d) o = o * ys[d] + at[c.out[d]];
       want[size_t(o)] += p;
     }
     double worst = 0.0;
@@ -1766,14 +1762,7 @@ TEST_CASE("onnx forms: Einsum of one or two operands, against its sum", "[onnx]"
       {"ijk->i", {{3, 4}}, "has 3 letters for input 0", false}};
   for (const auto& [eq, shapes, why, unsupported] : bad) {
     INFO(eq);
-    Model m(17);
-    std::vector<std::string> names;
-    for (size_t t = 0; t < shapes.size(); ++t) {
-      names.push_back(t == 0 ? "x" : "w");
-      m.input(names.back(), shapes[t]);
-    }
-    set_s(m.node("Einsum", names, {"y"}, "einsum"), "equation", eq);
-    m.output("y");
+    const Model m = einsum(eq, shapes);
     check_import_error([&] { m.load(); }, {"node 'einsum' (Einsum)", why}, unsupported);
   }
 }

@@ -590,11 +590,11 @@ const std::array<CudaKernel, kNumOps>& kernels() {
         const Shape& deep = (to_space ? in[0] : out[0]).shape();
         const Shape& wide = (to_space ? out[0] : in[0]).shape();
         const auto& b = c.node.attrs.ints("blocksize");
-        const std::vector<int64_t> none(4, 0);
-        const auto& crop = to_space ? c.node.attrs.ints("crop") : none;
+        const int64_t crop_t = to_space ? c.node.attrs.ints("crop")[0] : 0;
+        const int64_t crop_l = to_space ? c.node.attrs.ints("crop")[1] : 0;
         const cuda::DepthSpace s{
             wide[0], wide[1], deep[2], deep[3], b[0], b[1], c.node.attrs.s("mode") == "CRD",
-            wide[2], wide[3], crop[0], crop[1]};
+            wide[2], wide[3], crop_t,  crop_l};
         cuda::depth_space(s, to_space, dev(in[0]), dev(out[0]), c.stream);
       };
     at(OpKind::Reshape) = at(OpKind::Flatten);

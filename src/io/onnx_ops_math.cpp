@@ -3,6 +3,7 @@
 #ifdef EPILOG_HAVE_ONNX
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
 #include <limits>
@@ -757,22 +758,19 @@ void op_einsum(Importer& im) {
             "sum" + std::to_string(t));
     vals[t] = y;
   }
-  // `v` (letters `have`) transposed to the letters `want`, into `y` (a fresh value if empty).
+  // `v` (letters `have`) transposed to the letters `want`: v itself where they agree, else into
+  // `y` (a fresh value where empty).
   const auto permute = [&](const std::string& v, const std::string& have, const std::string& want,
                            std::string y, const std::string& suffix) {
+    if (have == want) return v;
     std::vector<int64_t> perm;
     for (char ch : want) perm.push_back(int64_t(have.find(ch)));
-    bool same = true;
-    for (size_t d = 0; d < perm.size(); ++d) same = same && perm[d] == int64_t(d);
-    if (same && y.empty()) return v;
     if (y.empty()) y = im.fresh_value(base + "." + suffix);
-    if (same)
-      im.emit(OpKind::Reshape, {v}, im.attrs({{"shape", im.value_shape(v)}}), {y}, suffix);
-    else
-      im.emit(OpKind::Transpose, {v}, im.attrs({{"perm", perm}}), {y}, suffix);
+    im.emit(OpKind::Transpose, {v}, im.attrs({{"perm", perm}}), {y}, suffix);
     return y;
   };
-  if (terms.size() == 1) {
+  if (terms.size() == 1) {  // the output: x in its order, or x itself
+    if (kept[0] == out) return im.set_alias(0, vals[0]);
     permute(vals[0], kept[0], out, im.out(0), "transpose");
     return;
   }
@@ -801,9 +799,9 @@ void op_einsum(Importer& im) {
   const std::string letters = batch + a_free + b_free;
   Shape dims;
   for (char ch : letters) dims.push_back(size[ch]);
-  const std::string y = im.fresh_value(base + ".letters");
+  const std::string y = letters == out ? im.out(0) : im.fresh_value(base + ".letters");
   im.emit(OpKind::Reshape, {mm}, im.attrs({{"shape", dims}}), {y}, "letters");
-  permute(y, letters, out, im.out(0), "transpose");
+  if (letters != out) permute(y, letters, out, im.out(0), "transpose");
 }
 
 }  // namespace
