@@ -642,8 +642,6 @@ TEST_CASE("onnx: bench sweeps the batch sizes of a model with a symbolic batch d
   CHECK_THAT(text, Contains("batch 1 ") && Contains("batch 3 "));
 }
 
-#endif  // EPILOG_HAVE_ONNX
-
 TEST_CASE("onnx: --batch rebinds a reshape that carries the exported batch (channel shuffle)",
           "[onnx]") {
   // shufflenet as exported at batch 1: Reshape to [1, 2, 3, 2, 2], Transpose, Reshape back.
@@ -690,3 +688,5 @@ TEST_CASE("onnx: --batch rebinds a reshape that carries the exported batch (chan
   CHECK(rg.value("a").shape == Shape{3, 8});
   CHECK(rg.value("y").shape == Shape{3, 2, 4, 1, 1});
 }
+
+#endif  // EPILOG_HAVE_ONNX

@@ -5,9 +5,15 @@
 
 #ifndef EPILOG_HAVE_ONNX
 
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
 namespace epilog {
 namespace {
-[[noreturn]] void no_onnx(const std::string& what) {
+// A file that is not there says so first, as it would in a build with ONNX.
+[[noreturn]] void no_onnx(const std::string& what, bool is_file = false) {
+  if (is_file && !std::ifstream(what)) fail("{}: cannot open ({})", what, std::strerror(errno));
   fail(
       "{}: this build has no ONNX support (install libonnx-dev and libprotobuf-dev, then "
       "configure again)",
@@ -19,14 +25,14 @@ bool onnx_available() {
   return false;
 }
 Graph load_onnx(const std::string& path, const LoadOptions&) {
-  no_onnx(path);
+  no_onnx(path, true);
 }
 Graph parse_onnx(const void*, size_t, const std::string& source, const std::string&,
                  const LoadOptions&) {
   no_onnx(source);
 }
 Tensor read_onnx_tensor(const std::string& path) {
-  no_onnx(path);
+  no_onnx(path, true);
 }
 
 }  // namespace epilog
